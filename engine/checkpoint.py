@@ -1,0 +1,264 @@
+"""A Hugging Face model folder, validated up front and read lazily, expert by expert.
+
+Only safetensors are read: a pickle checkpoint is refused, never unpickled, and no remote code runs.
+Every problem becomes one ModelError naming the file and what is wrong with it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import ModelError
+from .safetensors_file import DTYPES, SafetensorsFile
+
+# Families whose checkpoints use Mixtral's layout (the one we read).
+SUPPORTED_MODEL_TYPES = ("mixtral",)
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# Tensor-name endings that give away a pre-quantised checkpoint, and the format each belongs to.
+QUANT_MARKERS = {
+    ".qweight": "GPTQ/AWQ",
+    ".qzeros": "GPTQ/AWQ",
+    ".g_idx": "GPTQ",
+    ".absmax": "bitsandbytes",
+    ".quant_state.bitsandbytes__nf4": "bitsandbytes",
+    ".quant_state.bitsandbytes__fp4": "bitsandbytes",
+    ".SCB": "bitsandbytes (8-bit)",
+    ".W_q": "HQQ",
+}
+QUANT_METHOD_NAMES = {"gptq": "GPTQ", "awq": "AWQ", "bitsandbytes": "bitsandbytes", "hqq": "HQQ",
+                      "aqlm": "AQLM", "exl2": "EXL2", "fp8": "FP8", "compressed-tensors": "compressed-tensors"}
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Shapes from config.json. Legend used across the engine: D hidden, I ffn, E experts, K top-k."""
+
+    layers: int
+    hidden: int
+    ffn: int
+    experts: int
+    top_k: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    rms_eps: float
+    max_positions: int
+    tie_embeddings: bool
+    sliding_window: int | None
+
+    def expert_params(self) -> int:
+        return 3 * self.hidden * self.ffn
+
+
+def expert_key(layer: int, expert: int, w: str) -> str:
+    return f"model.layers.{layer}.block_sparse_moe.experts.{expert}.{w}.weight"
+
+
+def dense_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
+    """Every non-expert tensor the model needs, with its shape."""
+    s = {"model.embed_tokens.weight": (d.vocab, d.hidden), "model.norm.weight": (d.hidden,)}
+    if not d.tie_embeddings:
+        s["lm_head.weight"] = (d.vocab, d.hidden)
+    for l in range(d.layers):
+        p = f"model.layers.{l}."
+        s[p + "input_layernorm.weight"] = (d.hidden,)
+        s[p + "post_attention_layernorm.weight"] = (d.hidden,)
+        s[p + "self_attn.q_proj.weight"] = (d.heads * d.head_dim, d.hidden)
+        s[p + "self_attn.k_proj.weight"] = (d.kv_heads * d.head_dim, d.hidden)
+        s[p + "self_attn.v_proj.weight"] = (d.kv_heads * d.head_dim, d.hidden)
+        s[p + "self_attn.o_proj.weight"] = (d.hidden, d.heads * d.head_dim)
+        s[p + "block_sparse_moe.gate.weight"] = (d.experts, d.hidden)
+    return s
+
+
+def expert_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
+    s = {}
+    for l in range(d.layers):
+        for e in range(d.experts):
+            s[expert_key(l, e, "w1")] = (d.ffn, d.hidden)
+            s[expert_key(l, e, "w2")] = (d.hidden, d.ffn)
+            s[expert_key(l, e, "w3")] = (d.ffn, d.hidden)
+    return s
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelError(path, "is missing") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelError(path, f"is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ModelError(path, "is not a JSON object")
+    return data
+
+
+class Checkpoint:
+    """Open and validate a model folder; read tensors on demand. Never writes into the folder."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder).expanduser()
+        if self.folder.is_file():
+            if self.folder.suffix in PICKLE_SUFFIXES:
+                raise ModelError(self.folder, _pickle_refusal())
+            raise ModelError(self.folder, "is a file; give the model's folder (with config.json and *.safetensors)")
+        if not self.folder.is_dir():
+            raise ModelError(self.folder, "does not exist or is not a folder")
+        self.config_path = self.folder / "config.json"
+        self.raw_config = _read_json(self.config_path)
+        self._check_model_type()
+        self.config = self._hf_config()
+        self.dims = _dims(self.config, self.config_path)
+        self.files = self._open_weights()
+        self.where: dict[str, SafetensorsFile] = {}
+        for f in self.files:
+            for name in f.tensors:
+                self.where[name] = f
+        self._check_quantised()
+        self.expected = {**dense_shapes(self.dims), **expert_shapes(self.dims)}
+        self._check_tensors()
+        self.dtype = DTYPES[self.info(expert_key(0, 0, "w1")).dtype]
+
+    # ---- validation -------------------------------------------------------------------------
+    def _check_model_type(self) -> None:
+        mt = self.raw_config.get("model_type")
+        if mt not in SUPPORTED_MODEL_TYPES:
+            raise ModelError(
+                self.config_path,
+                f"model_type is {mt!r}; Mixdesk runs Mixtral-compatible Mixture-of-Experts models "
+                f"(model_type {', '.join(SUPPORTED_MODEL_TYPES)})",
+            )
+        qc = self.raw_config.get("quantization_config")
+        if isinstance(qc, dict):
+            method = str(qc.get("quant_method", "unknown"))
+            raise ModelError(self.config_path, _quant_refusal(QUANT_METHOD_NAMES.get(method.lower(), method)))
+
+    def _hf_config(self):
+        # transformers parses and normalises the config (rope parameters, defaults); no remote code.
+        from transformers import MixtralConfig
+
+        try:
+            return MixtralConfig.from_dict(self.raw_config)
+        except Exception as e:  # a malformed field: name it, don't dump a traceback
+            raise ModelError(self.config_path, f"could not be read as a Mixtral config: {e}") from None
+
+    def _open_weights(self) -> list[SafetensorsFile]:
+        index = self.folder / "model.safetensors.index.json"
+        single = self.folder / "model.safetensors"
+        if index.exists():
+            weight_map = _read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise ModelError(index, "has no weight_map")
+            names = sorted(set(weight_map.values()))
+            for n in names:
+                if not (self.folder / n).is_file():
+                    raise ModelError(self.folder / n, f"is missing (listed in {index.name})")
+            self.index_map = weight_map
+            return [SafetensorsFile(self.folder / n) for n in names]
+        self.index_map = None
+        if single.exists():
+            return [SafetensorsFile(single)]
+        shards = sorted(self.folder.glob("*.safetensors"))
+        if shards:
+            return [SafetensorsFile(p) for p in shards]
+        pickles = [p for p in self.folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
+        if pickles:
+            raise ModelError(pickles[0], _pickle_refusal())
+        raise ModelError(self.folder, "holds no .safetensors weights")
+
+    def _check_quantised(self) -> None:
+        for name, f in self.where.items():
+            for marker, fmt in QUANT_MARKERS.items():
+                if name.endswith(marker):
+                    raise ModelError(f.path, _quant_refusal(fmt) + f" (tensor '{name}')")
+
+    def _check_tensors(self) -> None:
+        for name, shape in self.expected.items():
+            f = self.where.get(name)
+            if f is None:
+                where = self.folder / "model.safetensors.index.json" if self.index_map else self.files[0].path
+                if self.index_map and name in self.index_map:
+                    where = self.folder / self.index_map[name]
+                raise ModelError(where, f"is missing tensor '{name}'")
+            got = f.tensors[name].shape
+            if tuple(got) != shape:
+                raise ModelError(
+                    f.path,
+                    f"tensor '{name}' has shape {list(got)} but config.json implies {list(shape)}",
+                )
+
+    # ---- reading ----------------------------------------------------------------------------
+    def info(self, name: str):
+        return self.where[name].tensors[name]
+
+    def read(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.where[name].read(name, out)
+
+    def expert_nbytes(self) -> int:
+        """Bytes of one expert at the checkpoint's precision."""
+        return sum(self.info(expert_key(0, 0, w)).nbytes for w in ("w1", "w2", "w3"))
+
+    def dense_nbytes(self) -> int:
+        return sum(self.info(n).nbytes for n in dense_shapes(self.dims))
+
+    def load_tokenizer(self):
+        """The tokenizer, which must carry a chat template (Mixdesk is a chat app)."""
+        from transformers import AutoTokenizer
+
+        has_files = any((self.folder / n).exists() for n in ("tokenizer.json", "tokenizer.model", "vocab.json"))
+        if not has_files:
+            raise ModelError(self.folder, "has no tokenizer (tokenizer.json or tokenizer.model)")
+        try:
+            tok = AutoTokenizer.from_pretrained(str(self.folder), local_files_only=True)
+        except Exception as e:
+            raise ModelError(self.folder / "tokenizer.json", f"could not be loaded: {e}") from None
+        if not getattr(tok, "chat_template", None):
+            raise ModelError(
+                self.folder / "tokenizer_config.json",
+                "has no chat template; add one (tokenizer_config.json 'chat_template' or chat_template.jinja)",
+            )
+        return tok
+
+    def eos_token_ids(self, tokenizer) -> set[int]:
+        ids: set[int] = set()
+        gen = self.folder / "generation_config.json"
+        for source in (_read_json(gen) if gen.exists() else {}, self.raw_config):
+            v = source.get("eos_token_id")
+            ids.update(v if isinstance(v, list) else [v] if isinstance(v, int) else [])
+        if tokenizer.eos_token_id is not None:
+            ids.add(int(tokenizer.eos_token_id))
+        return ids
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+def _dims(cfg, path: Path) -> Dims:
+    try:
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        return Dims(
+            layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, ffn=cfg.intermediate_size,
+            experts=cfg.num_local_experts, top_k=cfg.num_experts_per_tok, heads=heads,
+            kv_heads=cfg.num_key_value_heads, head_dim=head_dim, vocab=cfg.vocab_size,
+            rms_eps=float(cfg.rms_norm_eps), max_positions=cfg.max_position_embeddings,
+            tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+            sliding_window=getattr(cfg, "sliding_window", None),
+        )
+    except (AttributeError, TypeError, ZeroDivisionError) as e:
+        raise ModelError(path, f"lacks a field Mixdesk needs: {e}") from None
+
+
+def _pickle_refusal() -> str:
+    return ("is a pickle checkpoint, which can run arbitrary code when loaded; Mixdesk reads only "
+            ".safetensors (convert it with a trusted tool, or download the safetensors version)")
+
+
+def _quant_refusal(fmt: str) -> str:
+    return (f"is a {fmt}-quantised checkpoint, which Mixdesk does not read; use the 16-bit "
+            "safetensors checkpoint (Mixdesk quantises experts itself, per expert)")

@@ -1,0 +1,71 @@
+"""Measured costs that decide, per expert and per prefill, whether a CPU-resident expert computes
+on the CPU (only activations cross) or has its weights copied to the accelerator for the batch.
+
+Nothing here is a constant: each figure is timed on this machine, on a real expert of the loaded
+model, when the model loads.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .devices import synchronize
+from .experts import Expert16
+
+
+@dataclass(frozen=True)
+class ExpertCosts:
+    cpu_fixed_s: float  # time = fixed + per_token * n
+    cpu_per_token_s: float
+    gpu_fixed_s: float
+    gpu_per_token_s: float
+    h2d_bytes_per_s: float
+
+    def cpu_time(self, tokens: int) -> float:
+        return self.cpu_fixed_s + self.cpu_per_token_s * tokens
+
+    def copy_time(self, tokens: int, nbytes: int) -> float:
+        return nbytes / self.h2d_bytes_per_s + self.gpu_fixed_s + self.gpu_per_token_s * tokens
+
+    def copy_wins(self, tokens: int, nbytes: int) -> bool:
+        return self.copy_time(tokens, nbytes) < self.cpu_time(tokens)
+
+
+def _time(fn, device: torch.device, reps: int) -> float:
+    fn()
+    synchronize(device)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _fit(expert: Expert16, device: torch.device, dtype: torch.dtype, reps: int) -> tuple[float, float]:
+    d = expert.w2.shape[0]
+    n_lo, n_hi = 1, 32
+    x_lo = torch.randn(n_lo, d, dtype=dtype, device=device)
+    x_hi = torch.randn(n_hi, d, dtype=dtype, device=device)
+    t_lo = _time(lambda: expert(x_lo), device, reps)
+    t_hi = _time(lambda: expert(x_hi), device, reps)
+    per = max((t_hi - t_lo) / (n_hi - n_lo), 0.0)
+    return max(t_lo - per * n_lo, 0.0), per
+
+
+def measure(cpu_expert: Expert16, accel: torch.device, reps: int = 3) -> ExpertCosts | None:
+    """Time one expert on the CPU and on the accelerator, and a pinned host-to-device copy.
+    Returns None without an accelerator: then there is nothing to decide."""
+    if accel.type != "cuda":
+        return None
+    dtype = cpu_expert.w13.dtype
+    cpu_fixed, cpu_per = _fit(cpu_expert, torch.device("cpu"), dtype, reps)
+    gpu_expert = cpu_expert.to(accel)
+    gpu_fixed, gpu_per = _fit(gpu_expert, accel, dtype, reps)
+    staging = torch.empty(cpu_expert.nbytes, dtype=torch.uint8).pin_memory()
+    target = torch.empty_like(staging, device=accel)
+    t = _time(lambda: target.copy_(staging, non_blocking=True), accel, reps)
+    return ExpertCosts(cpu_fixed, cpu_per, gpu_fixed, gpu_per, cpu_expert.nbytes / t)

@@ -1,0 +1,48 @@
+"""Which accelerator the engine runs on. A missing CUDA or driver means CPU-only, never a crash."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    device: torch.device
+    name: str
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def cpu_only(self) -> bool:
+        return not self.is_cuda
+
+    def describe(self) -> str:
+        if self.cpu_only:
+            return "CPU-only: no CUDA GPU was found, so every expert and the dense part run on the CPU"
+        return f"GPU: {self.name}"
+
+
+def detect(prefer: str | None = None) -> Accelerator:
+    """`prefer` is 'cpu', 'cuda', 'cuda:N' or None (CUDA when available)."""
+    if prefer == "cpu":
+        return Accelerator(torch.device("cpu"), "CPU")
+    try:
+        ok = torch.cuda.is_available()
+    except Exception:  # broken driver or library: run on the CPU and say so
+        ok = False
+    if not ok:
+        if prefer and prefer.startswith("cuda"):
+            raise RuntimeError("CUDA was requested but no CUDA device is usable")
+        return Accelerator(torch.device("cpu"), "CPU")
+    dev = torch.device(prefer if prefer and prefer.startswith("cuda") else "cuda")
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return Accelerator(dev, torch.cuda.get_device_name(dev))
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,29 @@
+"""User-facing errors: one clear message naming the file and the problem, never a traceback."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class MixdeskError(Exception):
+    """Base of every error the engine shows to a user as one line."""
+
+
+class ModelError(MixdeskError):
+    """A model folder or file that cannot be used, and why."""
+
+    def __init__(self, path: str | Path, problem: str):
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{self.path}: {problem}")
+
+
+class ContextOverflow(MixdeskError):
+    """The prompt does not fit in the model's context window."""
+
+    def __init__(self, prompt_tokens: int, context: int):
+        self.prompt_tokens = prompt_tokens
+        self.context = context
+        super().__init__(
+            f"the prompt is {prompt_tokens} tokens but the context holds {context}; "
+            "shorten it or remove attached documents"
+        )

@@ -1,0 +1,63 @@
+"""One expert materialised in one tier, from the checkpoint.
+
+Shapes: D hidden, I ffn, T tokens. An expert is SwiGLU: w2 @ (silu(w1 @ x) * (w3 @ x)).
+w1 and w3 are stored fused as w13 [2I, D] (gate rows first), so one matmul serves both.
+The 16-bit source of truth stays in the checkpoint; a tier holds only its own copy.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .checkpoint import Checkpoint, expert_key
+from .placement import Tier
+
+
+class Expert16:
+    """A 16-bit (or fp32, for parity tests) expert on one device."""
+
+    def __init__(self, tier: Tier, w13: torch.Tensor, w2: torch.Tensor):
+        self.tier = tier
+        self.w13 = w13  # [2I, D]
+        self.w2 = w2  # [D, I]
+        self.ffn = w2.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.w13.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.w13.numel() * self.w13.element_size() + self.w2.numel() * self.w2.element_size()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] -> [T, D]
+        h = F.linear(x, self.w13)  # [T, 2I]
+        gate, up = h.split(self.ffn, dim=-1)  # [T, I] each
+        return F.linear(F.silu(gate) * up, self.w2)  # [T, D]
+
+    def to(self, device: torch.device) -> "Expert16":
+        """A temporary copy on another device (the prefill 'copy the weights over' path)."""
+        nb = device.type == "cuda"
+        return Expert16(self.tier, self.w13.to(device, non_blocking=nb), self.w2.to(device, non_blocking=nb))
+
+
+def read_expert(ckpt: Checkpoint, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The expert's weights at checkpoint precision in host memory: w13 [2I, D], w2 [D, I].
+    w1 and w3 are read straight into the two halves of w13, with no intermediate copy."""
+    d = ckpt.dims
+    w13 = torch.empty(2 * d.ffn, d.hidden, dtype=ckpt.dtype)
+    ckpt.read(expert_key(layer, expert, "w1"), out=w13[: d.ffn])
+    ckpt.read(expert_key(layer, expert, "w3"), out=w13[d.ffn:])
+    w2 = ckpt.read(expert_key(layer, expert, "w2"))
+    return w13, w2
+
+
+def materialise(ckpt: Checkpoint, layer: int, expert: int, tier: Tier,
+                accel: torch.device, dtype: torch.dtype) -> Expert16:
+    """Build expert (layer, expert) in `tier`. gpu-* tiers live on `accel` (the CPU device when
+    there is no CUDA: a test seam that keeps the two-tier logic exercised), cpu-* on the host."""
+    if tier.bits != 16:
+        raise NotImplementedError(f"tier {tier} is not available in this build")
+    w13, w2 = read_expert(ckpt, layer, expert)
+    device = accel if tier.on_accelerator else torch.device("cpu")
+    return Expert16(tier, w13.to(device=device, dtype=dtype), w2.to(device=device, dtype=dtype))

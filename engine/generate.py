@@ -1,0 +1,208 @@
+"""Generation: chat template, prefill with KV-cache prefix reuse, sampling, stopping, and streaming
+text that is correct across multi-byte characters split between tokens.
+
+`Generator.stream` is a generator: it yields a `Token` per new token and one `Finished` at the end.
+The session thread (or the CLI) consumes it; cancellation is a threading.Event checked every step.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from .errors import ContextOverflow
+from .model import KVCache, MixtralModel
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 512
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    text: str  # new text this token completes (may be "" while a character is incomplete)
+    index: int  # 0-based index among new tokens
+    seconds: float  # wall time of the step that produced it (prefill for index 0)
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str  # eos | stop | length | context | cancelled
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens whose keys/values came from the previous turn
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        n = len(self.token_ids) - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        n = self.prompt_tokens - self.reused_tokens
+        return n / self.prefill_s if self.prefill_s > 0 else 0.0
+
+
+def sample(logits: torch.Tensor, p: SamplingParams, history: list[int],
+           gen: torch.Generator | None) -> int:
+    """logits [V] fp32 -> one token id."""
+    if p.repetition_penalty != 1.0 and history:
+        seen = torch.tensor(sorted(set(history)), dtype=torch.long, device=logits.device)
+        vals = logits[seen]
+        logits = logits.clone()
+        logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if p.temperature <= 0:
+        return int(torch.argmax(logits))
+    logits = logits / p.temperature
+    if p.top_k > 0:
+        kth = torch.topk(logits, min(p.top_k, logits.shape[-1])).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if p.top_p < 1.0:
+        sp, si = torch.sort(probs, descending=True)
+        keep = (sp.cumsum(-1) - sp) < p.top_p  # always keeps the most likely token
+        probs = torch.zeros_like(probs).scatter_(0, si[keep], sp[keep])
+    return int(torch.multinomial(probs.cpu(), 1, generator=gen))
+
+
+class TextStream:
+    """Incremental detokenisation: emits text only once it is complete (no U+FFFD halves)."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0  # decode window start, for context-dependent spacing
+        self.read = 0  # ids already turned into emitted text
+
+    def _dec(self, ids: list[int]) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        before = self._dec(self.ids[self.prefix:self.read])
+        after = self._dec(self.ids[self.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return after[len(before):]
+        return ""
+
+
+class StopMatcher:
+    """Holds back text that could be the start of a stop string; reports when one appears."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = tuple(s for s in stops if s)
+        self.text = ""
+        self.emitted = 0
+
+    def feed(self, delta: str) -> tuple[str, bool]:
+        self.text += delta
+        for s in self.stops:
+            i = self.text.find(s, max(0, self.emitted - len(s)))
+            if i >= 0:
+                self.text = self.text[:i]
+                out = self.text[self.emitted:]
+                self.emitted = len(self.text)
+                return out, True
+        hold = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(self.text)), 0, -1):
+                if self.text.endswith(s[:n]):
+                    hold = max(hold, n)
+                    break
+        safe = max(self.emitted, len(self.text) - hold)
+        out, self.emitted = self.text[self.emitted:safe], safe
+        return out, False
+
+    def flush(self) -> str:
+        out, self.emitted = self.text[self.emitted:], len(self.text)
+        return out
+
+
+class Generator:
+    def __init__(self, model: MixtralModel, tokenizer, eos_ids: set[int], ctx: int = 4096):
+        self.model = model
+        self.tok = tokenizer
+        self.eos_ids = set(eos_ids)
+        self.ctx = min(ctx, model.dims.max_positions)
+        self.cache: KVCache = model.new_cache(self.ctx)
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        out = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(out, dict) or hasattr(out, "keys"):  # transformers 5 may return a BatchEncoding
+            out = out["input_ids"]
+        return [int(i) for i in out]
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tok.encode(text, add_special_tokens=False))
+
+    def stream(self, prompt: list[int], p: SamplingParams = SamplingParams(),
+               cancel: threading.Event | None = None) -> Iterator[Token | Finished]:
+        if len(prompt) == 0:
+            raise ValueError("empty prompt")
+        if len(prompt) >= self.ctx:
+            raise ContextOverflow(len(prompt), self.ctx)
+        cache = self.cache
+        reuse = 0  # keys/values already cached from the previous turn
+        limit = min(len(cache.tokens), len(prompt) - 1)
+        while reuse < limit and cache.tokens[reuse] == prompt[reuse]:
+            reuse += 1
+        cache.tokens = cache.tokens[:reuse]
+        gen = torch.Generator().manual_seed(p.seed) if p.seed is not None else None
+        text, stops = TextStream(self.tok), StopMatcher(p.stop)
+        history = list(prompt)
+        out_ids: list[int] = []
+        pieces: list[str] = []
+        t0 = time.perf_counter()
+        feed = prompt[reuse:]
+        pos = reuse
+        prefill_s, reason = 0.0, "length"
+        for i in range(p.max_new_tokens):
+            if cancel is not None and cancel.is_set():
+                reason = "cancelled"
+                break
+            if pos + len(feed) > self.ctx:
+                reason = "context"
+                break
+            step0 = time.perf_counter()
+            logits = self.model.forward(torch.tensor(feed, dtype=torch.long), cache, pos)[-1]
+            cache.tokens.extend(feed)
+            pos += len(feed)
+            tid = sample(logits, p, history, gen)
+            dt = time.perf_counter() - step0
+            if i == 0:
+                prefill_s = time.perf_counter() - t0
+            out_ids.append(tid)
+            history.append(tid)
+            if tid in self.eos_ids:
+                reason = "eos"
+                break
+            delta, stopped = stops.feed(text.push(tid))
+            if delta:
+                pieces.append(delta)
+            yield Token(tid, delta, i, dt)
+            if stopped:
+                reason = "stop"
+                break
+            feed = [tid]
+        if reason not in ("stop",):
+            tail = stops.flush()
+            if tail:
+                pieces.append(tail)
+                yield Token(-1, tail, len(out_ids), 0.0)
+        total = time.perf_counter() - t0
+        yield Finished(reason, "".join(pieces), out_ids, len(prompt), reuse, prefill_s, total - prefill_s)

@@ -1,0 +1,196 @@
+"""The Mixtral forward: dense weights on the accelerator, MoE blocks from `moe`, a static KV cache.
+
+Shapes: T new tokens, P cached positions, D hidden, H query heads, G kv heads, Hd head dim, V vocab.
+Compact on purpose: on a 2-core CPU, Python work per layer is a visible share of a decode step, so
+q/k/v are one fused matmul and rope is applied to q and k together.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from . import costs as costs_mod
+from .checkpoint import Checkpoint
+from .experts import Expert16, materialise
+from .moe import MoEBlock
+from .placement import Placement, Tier
+
+Progress = Callable[[int, int, str], None]
+
+
+class KVCache:
+    """Preallocated keys and values for every layer: k, v [L, G, ctx, Hd]. torch.empty leaves the
+    pages untouched, so memory grows with the context actually used."""
+
+    def __init__(self, layers: int, kv_heads: int, ctx: int, head_dim: int, dtype, device):
+        self.k = torch.empty(layers, kv_heads, ctx, head_dim, dtype=dtype, device=device)
+        self.v = torch.empty_like(self.k)
+        self.ctx = ctx
+        self.tokens: list[int] = []  # the token ids whose keys/values are in the cache, in order
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+class DenseLayer:
+    def __init__(self, ln1, wqkv, wo, ln2):
+        self.ln1, self.wqkv, self.wo, self.ln2 = ln1, wqkv, wo, ln2
+
+
+class MixtralModel:
+    def __init__(self, ckpt: Checkpoint, placement: Placement, accel: torch.device,
+                 dtype: torch.dtype = torch.bfloat16, progress: Progress | None = None,
+                 costs: costs_mod.ExpertCosts | None = None, measure_costs: bool = True):
+        d = self.dims = ckpt.dims
+        if (placement.layers, placement.experts) != (d.layers, d.experts):
+            raise ValueError(f"placement is {placement.layers}x{placement.experts}, model {d.layers}x{d.experts}")
+        self.ckpt, self.accel, self.dtype = ckpt, accel, dtype
+        self.placement = placement
+        total = d.layers * (d.experts + 1) + 1
+        step = 0
+
+        def tick(what: str):
+            nonlocal step
+            step += 1
+            if progress:
+                progress(step, total, what)
+
+        def dense(name: str) -> torch.Tensor:
+            return ckpt.read(name).to(device=accel, dtype=dtype)
+
+        self.embed = dense("model.embed_tokens.weight")  # [V, D]
+        self.norm = dense("model.norm.weight")
+        self.lm_head = self.embed if d.tie_embeddings else dense("lm_head.weight")
+        tick("dense weights")
+        self.layers: list[DenseLayer] = []
+        self.moe: list[MoEBlock] = []
+        for l in range(d.layers):
+            p = f"model.layers.{l}."
+            wqkv = torch.cat([dense(p + f"self_attn.{n}_proj.weight") for n in "qkv"])  # [(H+2G)Hd, D]
+            self.layers.append(DenseLayer(dense(p + "input_layernorm.weight"), wqkv,
+                                          dense(p + "self_attn.o_proj.weight"),
+                                          dense(p + "post_attention_layernorm.weight")))
+            tick(f"layer {l} attention")
+            experts = []
+            for e in range(d.experts):
+                experts.append(materialise(ckpt, l, e, placement[l, e], accel, dtype))
+                tick(f"layer {l} expert {e}")
+            self.moe.append(MoEBlock(dense(p + "block_sparse_moe.gate.weight"), experts, d.top_k, accel))
+        if costs is None and measure_costs and accel.type == "cuda":
+            probe = self._any_cpu_expert() or materialise(ckpt, 0, 0, Tier.CPU16, accel, dtype)
+            costs = costs_mod.measure(probe, accel)
+        self.set_costs(costs)
+        self.inv_freq, self.rope_scale = _rope(ckpt.config, d.head_dim)
+        self._rope_cache: tuple[int, torch.Tensor, torch.Tensor] | None = None
+
+    def _any_cpu_expert(self) -> Expert16 | None:
+        for block in self.moe:
+            for ex in block.experts:
+                if not ex.tier.on_accelerator:
+                    return ex
+        return None
+
+    def set_costs(self, costs: costs_mod.ExpertCosts | None) -> None:
+        self.costs = costs
+        for block in self.moe:
+            block.costs = costs
+
+    # ---- memory ----
+    def expert_bytes(self) -> dict[str, int]:
+        """Resident bytes of experts, by device kind ('accelerator' / 'host')."""
+        out = {"accelerator": 0, "host": 0}
+        for block in self.moe:
+            for ex in block.experts:
+                out["accelerator" if ex.tier.on_accelerator else "host"] += ex.nbytes
+        return out
+
+    def dense_bytes(self) -> int:
+        ts = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
+        for layer in self.layers:
+            ts += [layer.ln1, layer.wqkv, layer.wo, layer.ln2]
+        ts += [b.gate for b in self.moe]
+        return sum(t.numel() * t.element_size() for t in ts)
+
+    def new_cache(self, ctx: int) -> KVCache:
+        d = self.dims
+        return KVCache(d.layers, d.kv_heads, ctx, d.head_dim, self.dtype, self.accel)
+
+    # ---- forward ----
+    def _rope_tables(self, upto: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._rope_cache is None or self._rope_cache[0] < upto:
+            n = max(upto, 256, 2 * (self._rope_cache[0] if self._rope_cache else 0))
+            pos = torch.arange(n, dtype=torch.float32)
+            freqs = pos[:, None] * self.inv_freq[None, :]  # [n, Hd/2]
+            emb = torch.cat([freqs, freqs], dim=-1)  # [n, Hd]
+            cos = (emb.cos() * self.rope_scale).to(self.dtype)
+            sin = (emb.sin() * self.rope_scale).to(self.dtype)
+            half = emb.shape[-1] // 2
+            # rotate_half(x) * sin == roll(x, half) * [-sin_lo, sin_hi]: one op instead of three
+            sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+            self._rope_cache = (n, cos.to(self.accel)[:, None, :], sin_signed.to(self.accel)[:, None, :])
+        return self._rope_cache[1], self._rope_cache[2]
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.dims.rms_eps)
+        return w * h.to(x.dtype)
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, cache: KVCache, pos: int, all_logits: bool = False) -> torch.Tensor:
+        """ids [T] long at positions pos..pos+T-1; fills the cache; returns logits [T or 1, V] fp32."""
+        d = self.dims
+        T = ids.shape[0]
+        H, G, Hd = d.heads, d.kv_heads, d.head_dim
+        end = pos + T
+        if end > cache.ctx:
+            raise ValueError(f"position {end} exceeds the cache ({cache.ctx})")
+        cos_t, sin_t = self._rope_tables(end)
+        cos, sin = cos_t[pos:end], sin_t[pos:end]  # [T, 1, Hd]
+        mask, causal = self._mask(T, pos)
+        x = F.embedding(ids.to(self.accel), self.embed)  # [T, D]
+        for l, layer in enumerate(self.layers):
+            h = self._rms(x, layer.ln1)
+            qkv = F.linear(h, layer.wqkv)  # [T, (H+2G)Hd]
+            qk = qkv[:, : (H + G) * Hd].view(T, H + G, Hd)
+            qk = qk * cos + qk.roll(Hd // 2, dims=-1) * sin  # rope on q and k at once
+            v = qkv[:, (H + G) * Hd:].view(T, G, Hd)
+            cache.k[l, :, pos:end] = qk[:, H:].transpose(0, 1)
+            cache.v[l, :, pos:end] = v.transpose(0, 1)
+            q = qk[:, :H].transpose(0, 1)  # [H, T, Hd]
+            att = F.scaled_dot_product_attention(
+                q[None], cache.k[l, :, :end][None], cache.v[l, :, :end][None],
+                attn_mask=mask, is_causal=causal, enable_gqa=G != H)  # [1, H, T, Hd]
+            x = x + F.linear(att[0].transpose(0, 1).reshape(T, H * Hd), layer.wo)
+            x = x + self.moe[l](self._rms(x, layer.ln2))
+        if not all_logits:
+            x = x[-1:]
+        return F.linear(self._rms(x, self.norm), self.lm_head).float()  # [T or 1, V]
+
+    def _mask(self, T: int, pos: int) -> tuple[torch.Tensor | None, bool]:
+        """Attention mask for T queries at pos.. over keys 0..pos+T-1 (None + is_causal when we can)."""
+        win = self.dims.sliding_window
+        end = pos + T
+        if (win is None or end <= win) and (T == 1 or pos == 0):
+            return None, T > 1
+        q = torch.arange(pos, end, device=self.accel)[:, None]
+        k = torch.arange(end, device=self.accel)[None, :]
+        m = k <= q
+        if win is not None:
+            m &= (q - k) < win
+        return m, False
+
+
+def _rope(config, head_dim: int) -> tuple[torch.Tensor, float]:
+    rp = getattr(config, "rope_parameters", None) or {}
+    kind = rp.get("rope_type", "default")
+    if kind == "default":
+        theta = float(rp.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+        return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)), 1.0
+    # scaled variants (llama3, yarn, ...) come from transformers' own tables
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    inv_freq, scale = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
+    return inv_freq.float(), float(scale)

@@ -1,0 +1,97 @@
+"""The MoE block: route -> group tokens by expert -> run each expert in its tier -> combine.
+
+Shapes: T tokens, E experts, K top-k, D hidden.
+Routing is Mixtral's: softmax over E in fp32, top-K, renormalise. Weights multiply in fp32 and the
+product is cast to the activation dtype before it is summed, as transformers does, so 16-bit
+placements reproduce its numbers.
+
+Where experts live on different devices, only activations cross: the tokens' hidden states go to
+the CPU for CPU-resident experts and their outputs come back. Accelerator experts are launched
+first (asynchronously on CUDA) so the CPU experts compute while the GPU works.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .costs import ExpertCosts
+from .experts import Expert16
+
+CPU = torch.device("cpu")
+
+
+class MoEBlock:
+    def __init__(self, gate: torch.Tensor, experts: list[Expert16], top_k: int,
+                 accel: torch.device, costs: ExpertCosts | None = None):
+        self.gate = gate  # [E, D] on accel
+        self.experts = experts
+        self.top_k = top_k
+        self.accel = accel
+        self.costs = costs
+        self.copied = 0  # prefill segments whose weights were copied to the accelerator (for stats)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(x, self.gate)  # [T, E]
+        probs = torch.softmax(logits.float(), dim=-1)  # [T, E] fp32
+        w, idx = torch.topk(probs, self.top_k, dim=-1)  # [T, K]
+        return w / w.sum(dim=-1, keepdim=True), idx
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] on accel
+        w, idx = self.route(x)
+        if x.shape[0] == 1:
+            return self._decode(x, w, idx)
+        return self._prefill(x, w, idx)
+
+    def _decode(self, x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        ids = idx[0].tolist()  # K expert ids (one host sync, needed to dispatch)
+        experts = [self.experts[e] for e in ids]
+        on_cpu = [not ex.tier.on_accelerator for ex in experts]
+        cuda = self.accel.type == "cuda"
+        if cuda and any(on_cpu):  # copy before launching GPU work, so the copy doesn't wait on it
+            x_cpu, w_cpu = x.to(CPU), w.to(CPU)
+        else:
+            x_cpu, w_cpu = x, w
+        out = None
+        for j in sorted(range(len(ids)), key=lambda j: on_cpu[j]):  # accelerator experts first
+            if on_cpu[j]:
+                y = (experts[j](x_cpu) * w_cpu[0, j]).to(x.dtype).to(self.accel, non_blocking=cuda)
+            else:
+                y = (experts[j](x) * w[0, j]).to(x.dtype)
+            out = y if out is None else out + y
+        return out
+
+    def _prefill(self, x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        k = self.top_k
+        flat = idx.reshape(-1)  # [T*K] expert of each (token, slot)
+        order = torch.argsort(flat, stable=True)  # slots grouped by expert
+        counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
+        token = order // k  # [T*K] token of each grouped slot
+        weight = w.reshape(-1)[order]  # [T*K] fp32
+        out = torch.zeros_like(x)  # [T, D]
+
+        accel_jobs, cpu_jobs, off = [], [], 0
+        for e, c in enumerate(counts):
+            if c:
+                ex = self.experts[e]
+                if ex.tier.on_accelerator:
+                    accel_jobs.append((ex, off, c))
+                elif self.costs is not None and self.costs.copy_wins(c, ex.nbytes):
+                    accel_jobs.append((ex.to(self.accel), off, c))  # temporary copy for this batch
+                    self.copied += 1
+                else:
+                    cpu_jobs.append((ex, off, c))
+                off += c
+        cuda = self.accel.type == "cuda"
+        if cpu_jobs and cuda:
+            x_cpu, token_cpu, weight_cpu = x.to(CPU), token.to(CPU), weight.to(CPU)
+        else:
+            x_cpu, token_cpu, weight_cpu = x, token, weight
+        for ex, a, c in accel_jobs:
+            t = token[a:a + c]
+            y = ex(x[t]) * weight[a:a + c, None]  # [c, D] fp32
+            out.index_add_(0, t, y.to(x.dtype))
+        for ex, a, c in cpu_jobs:
+            t = token_cpu[a:a + c]
+            y = (ex(x_cpu[t]) * weight_cpu[a:a + c, None]).to(x.dtype)  # [c, D]
+            out.index_add_(0, token[a:a + c], y.to(self.accel, non_blocking=cuda))
+        return out

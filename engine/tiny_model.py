@@ -1,0 +1,65 @@
+"""A tiny random Mixtral with a real byte-level tokenizer and a chat template, written with
+transformers' own save_pretrained (so it has the real checkpoint key layout).
+
+Used by the tests, the benchmarks and `mixdesk --self-test`. Its replies are noise: it exists to
+exercise the engine exactly, not to chat.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+SPECIALS = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
+CORPUS = [
+    "The capital of France is Paris. Mixture of experts models route each token to two experts.",
+    "Café, naïve, über, 東京, Привет, 🙂 — multi-byte characters must stream correctly.",
+    "hello world, this is a tiny model for tests. 0123456789 !?.,;:",
+]
+
+
+def write_tokenizer(folder: Path, vocab_size: int) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(folder))
+
+
+def write_tiny_mixtral(folder: str | Path, *, layers: int = 2, hidden: int = 64, ffn: int = 128,
+                       experts: int = 4, top_k: int = 2, heads: int = 4, kv_heads: int = 2,
+                       vocab: int = 320, dtype: str = "float32", seed: int = 0,
+                       shard_size: str | None = None, tokenizer: bool = True, **extra) -> Path:
+    """Write the model to `folder` (created). `shard_size` (e.g. '200KB') writes shards plus an index."""
+    import torch
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = MixtralConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, num_local_experts=experts,
+        num_experts_per_tok=top_k, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+        **extra,
+    )
+    torch.manual_seed(seed)
+    model = MixtralForCausalLM(cfg).to(getattr(torch, dtype))
+    # default init is tiny (std 0.02): widen it so routing and logits are not all ties
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.5 / p.shape[-1] ** 0.5)
+    kw = {"max_shard_size": shard_size} if shard_size else {}
+    model.save_pretrained(str(folder), **kw)
+    if tokenizer:
+        write_tokenizer(folder, vocab)
+    return folder

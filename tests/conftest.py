@@ -1,0 +1,39 @@
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    """A tiny random Mixtral (fp32, one safetensors file) with a byte-level tokenizer."""
+    from engine.tiny_model import write_tiny_mixtral
+
+    return write_tiny_mixtral(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny_sharded(tmp_path_factory):
+    """The same kind of model, written as several shards with model.safetensors.index.json."""
+    from engine.tiny_model import write_tiny_mixtral
+
+    return write_tiny_mixtral(tmp_path_factory.mktemp("tiny_sharded"), seed=1, shard_size="60KB")
+
+
+@pytest.fixture(scope="session")
+def reference():
+    """transformers' own MixtralForCausalLM, loaded fp32, per folder (cached)."""
+    from transformers import MixtralForCausalLM
+
+    cache = {}
+
+    def get(folder):
+        if folder not in cache:
+            cache[folder] = MixtralForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+        return cache[folder]
+
+    return get
