@@ -28,7 +28,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--placement", default="auto",
                    help="auto | gpu | cpu | random:SEED | a JSON placement file (default: auto)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: CUDA when available)")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
+                   help="16-bit compute format; auto = bf16 on GPUs, the faster of bf16/fp16 measured on CPUs")
     p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
 
 

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from .checkpoint import Checkpoint, expert_key
+from .errors import ModelError
+from .kernels import check_fits
 from .placement import Tier
 
 
@@ -59,5 +61,8 @@ def materialise(ckpt: Checkpoint, layer: int, expert: int, tier: Tier,
     if tier.bits != 16:
         raise NotImplementedError(f"tier {tier} is not available in this build")
     w13, w2 = read_expert(ckpt, layer, expert)
+    if not (check_fits(w13, dtype) and check_fits(w2, dtype)):
+        raise ModelError(ckpt.where[expert_key(layer, expert, "w1")].path,
+                         f"expert {expert} of layer {layer} has weights beyond fp16's range; use --dtype bf16")
     device = accel if tier.on_accelerator else torch.device("cpu")
     return Expert16(tier, w13.to(device=device, dtype=dtype), w2.to(device=device, dtype=dtype))

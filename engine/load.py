@@ -12,10 +12,11 @@ from .checkpoint import Checkpoint, dense_shapes
 from .devices import Accelerator, detect
 from .errors import ModelError
 from .generate import Generator
+from .kernels import auto_dtype
 from .model import MixtralModel, Progress
 from .placement import Placement, Tier
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Left free on the GPU for activations, the KV cache and other programs, when no budget is given.
 VRAM_HEADROOM = 0.10
 
@@ -82,14 +83,12 @@ def auto_placement(ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype,
 
 
 def load(folder: str | Path, placement: str | Placement = "auto", device: str | None = None,
-         dtype: str = "bf16", ctx: int = 4096, progress: Progress | None = None) -> Loaded:
+         dtype: str = "auto", ctx: int = 4096, progress: Progress | None = None) -> Loaded:
     ckpt = Checkpoint(folder)
     try:
         tokenizer = ckpt.load_tokenizer()
         accel = detect(device)
-        torch_dtype = DTYPES[dtype]
-        if accel.cpu_only and torch_dtype == torch.float16:
-            torch_dtype = torch.bfloat16  # fp16 matmuls on CPUs are slow and overflow-prone
+        torch_dtype = DTYPES[dtype] or auto_dtype(accel.device)
         pl = placement if isinstance(placement, Placement) else parse_placement(placement, ckpt, accel, torch_dtype)
         model = MixtralModel(ckpt, pl, accel.device, torch_dtype, progress=progress)
     except BaseException:

@@ -13,7 +13,9 @@ import torch.nn.functional as F
 
 from . import costs as costs_mod
 from .checkpoint import Checkpoint
+from .errors import ModelError
 from .experts import Expert16, materialise
+from .kernels import check_fits
 from .moe import MoEBlock
 from .placement import Placement, Tier
 
@@ -48,6 +50,12 @@ class MixtralModel:
         if (placement.layers, placement.experts) != (d.layers, d.experts):
             raise ValueError(f"placement is {placement.layers}x{placement.experts}, model {d.layers}x{d.experts}")
         self.ckpt, self.accel, self.dtype = ckpt, accel, dtype
+        # fp16 has the range of neither bf16 nor fp32: keep the residual stream (where outlier
+        # activations live) in fp32 and use fp16 only for matmul inputs, which are normalised.
+        self.residual_dtype = torch.float32 if dtype == torch.float16 else dtype
+        # On the CPU, attention runs in fp32 (measured: torch's fp32 SDPA beats its fp16/bf16 kernels
+        # several times over at decode); the KV cache is stored to match.
+        self.attn_dtype = torch.float32 if accel.type == "cpu" else dtype
         self.placement = placement
         total = d.layers * (d.experts + 1) + 1
         step = 0
@@ -59,7 +67,10 @@ class MixtralModel:
                 progress(step, total, what)
 
         def dense(name: str) -> torch.Tensor:
-            return ckpt.read(name).to(device=accel, dtype=dtype)
+            t = ckpt.read(name)
+            if not check_fits(t, dtype):
+                raise ModelError(ckpt.where[name].path, f"tensor '{name}' exceeds fp16's range; use --dtype bf16")
+            return t.to(device=accel, dtype=dtype)
 
         self.embed = dense("model.embed_tokens.weight")  # [V, D]
         self.norm = dense("model.norm.weight")
@@ -116,7 +127,7 @@ class MixtralModel:
 
     def new_cache(self, ctx: int) -> KVCache:
         d = self.dims
-        return KVCache(d.layers, d.kv_heads, ctx, d.head_dim, self.dtype, self.accel)
+        return KVCache(d.layers, d.kv_heads, ctx, d.head_dim, self.attn_dtype, self.accel)
 
     # ---- forward ----
     def _rope_tables(self, upto: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,8 +136,8 @@ class MixtralModel:
             pos = torch.arange(n, dtype=torch.float32)
             freqs = pos[:, None] * self.inv_freq[None, :]  # [n, Hd/2]
             emb = torch.cat([freqs, freqs], dim=-1)  # [n, Hd]
-            cos = (emb.cos() * self.rope_scale).to(self.dtype)
-            sin = (emb.sin() * self.rope_scale).to(self.dtype)
+            cos = (emb.cos() * self.rope_scale).to(self.attn_dtype)
+            sin = (emb.sin() * self.rope_scale).to(self.attn_dtype)
             half = emb.shape[-1] // 2
             # rotate_half(x) * sin == roll(x, half) * [-sin_lo, sin_hi]: one op instead of three
             sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
@@ -136,7 +147,7 @@ class MixtralModel:
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.dims.rms_eps)
-        return w * h.to(x.dtype)
+        return w * h.to(w.dtype)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: KVCache, pos: int, all_logits: bool = False) -> torch.Tensor:
@@ -150,10 +161,10 @@ class MixtralModel:
         cos_t, sin_t = self._rope_tables(end)
         cos, sin = cos_t[pos:end], sin_t[pos:end]  # [T, 1, Hd]
         mask, causal = self._mask(T, pos)
-        x = F.embedding(ids.to(self.accel), self.embed)  # [T, D]
+        x = F.embedding(ids.to(self.accel), self.embed).to(self.residual_dtype)  # [T, D]
         for l, layer in enumerate(self.layers):
             h = self._rms(x, layer.ln1)
-            qkv = F.linear(h, layer.wqkv)  # [T, (H+2G)Hd]
+            qkv = F.linear(h, layer.wqkv).to(self.attn_dtype)  # [T, (H+2G)Hd]
             qk = qkv[:, : (H + G) * Hd].view(T, H + G, Hd)
             qk = qk * cos + qk.roll(Hd // 2, dims=-1) * sin  # rope on q and k at once
             v = qkv[:, (H + G) * Hd:].view(T, G, Hd)
@@ -163,7 +174,7 @@ class MixtralModel:
             att = F.scaled_dot_product_attention(
                 q[None], cache.k[l, :, :end][None], cache.v[l, :, :end][None],
                 attn_mask=mask, is_causal=causal, enable_gqa=G != H)  # [1, H, T, Hd]
-            x = x + F.linear(att[0].transpose(0, 1).reshape(T, H * Hd), layer.wo)
+            x = x + F.linear(att[0].transpose(0, 1).reshape(T, H * Hd).to(self.dtype), layer.wo)
             x = x + self.moe[l](self._rms(x, layer.ln2))
         if not all_logits:
             x = x[-1:]

@@ -1,0 +1,82 @@
+"""Shared pieces of the benchmarks: the model they run on, read bandwidth, and result files."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+CACHE = Path(os.environ.get("MIXDESK_BENCH_CACHE", HERE.parent / ".bench"))
+
+# The demo model's shapes (SmolLM2-135M upcycled to 8 experts, top-2).
+DEMO_SHAPE = dict(layers=30, hidden=576, ffn=1536, experts=8, top_k=2, heads=9, kv_heads=3, vocab=49152,
+                  tie_word_embeddings=True, rope_theta=100000.0)
+
+
+def demo_shaped_model() -> Path:
+    """The built demo model when present; else a random-weight checkpoint of the same shapes (bf16),
+    written once under .bench/. Speed depends on shapes, not on the weights' values."""
+    try:
+        from engine.demo import demo_dir
+
+        d = demo_dir()
+        if (d / "config.json").exists():
+            return d
+    except ImportError:
+        pass
+    path = CACHE / "demo-shaped-random"
+    if not (path / "config.json").exists():
+        from engine.tiny_model import write_tiny_mixtral
+
+        print(f"writing a random checkpoint with the demo model's shapes to {path} ...", flush=True)
+        write_tiny_mixtral(path, dtype="bfloat16", **DEMO_SHAPE)
+    return path
+
+
+def read_bandwidth(mib: int = 2048, reps: int = 3) -> float:
+    """Bytes/s that torch reads from RAM with the threads it uses (sum over a buffer far larger
+    than the caches; best of `reps`)."""
+    x = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    x.sum()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import psutil
+
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    return (f"{cpu}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB RAM, {gpu}; "
+            f"torch {torch.__version__}, {torch.get_num_threads()} threads, Python {platform.python_version()}")
+
+
+def record(name: str, payload: dict, table: str) -> Path:
+    """Write results/<name>-<date>.json and .md (the table plus how it was made)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = date.today().isoformat()
+    cmd = "python " + " ".join([os.path.relpath(sys.argv[0], HERE.parent)] + sys.argv[1:])
+    payload = {"date": stamp, "machine": machine(), "command": cmd, **payload}
+    base = RESULTS / f"{name}-{stamp}"
+    base.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
+    base.with_suffix(".md").write_text(
+        f"# {name}\n\n- date: {stamp}\n- machine: {payload['machine']}\n- command: `{cmd}`\n\n{table}\n")
+    return base.with_suffix(".md")
