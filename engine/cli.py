@@ -24,7 +24,8 @@ def _progress(quiet: bool):
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="a local Mixtral-compatible model folder (safetensors)")
+    p.add_argument("--model", default=None,
+                   help="a local Mixtral-compatible model folder (safetensors); default: the built-in demo")
     p.add_argument("--placement", default="auto",
                    help="auto | gpu | cpu | random:SEED | a JSON placement file (default: auto)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: CUDA when available)")
@@ -41,9 +42,19 @@ def _params(a):
                           stop=tuple(a.stop or ()))
 
 
+def _model_path(a) -> str:
+    if a.model:
+        return a.model
+    from . import demo
+
+    log = (lambda s: None) if getattr(a, "quiet", False) else (lambda s: print(s, file=sys.stderr))
+    return str(demo.ensure(progress=_progress(getattr(a, "quiet", False)), log=log))
+
+
 def cmd_chat(a) -> int:
     from .load import load
 
+    a.model = _model_path(a)
     loaded = load(a.model, a.placement, a.device, a.dtype, a.ctx, progress=_progress(a.quiet))
     if not a.quiet:
         print(loaded.describe(), file=sys.stderr)
@@ -97,6 +108,7 @@ def cmd_bench(a) -> int:
     from .load import load
     from .memory import PeakRSS
 
+    a.model = _model_path(a)
     with PeakRSS() as peak:
         t0 = time.perf_counter()
         loaded = load(a.model, a.placement, a.device, a.dtype, a.ctx, progress=_progress(True))
@@ -133,6 +145,14 @@ def cmd_tiny_model(a) -> int:
     return 0
 
 
+def cmd_demo_model(a) -> int:
+    from . import demo
+
+    out = demo.ensure(a.out, progress=_progress(False), log=lambda s: print(s, file=sys.stderr))
+    print(out)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mixdesk", description="Chat with Mixture-of-Experts models "
                                  "that do not fit in your GPU, with per-expert CPU/GPU placement.")
@@ -156,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--new-tokens", type=int, default=128)
     b.add_argument("--repeats", type=int, default=2)
     b.set_defaults(fn=cmd_bench)
+    m = sub.add_parser("demo-model", help="build the demo model (SmolLM2-135M upcycled to 8 experts)")
+    m.add_argument("--out", default=None, help="folder to build into (default: the user data folder)")
+    m.set_defaults(fn=cmd_demo_model)
     t = sub.add_parser("tiny-model", help="write a tiny random Mixtral (for tests and self-checks)")
     t.add_argument("--out", required=True)
     t.add_argument("--shard-size", default=None)
@@ -167,9 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ap = build_parser()
     a = ap.parse_args(argv)
-    if not getattr(a, "fn", None):
-        ap.print_help()
-        return 0
+    if not getattr(a, "fn", None):  # plain `mixdesk`: chat with the demo (the window, once it lands)
+        a = ap.parse_args(["chat", *(argv or [])])
     try:
         return a.fn(a) or 0
     except MixdeskError as e:
