@@ -25,7 +25,8 @@ def _progress(quiet: bool):
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
-                   help="a local Mixtral-compatible model folder (safetensors); default: the built-in demo")
+                   help="a Mixtral-compatible model folder (safetensors), or a Hugging Face repo id "
+                   "(owner/name, downloaded into the HF cache); default: the built-in demo")
     p.add_argument("--placement", default="auto",
                    help="auto | gpu | cpu | random:SEED | a JSON placement file (default: auto)")
     p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: CUDA when available)")
@@ -44,7 +45,9 @@ def _params(a):
 
 def _model_path(a) -> str:
     if a.model:
-        return a.model
+        from .hub import resolve
+
+        return str(resolve(a.model))
     from . import demo
 
     log = (lambda s: None) if getattr(a, "quiet", False) else (lambda s: print(s, file=sys.stderr))
