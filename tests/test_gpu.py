@@ -1,0 +1,75 @@
+"""The real CUDA path: run with `pytest -m gpu` on a machine with an NVIDIA GPU."""
+import pytest
+import torch
+
+from engine.checkpoint import Checkpoint
+from engine.costs import ExpertCosts, measure
+from engine.devices import detect
+from engine.experts import materialise
+from engine.generate import Generator, SamplingParams
+from engine.load import auto_placement
+from engine.model import MixtralModel
+from engine.placement import Placement, Tier
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def exact_fp32():
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@pytest.mark.parametrize("name", ["all-gpu", "all-cpu", "mixed"])
+def test_cuda_logits_match_transformers(tiny, reference, name):
+    ck = Checkpoint(tiny)
+    d = ck.dims
+    pl = {"all-gpu": Placement.uniform(d.layers, d.experts, Tier.GPU16),
+          "all-cpu": Placement.uniform(d.layers, d.experts, Tier.CPU16),
+          "mixed": Placement.random(d.layers, d.experts, [Tier.GPU16, Tier.CPU16], 1)}[name]
+    ids = torch.randint(0, d.vocab, (36,), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = reference(tiny)(ids[None]).logits[0]
+    model = MixtralModel(ck, pl, CUDA, torch.float32)
+    cache = model.new_cache(64)
+    got = [model.forward(ids[:16], cache, 0, all_logits=True)]
+    got += [model.forward(ids[i:i + 1], cache, i) for i in range(16, 36)]
+    assert (torch.cat(got).cpu() - want).abs().max().item() < 1e-4
+
+
+def test_costs_are_measured_and_copy_path_matches(tiny, reference):
+    ck = Checkpoint(tiny)
+    costs = measure(materialise(ck, 0, 0, Tier.CPU16, CUDA, torch.float32), CUDA)
+    assert isinstance(costs, ExpertCosts) and costs.h2d_bytes_per_s > 0
+    ids = torch.randint(0, ck.dims.vocab, (20,), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = reference(tiny)(ids[None]).logits[0]
+    always = ExpertCosts(1.0, 1.0, 0.0, 0.0, 1e15)
+    model = MixtralModel(ck, Placement.uniform(ck.dims.layers, ck.dims.experts, Tier.CPU16), CUDA,
+                         torch.float32, costs=always)
+    got = model.forward(ids, model.new_cache(32), 0, all_logits=True).cpu()
+    assert sum(b.copied for b in model.moe) > 0 and (got - want).abs().max().item() < 1e-4
+
+
+def test_auto_placement_respects_budget(tiny):
+    ck = Checkpoint(tiny)
+    acc = detect()
+    pl = auto_placement(ck, acc, torch.bfloat16, vram_budget=10**9)
+    assert pl.counts()[Tier.GPU16] == ck.dims.layers * ck.dims.experts
+    pl = auto_placement(ck, acc, torch.bfloat16, vram_budget=0)
+    assert pl.counts()[Tier.GPU16] == 0
+
+
+def test_bf16_generation_on_cuda(tiny):
+    ck = Checkpoint(tiny)
+    tok = ck.load_tokenizer()
+    pl = Placement.random(ck.dims.layers, ck.dims.experts, [Tier.GPU16, Tier.CPU16], 2)
+    model = MixtralModel(ck, pl, CUDA, torch.bfloat16)
+    gen = Generator(model, tok, set(), ctx=128)
+    fin = list(gen.stream(gen.chat_prompt([{"role": "user", "content": "hello"}]),
+                          SamplingParams(max_new_tokens=16)))[-1]
+    assert len(fin.token_ids) == 16
