@@ -5,11 +5,12 @@ import json
 import os
 import platform
 import sys
-import time
 from datetime import date
 from pathlib import Path
 
 import torch
+
+from engine.bench_kernels import read_bandwidth  # noqa: F401  (one definition, shared)
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -38,19 +39,6 @@ def demo_shaped_model() -> Path:
         print(f"writing a random checkpoint with the demo model's shapes to {path} ...", flush=True)
         write_tiny_mixtral(path, dtype="bfloat16", **DEMO_SHAPE)
     return path
-
-
-def read_bandwidth(mib: int = 2048, reps: int = 3) -> float:
-    """Bytes/s that torch reads from RAM with the threads it uses (sum over a buffer far larger
-    than the caches; best of `reps`)."""
-    x = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
-    x.sum()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t0)
-    return x.numel() * 4 / best
 
 
 def machine() -> str:

@@ -104,6 +104,11 @@ def cmd_chat(a) -> int:
 
 
 def cmd_bench(a) -> int:
+    if a.what == "kernels":
+        from . import bench_kernels
+
+        bench_kernels.run()
+        return 0
     import psutil
     import torch
 
@@ -173,7 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--stop", action="append", help="stop string (repeatable)")
     c.add_argument("--quiet", action="store_true", help="print only the reply")
     c.set_defaults(fn=cmd_chat)
-    b = sub.add_parser("bench", help="prefill and decode tok/s, peak RSS and VRAM")
+    b = sub.add_parser("bench", help="model: prefill and decode tok/s, peak RSS and VRAM; "
+                       "kernels: one Mixtral-size expert in every tier, vs read bandwidth")
+    b.add_argument("what", nargs="?", choices=["model", "kernels"], default="model")
     _add_model_args(b)
     b.add_argument("--prompt-tokens", type=int, default=64)
     b.add_argument("--new-tokens", type=int, default=128)

@@ -11,12 +11,17 @@ import torch.nn.functional as F
 
 from .checkpoint import Checkpoint, expert_key
 from .errors import ModelError
-from .kernels import check_fits
+from .kernels import check_fits, linear
 from .placement import Tier
+from .quant import NF4, Int4CPU
+
+CPU = torch.device("cpu")
 
 
 class Expert16:
     """A 16-bit (or fp32, for parity tests) expert on one device."""
+
+    copyable = True  # the prefill may copy it to the accelerator for one batch
 
     def __init__(self, tier: Tier, w13: torch.Tensor, w2: torch.Tensor):
         self.tier = tier
@@ -33,14 +38,49 @@ class Expert16:
         return self.w13.numel() * self.w13.element_size() + self.w2.numel() * self.w2.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] -> [T, D]
-        h = F.linear(x, self.w13)  # [T, 2I]
+        h = linear(x, self.w13)  # [T, 2I]
         gate, up = h.split(self.ffn, dim=-1)  # [T, I] each
-        return F.linear(F.silu(gate) * up, self.w2)  # [T, D]
+        return linear(F.silu(gate) * up, self.w2)  # [T, D]
 
     def to(self, device: torch.device) -> "Expert16":
         """A temporary copy on another device (the prefill 'copy the weights over' path)."""
         nb = device.type == "cuda"
         return Expert16(self.tier, self.w13.to(device, non_blocking=nb), self.w2.to(device, non_blocking=nb))
+
+
+class QuantExpert:
+    """A 4-bit expert: w13 and w2 in one of the formats of `quant`."""
+
+    copyable = False
+
+    def __init__(self, tier: Tier, w13, w2, device: torch.device):
+        self.tier = tier
+        self.w13, self.w2 = w13, w2
+        self.ffn = w2.shape[1]
+        self._device = device
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def nbytes(self) -> int:
+        return self.w13.nbytes + self.w2.nbytes
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] -> [T, D]
+        h = self.w13.matmul(x)  # [T, 2I]
+        gate, up = h.split(self.ffn, dim=-1)
+        return self.w2.matmul((F.silu(gate) * up).contiguous())  # [T, D]
+
+
+def quantise(tier: Tier, w13: torch.Tensor, w2: torch.Tensor, accel: torch.device,
+             dtype: torch.dtype) -> QuantExpert:
+    """The 4-bit form of a 16-bit expert for `tier` (cpu-4: torch int4 on the host; gpu-4: NF4)."""
+    if tier == Tier.CPU4:
+        return QuantExpert(tier, Int4CPU.quantize(w13), Int4CPU.quantize(w2), CPU)
+    if tier == Tier.GPU4:
+        return QuantExpert(tier, NF4.quantize(w13, accel, dtype), NF4.quantize(w2, accel, dtype), accel)
+    raise ValueError(f"{tier} is not a 4-bit tier")
 
 
 def read_expert(ckpt: Checkpoint, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,12 +95,13 @@ def read_expert(ckpt: Checkpoint, layer: int, expert: int) -> tuple[torch.Tensor
 
 
 def materialise(ckpt: Checkpoint, layer: int, expert: int, tier: Tier,
-                accel: torch.device, dtype: torch.dtype) -> Expert16:
-    """Build expert (layer, expert) in `tier`. gpu-* tiers live on `accel` (the CPU device when
-    there is no CUDA: a test seam that keeps the two-tier logic exercised), cpu-* on the host."""
-    if tier.bits != 16:
-        raise NotImplementedError(f"tier {tier} is not available in this build")
+                accel: torch.device, dtype: torch.dtype) -> Expert16 | QuantExpert:
+    """Build expert (layer, expert) in `tier` from the checkpoint, the 16-bit source of truth.
+    gpu-* tiers live on `accel` (the CPU device when there is no CUDA: a test seam that keeps the
+    two-tier logic exercised), cpu-* on the host. Only this one expert is ever held at 16 bits."""
     w13, w2 = read_expert(ckpt, layer, expert)
+    if tier.bits == 4:
+        return quantise(tier, w13, w2, accel, dtype)
     if not (check_fits(w13, dtype) and check_fits(w2, dtype)):
         raise ModelError(ckpt.where[expert_key(layer, expert, "w1")].path,
                          f"expert {expert} of layer {layer} has weights beyond fp16's range; use --dtype bf16")

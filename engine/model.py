@@ -15,7 +15,7 @@ from . import costs as costs_mod
 from .checkpoint import Checkpoint
 from .errors import ModelError
 from .experts import Expert16, materialise
-from .kernels import check_fits
+from .kernels import check_fits, linear
 from .moe import MoEBlock
 from .placement import Placement, Tier
 
@@ -97,10 +97,23 @@ class MixtralModel:
         self.inv_freq, self.rope_scale = _rope(ckpt.config, d.head_dim)
         self._rope_cache: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
+    # ---- re-placement ----
+    def move(self, layer: int, expert: int, tier: Tier) -> int:
+        """Re-derive one expert in `tier` from the checkpoint and swap it in; returns the bytes of
+        the new form. Call between forward passes (a safe point)."""
+        new = materialise(self.ckpt, layer, expert, tier, self.accel, self.dtype)
+        self.moe[layer].experts[expert] = new  # the old form is freed once nothing refers to it
+        self.placement = self.placement.with_tier(layer, expert, tier)
+        return new.nbytes
+
+    def apply(self, placement: Placement) -> int:
+        """Move every expert whose tier differs (accelerator evictions first); returns bytes built."""
+        return sum(self.move(m.layer, m.expert, m.new) for m in self.placement.diff(placement))
+
     def _any_cpu_expert(self) -> Expert16 | None:
         for block in self.moe:
             for ex in block.experts:
-                if not ex.tier.on_accelerator:
+                if not ex.tier.on_accelerator and ex.copyable:
                     return ex
         return None
 
@@ -164,7 +177,7 @@ class MixtralModel:
         x = F.embedding(ids.to(self.accel), self.embed).to(self.residual_dtype)  # [T, D]
         for l, layer in enumerate(self.layers):
             h = self._rms(x, layer.ln1)
-            qkv = F.linear(h, layer.wqkv).to(self.attn_dtype)  # [T, (H+2G)Hd]
+            qkv = linear(h, layer.wqkv).to(self.attn_dtype)  # [T, (H+2G)Hd]
             qk = qkv[:, : (H + G) * Hd].view(T, H + G, Hd)
             qk = qk * cos + qk.roll(Hd // 2, dims=-1) * sin  # rope on q and k at once
             v = qkv[:, (H + G) * Hd:].view(T, G, Hd)
@@ -174,11 +187,11 @@ class MixtralModel:
             att = F.scaled_dot_product_attention(
                 q[None], cache.k[l, :, :end][None], cache.v[l, :, :end][None],
                 attn_mask=mask, is_causal=causal, enable_gqa=G != H)  # [1, H, T, Hd]
-            x = x + F.linear(att[0].transpose(0, 1).reshape(T, H * Hd).to(self.dtype), layer.wo)
+            x = x + linear(att[0].transpose(0, 1).reshape(T, H * Hd).to(self.dtype), layer.wo)
             x = x + self.moe[l](self._rms(x, layer.ln2))
         if not all_logits:
             x = x[-1:]
-        return F.linear(self._rms(x, self.norm), self.lm_head).float()  # [T or 1, V]
+        return linear(self._rms(x, self.norm), self.lm_head).float()  # [T or 1, V]
 
     def _mask(self, T: int, pos: int) -> tuple[torch.Tensor | None, bool]:
         """Attention mask for T queries at pos.. over keys 0..pos+T-1 (None + is_causal when we can)."""

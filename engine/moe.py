@@ -12,16 +12,16 @@ first (asynchronously on CUDA) so the CPU experts compute while the GPU works.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .costs import ExpertCosts
-from .experts import Expert16
+from .kernels import linear
+from .experts import Expert16, QuantExpert
 
 CPU = torch.device("cpu")
 
 
 class MoEBlock:
-    def __init__(self, gate: torch.Tensor, experts: list[Expert16], top_k: int,
+    def __init__(self, gate: torch.Tensor, experts: list[Expert16 | QuantExpert], top_k: int,
                  accel: torch.device, costs: ExpertCosts | None = None):
         self.gate = gate  # [E, D] on accel
         self.experts = experts
@@ -29,15 +29,18 @@ class MoEBlock:
         self.accel = accel
         self.costs = costs
         self.copied = 0  # prefill segments whose weights were copied to the accelerator (for stats)
+        self.record: list | None = None  # calibration: (inputs, routes) appended per call when set
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = F.linear(x, self.gate)  # [T, E]
+        logits = linear(x, self.gate)  # [T, E]
         probs = torch.softmax(logits.float(), dim=-1)  # [T, E] fp32
         w, idx = torch.topk(probs, self.top_k, dim=-1)  # [T, K]
         return w / w.sum(dim=-1, keepdim=True), idx
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] on accel
         w, idx = self.route(x)
+        if self.record is not None:
+            self.record.append((x, idx))
         if x.shape[0] == 1:
             return self._decode(x, w, idx)
         return self._prefill(x, w, idx)
@@ -75,7 +78,7 @@ class MoEBlock:
                 ex = self.experts[e]
                 if ex.tier.on_accelerator:
                     accel_jobs.append((ex, off, c))
-                elif self.costs is not None and self.costs.copy_wins(c, ex.nbytes):
+                elif ex.copyable and self.costs is not None and self.costs.copy_wins(c, ex.nbytes):
                     accel_jobs.append((ex.to(self.accel), off, c))  # temporary copy for this batch
                     self.copied += 1
                 else:

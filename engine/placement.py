@@ -29,8 +29,7 @@ class Tier(str, Enum):
         return self.value
 
 
-# Tiers the executor can run today; the quantisation work adds the 4-bit ones.
-AVAILABLE_TIERS = (Tier.GPU16, Tier.CPU16)
+ALL_TIERS = (Tier.GPU16, Tier.GPU4, Tier.CPU16, Tier.CPU4)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,107 @@
+"""4-bit weight formats, one per device, each derived from the 16-bit weight of one expert matrix.
+
+Shapes: a weight is W [N, K] (out, in); x [T, K] -> x @ W.T [T, N].
+
+- Int4CPU (tier cpu-4): torch's own int4 CPU kernel (`aten._weight_int4pack_mm_for_cpu`), asymmetric
+  groups along K: w = (q - 8) * scale + zero, q in 0..15. It computes in bf16: measured, the same
+  kernel with fp16 activations is ~50x slower, so activations are converted on the way in and out. Measured on this machine class it is
+  ~30x faster than bitsandbytes' CPU path. The per-group range is chosen by a small search over
+  clipping ratios, which lowers the error of plain min/max rounding.
+- NF4 (tier gpu-4): bitsandbytes NF4, blocksize 64, computing in the activations' dtype; on CUDA it
+  takes bitsandbytes' fast batch-1 path. bitsandbytes also runs on the CPU (slowly), which keeps
+  the tier testable on machines without a GPU.
+"""
+from __future__ import annotations
+
+import torch
+
+CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8)
+
+
+def _group_size(k: int) -> int:
+    for g in (64, 32):
+        if k % g == 0:
+            return g
+    raise ValueError(f"in-features {k} is not a multiple of 32: no 4-bit group size fits")
+
+
+class Int4CPU:
+    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, group: int, shape: tuple[int, int]):
+        self.packed = packed  # [N, K/2] uint8, in the kernel's tile layout
+        self.scales_zeros = scales_zeros  # [K/group, N, 2] in the activation dtype
+        self.group = group
+        self.shape = shape
+
+    @classmethod
+    def quantize(cls, w: torch.Tensor) -> "Int4CPU":
+        n, k = w.shape
+        g = _group_size(k)
+        wg = w.float().reshape(n, k // g, g)  # [N, K/g, g]
+        lo0, hi0 = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)
+        mid = (lo0 + hi0) / 2
+        best_err = best = None
+        for r in CLIP_RATIOS:  # shrink the range around its middle; keep the best per group
+            lo, hi = mid + (lo0 - mid) * r, mid + (hi0 - mid) * r
+            scale = ((hi - lo) / 15).clamp(min=1e-10)
+            q = ((wg - lo) / scale).round().clamp(0, 15)
+            err = ((q * scale + lo - wg) ** 2).sum(-1, keepdim=True)  # [N, K/g, 1]
+            if best is None:
+                best_err, best = err, (q, scale, lo)
+            else:
+                take = err < best_err
+                best_err = torch.where(take, err, best_err)
+                best = tuple(torch.where(take, new, old) for new, old in zip((q, scale, lo), best))
+        q, scale, lo = best
+        zero = lo + 8 * scale  # the kernel computes (q - 8) * scale + zero
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.reshape(n, k).to(torch.int32), 8)
+        sz = torch.stack([scale.squeeze(-1), zero.squeeze(-1)], dim=-1)  # [N, K/g, 2]
+        return cls(packed, sz.transpose(0, 1).contiguous().to(torch.bfloat16), g, (n, k))
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x [T, K] -> [T, N]
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, self.group,
+                                                        self.scales_zeros)
+        return y.to(x.dtype)
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight this form stands for, [N, K] fp32 (for tests and error measurement)."""
+        n, k = self.shape
+        eye = torch.eye(k, dtype=self.scales_zeros.dtype)
+        return self.matmul(eye).t().float()  # x = I gives W.T
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
+
+
+class NF4:
+    def __init__(self, qweight: torch.Tensor, state, shape: tuple[int, int]):
+        self.qweight = qweight
+        self.state = state
+        self.shape = shape
+
+    @classmethod
+    def quantize(cls, w: torch.Tensor, device: torch.device, dtype: torch.dtype) -> "NF4":
+        import bitsandbytes.functional as bnbf
+
+        q, state = bnbf.quantize_4bit(w.to(device=device, dtype=dtype).contiguous(), blocksize=64,
+                                      quant_type="nf4", compress_statistics=False)
+        return cls(q, state, tuple(w.shape))
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.qweight.device.type == "cpu":
+            # the CPU-device seam for tests: bitsandbytes' CPU matmul is ~30x slower than
+            # dequantising (identical values) and multiplying
+            return torch.nn.functional.linear(x, self.dequantize().to(x.dtype))
+        import bitsandbytes as bnb
+
+        return bnb.matmul_4bit(x, self.qweight.t(), quant_state=self.state)
+
+    def dequantize(self) -> torch.Tensor:
+        import bitsandbytes.functional as bnbf
+
+        return bnbf.dequantize_4bit(self.qweight, self.state).float()
+
+    @property
+    def nbytes(self) -> int:
+        s = self.state
+        return self.qweight.numel() * self.qweight.element_size() + s.absmax.numel() * s.absmax.element_size()

@@ -1,0 +1,124 @@
+"""4-bit tiers: error bounds, run-time re-quantisation without drift, sensitivity and popularity."""
+import threading
+
+import pytest
+import torch
+
+from engine.checkpoint import Checkpoint
+from engine.evaluate import perplexity
+from engine.model import MixtralModel
+from engine.placement import ALL_TIERS, Placement, Tier
+from engine.profile import Cancelled, ModelProfile, calibrate
+from engine.quant import NF4, Int4CPU
+
+CPU = torch.device("cpu")
+# Stated bounds: relative output error of one 4-bit matrix against 16-bit, on Gaussian weights
+# and activations (4 bits with groups/blocks of 64 give ~9-10%; see docs in engine/quant.py).
+MATRIX_BOUND = 0.12
+# Whole tiny model, all experts 4-bit: relative error of the logits.
+MODEL_BOUND = 0.15
+
+
+def rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("shape", [(256, 64), (3072, 576), (576, 1536)])
+def test_matrix_error_bounds_random_weights(shape):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(*shape, generator=g) * shape[1] ** -0.5
+    x = torch.randn(8, shape[1], generator=g)
+    ref = x @ w.t()
+    i4 = Int4CPU.quantize(w)
+    assert rel(i4.matmul(x), ref) < MATRIX_BOUND
+    assert rel(i4.dequantize(), w) < MATRIX_BOUND
+    nf4 = NF4.quantize(w, CPU, torch.float32)
+    assert rel(nf4.matmul(x), ref) < MATRIX_BOUND
+    assert i4.nbytes < w.numel() * 2 * 0.3 and nf4.nbytes < w.numel() * 2 * 0.3  # ~4.5 bits a weight
+
+
+def test_int4_matmul_agrees_with_its_dequantised_weight():
+    w = torch.randn(128, 64)
+    q = Int4CPU.quantize(w)
+    x = torch.randn(3, 64)
+    assert rel(q.matmul(x), x @ q.dequantize().t()) < 1e-2  # bf16 compute
+
+
+@pytest.mark.parametrize("tier", [Tier.CPU4, Tier.GPU4])
+def test_all_4bit_model_within_bound(tiny, tier):
+    ck = Checkpoint(tiny)
+    d = ck.dims
+    ids = torch.randint(0, d.vocab, (24,), generator=torch.Generator().manual_seed(1))
+    ref = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
+    want = ref.forward(ids, ref.new_cache(32), 0, all_logits=True)
+    m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, tier), CPU, torch.float32)
+    got = m.forward(ids, m.new_cache(32), 0, all_logits=True)
+    assert 0 < rel(got, want) < MODEL_BOUND
+    assert m.expert_bytes()["accelerator" if tier.on_accelerator else "host"] < \
+        ref.expert_bytes()["host"] * 0.4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_no_drift_16_to_4_to_16(tiny, dtype):
+    ck = Checkpoint(tiny)
+    d = ck.dims
+    ids = torch.randint(0, d.vocab, (12,), generator=torch.Generator().manual_seed(2))
+    m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.GPU16), CPU, dtype)
+    before = m.forward(ids, m.new_cache(32), 0, all_logits=True)
+    path = [Tier.CPU4, Tier.GPU4, Tier.CPU16, Tier.CPU4, Tier.GPU16]  # every kind of move
+    for t in path:
+        for e in range(d.experts):
+            m.move(0, e, t)
+        mid = m.forward(ids, m.new_cache(32), 0, all_logits=True)
+        if t.bits == 4:
+            assert not torch.equal(mid, before)
+    assert m.placement == Placement.uniform(d.layers, d.experts, Tier.GPU16)
+    after = m.forward(ids, m.new_cache(32), 0, all_logits=True)
+    assert torch.equal(before, after)  # bit-identical
+
+
+def test_apply_placement_moves_every_differing_expert(tiny):
+    ck = Checkpoint(tiny)
+    d = ck.dims
+    m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
+    target = Placement.random(d.layers, d.experts, ALL_TIERS, seed=4)
+    m.apply(target)
+    assert m.placement == target
+    assert [[ex.tier for ex in b.experts] for b in m.moe] == [list(r) for r in target.tiers]
+
+
+def test_calibration_profile(tiny, tmp_path):
+    ck = Checkpoint(tiny)
+    d = ck.dims
+    m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
+    ids = torch.randint(0, d.vocab, (64,), generator=torch.Generator().manual_seed(3)).tolist()
+    seen = []
+    prof = calibrate(m, ids, progress=lambda done, total, what: seen.append((done, total)))
+    assert seen[-1] == (d.layers * d.experts, d.layers * d.experts)
+    for row in prof.popularity:
+        assert sum(row) == 64 * d.top_k
+    for tier in ("cpu-4", "gpu-4"):
+        flat = [v for r in prof.sensitivity[tier] for v in r]
+        assert len(flat) == d.layers * d.experts and all(0 < v < MATRIX_BOUND * 2 for v in flat)
+    assert prof.expert_bytes["cpu-4"] < prof.expert_bytes["cpu-16"] * 0.4
+    path = tmp_path / "p.json"
+    prof.save(path)
+    assert ModelProfile.load(path) == prof
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(Cancelled):
+        calibrate(m, ids, cancel=cancel)
+
+
+def test_perplexity_matches_one_full_forward(tiny):
+    import math
+
+    import torch.nn.functional as F
+
+    ck = Checkpoint(tiny)
+    d = ck.dims
+    m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
+    ids = torch.randint(0, d.vocab, (50,), generator=torch.Generator().manual_seed(5)).tolist()
+    logits = m.forward(torch.tensor(ids), m.new_cache(64), 0, all_logits=True)
+    want = math.exp(float(F.cross_entropy(logits[:-1], torch.tensor(ids[1:]))))
+    assert abs(perplexity(m, ids, chunk=16) - want) / want < 1e-4
