@@ -24,7 +24,7 @@ from .errors import MixdeskError, ModelError
 LABEL = ("Demo: SmolLM2-135M-Instruct upcycled to 8 experts "
          "(identical copies: routing does not change its answers)")
 MARKER = "mixdesk-demo.json"
-FORMAT = 1  # bump when the build changes, so old caches are rebuilt
+FORMAT = 2  # bump when the build changes, so old caches are rebuilt
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 Progress = Callable[[int, int, str], None]
@@ -80,6 +80,7 @@ def upcycle(dense, tokenizer, out: Path, experts: int = 8, top_k: int = 2, dtype
         num_local_experts=experts, num_experts_per_tok=top_k, sliding_window=None,
         bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id, pad_token_id=getattr(c, "pad_token_id", None),
     )
+    cfg.architectures = ["MixtralForCausalLM"]  # other tools (llama.cpp's converter) look for it
     sd = dense.state_dict()
     tdt = getattr(torch, dtype)
     g = torch.Generator().manual_seed(seed)

@@ -43,11 +43,30 @@ def auto_dtype(device: torch.device) -> torch.dtype:
     return fastest_cpu_16bit()
 
 
+@functools.lru_cache(maxsize=None)
+def fp16_rows_limit() -> int:
+    """Up to how many rows fp16 weights are multiplied as they are. torch's fp16 CPU matmul costs
+    about one GEMV per row; past some batch it pays to convert the weight to bf16 once and use the
+    bf16 GEMM. The break-even batch is measured here (one 8 MiB weight)."""
+    w = torch.randn(4096, 1024).half()
+    x1 = torch.randn(1, 1024).half()
+    xb = torch.randn(64, 1024).to(torch.bfloat16)
+    per_row = min(_timed(lambda: F.linear(x1, w)) for _ in range(3))
+    convert = min(_timed(lambda: F.linear(xb, w.to(torch.bfloat16))) for _ in range(3))
+    return max(1, int(convert / per_row))
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x @ w.T, choosing the kernel by batch: torch's fp16 CPU matmul is fast only at one row (a
-    dedicated GEMV); for a prefill batch it is ~10x slower than bf16 (measured), so fp16 weights
-    are widened to bf16 for that call. That is exact for weights that came from a bf16 checkpoint."""
-    if x.shape[0] > 1 and w.dtype == torch.float16 and w.device.type == "cpu":
+    """x @ w.T, choosing the kernel by batch: torch's fp16 CPU matmul is fast at one row (a
+    dedicated GEMV) but ~5x slower than bf16 at 64 rows (measured), so for a large batch fp16
+    weights are widened to bf16 for that call. That is exact for weights from a bf16 checkpoint."""
+    if w.dtype == torch.float16 and w.device.type == "cpu" and x.shape[0] > fp16_rows_limit():
         return F.linear(x.to(torch.bfloat16), w.to(torch.bfloat16)).to(x.dtype)
     return F.linear(x, w)
 

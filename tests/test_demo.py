@@ -127,3 +127,34 @@ def test_mixdesk_chat_answers_paris():
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout
     assert "upcycled to 8 experts" in r.stderr
+
+
+# Stated bounds on the demo's real weights (measured: cpu-4 -0.2%, gpu-4 +10.7% perplexity;
+# per-expert sensitivity below 0.2; see README).
+PPL_BOUND = {"cpu-4": 1.05, "gpu-4": 1.15}
+REAL_WEIGHT_BOUND = 0.2
+
+
+@pytest.mark.slow
+@gguf_installed
+def test_demo_4bit_error_and_perplexity_bounds():
+    from pathlib import Path
+
+    from engine.evaluate import perplexity
+    from engine.load import load
+    from engine.profile import calibrate, calibration_text
+
+    loaded = load(demo.ensure(log=print), "cpu", device="cpu")
+    tok, m = loaded.tokenizer, loaded.model
+    ids = tok.encode(calibration_text(), add_special_tokens=False)[:256]
+    prof = calibrate(m, ids)
+    for tier, rows in prof.sensitivity.items():
+        assert max(v for r in rows for v in r) < REAL_WEIGHT_BOUND, tier
+    text = (Path(__file__).resolve().parents[1] / "resources" / "corpus" / "eval.txt").read_text()
+    ev = tok.encode(text, add_special_tokens=False)
+    p16 = perplexity(m, ev)
+    for tier in ("cpu-4", "gpu-4"):
+        m.apply(Placement.uniform(30, 8, Tier(tier)))
+        p4 = perplexity(m, ev)
+        print(tier, p16, p4)
+        assert p4 / p16 < PPL_BOUND[tier]
