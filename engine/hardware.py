@@ -1,0 +1,112 @@
+"""The hardware profile: what each tier costs on this machine, measured at first start and cached.
+
+For each tier, one expert's forward at batch 1 is timed at two sizes and fitted as
+fixed_s + s_per_byte * bytes; the dense part's 16-bit matmul speed likewise. With CUDA, pinned
+host<->device bandwidth too. A CPU-only machine gets a CPU-only profile (no gpu-* tiers).
+"""
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+import torch
+
+from .experts import Expert16, quantise
+from .kernels import auto_dtype
+from .placement import Tier
+
+FORMAT = 1
+SIZES = ((256, 512), (2048, 8192))  # (hidden, ffn) of the two synthetic experts; the larger (96 MiB) outgrows the caches
+
+
+@dataclass
+class HardwareProfile:
+    machine: str
+    cpu_only: bool
+    tier_costs: dict  # tier value -> [fixed_s, s_per_byte]
+    h2d_bytes_per_s: float | None
+    d2h_bytes_per_s: float | None
+    gpu_total: int
+    ram_total: int
+    format: int = FORMAT
+
+
+def machine_id() -> str:
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu-only"
+    return f"{platform.processor() or platform.machine()}|{psutil.cpu_count()}|{gpu}|torch {torch.__version__}"
+
+
+def _best(fn, device: torch.device, reps: int = 7) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _expert(tier: Tier, d: int, i: int, accel: torch.device, g: torch.Generator):
+    w13 = (torch.randn(2 * i, d, generator=g) * d ** -0.5).to(torch.bfloat16)
+    w2 = (torch.randn(d, i, generator=g) * i ** -0.5).to(torch.bfloat16)
+    dev = accel if tier.on_accelerator else torch.device("cpu")
+    dtype = auto_dtype(dev)
+    if tier.bits == 4:
+        return quantise(tier, w13, w2, accel, dtype), dev, dtype
+    return Expert16(tier, w13.to(dev, dtype), w2.to(dev, dtype)), dev, dtype
+
+
+def measure(accel: torch.device) -> HardwareProfile:
+    g = torch.Generator().manual_seed(0)
+    tiers = [Tier.CPU16, Tier.CPU4] + ([Tier.GPU16, Tier.GPU4] if accel.type == "cuda" else [])
+    costs = {}
+    for tier in tiers:
+        pts = []
+        for d, i in SIZES:
+            ex, dev, dtype = _expert(tier, d, i, accel, g)
+            x = torch.randn(1, d, dtype=dtype, device=dev)
+            pts.append((ex.nbytes, _best(lambda: ex(x), dev)))
+        (b0, t0), (b1, t1) = pts
+        per_byte = max((t1 - t0) / (b1 - b0), 1e-15)
+        costs[tier.value] = [max(t0 - per_byte * b0, 0.0), per_byte]
+    h2d = d2h = None
+    gpu_total = 0
+    if accel.type == "cuda":
+        host = torch.empty(64 * 2**20, dtype=torch.uint8).pin_memory()
+        dev_buf = torch.empty_like(host, device=accel)
+        h2d = host.numel() / _best(lambda: dev_buf.copy_(host, non_blocking=True), accel)
+        d2h = host.numel() / _best(lambda: host.copy_(dev_buf, non_blocking=True), accel)
+        gpu_total = torch.cuda.get_device_properties(accel).total_memory
+    return HardwareProfile(machine_id(), accel.type != "cuda", costs, h2d, d2h, gpu_total,
+                           psutil.virtual_memory().total)
+
+
+def profile_path() -> Path:
+    from platformdirs import user_cache_path
+
+    return user_cache_path("mixdesk", appauthor=False) / "hardware.json"
+
+
+def load_or_measure(accel: torch.device, remeasure: bool = False) -> HardwareProfile:
+    path = profile_path()
+    if not remeasure:
+        try:
+            data = json.loads(path.read_text())
+            if data.get("format") == FORMAT and data.get("machine") == machine_id():
+                return HardwareProfile(**data)
+        except (OSError, ValueError, TypeError):
+            pass
+    prof = measure(accel)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(prof), indent=1))
+    tmp.replace(path)
+    return prof
