@@ -189,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("demo-model", help="build the demo model (SmolLM2-135M upcycled to 8 experts)")
     m.add_argument("--out", default=None, help="folder to build into (default: the user data folder)")
     m.set_defaults(fn=cmd_demo_model)
+    from .cli_plan import add_parsers
+
+    add_parsers(sub, _add_model_args)
     t = sub.add_parser("tiny-model", help="write a tiny random Mixtral (for tests and self-checks)")
     t.add_argument("--out", required=True)
     t.add_argument("--shard-size", default=None)

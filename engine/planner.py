@@ -87,7 +87,41 @@ def _fixed_memory(inp: PlanInputs) -> tuple[int, int]:
     return (0, inp.dense_bytes) if inp.cpu_only else (inp.dense_bytes, 0)
 
 
-def candidates(inp: PlanInputs) -> tuple[list[Tier], np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _greedy(inp: PlanInputs, budgets: Budgets, time, loss, vram, ram, lam_grid) -> np.ndarray:
+    """Budget-filling candidates, one per quality price lambda: experts in order of popularity
+    take their best tier (least time + lambda*loss) that still leaves room for every later expert
+    at its smallest form. The price grid alone gives every identical expert the same tier; this
+    mixes tiers within the budget."""
+    n, _ = time.shape
+    order = np.argsort(-np.asarray(inp.share).reshape(-1), kind="stable")
+    fv, fr = _fixed_memory(inp)
+    # the smallest form an expert can take in each pool (experts of one model share their sizes)
+    sv = float(np.where(vram > 0, vram, np.inf).min()) if (vram > 0).any() else np.inf
+    sr = float(np.where(ram > 0, ram, np.inf).min()) if (ram > 0).any() else np.inf
+
+    def slots(lv: float, lr: float) -> float:  # how many smallest-form experts still fit
+        return (lv // sv if np.isfinite(sv) and lv > 0 else 0) + (lr // sr if np.isfinite(sr) and lr > 0 else 0)
+
+    out = []
+    for lam in lam_grid:
+        pref = np.argsort(time + lam * loss, axis=1, kind="stable")  # [N, T] best first
+        left_v, left_r = float(budgets.vram - fv), float(budgets.ram - fr)
+        row = np.zeros(n, dtype=np.int64)
+        for k, i in enumerate(order):
+            later = n - k - 1
+            row[i] = int(np.argmin(vram[i] + ram[i]))  # if nothing fits (then the plan won't either)
+            for j in pref[i]:
+                lv, lr = left_v - vram[i, j], left_r - ram[i, j]
+                if lv >= 0 and lr >= 0 and slots(lv, lr) >= later:
+                    row[i] = j
+                    break
+            left_v -= vram[i, row[i]]
+            left_r -= ram[i, row[i]]
+        out.append(row)
+    return np.array(out)
+
+
+def candidates(inp: PlanInputs, budgets: Budgets | None = None) -> tuple[list[Tier], np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Budget-independent candidate placements: choice [G, N] (tier index per expert) and their
     totals (time, loss, vram, ram), duplicates removed."""
     tiers, time, loss, vram, ram = _tables(inp)
@@ -105,7 +139,8 @@ def candidates(inp: PlanInputs) -> tuple[list[Tier], np.ndarray, np.ndarray, np.
         + MR * ram.astype(f32)[None]  # [G, N, T]
     choice = score.argmin(-1)  # [G, N]
     extremes = [np.full(n, j) for j in range(len(tiers))]  # every expert in one tier
-    choice = np.vstack([choice, *extremes])  # duplicates are harmless: the Pareto filter drops them
+    extra = [] if budgets is None else [_greedy(inp, budgets, time, loss, vram, ram, lam[::3])]
+    choice = np.vstack([choice, *extremes, *extra])  # duplicates are harmless: the Pareto filter drops them
     rows = np.arange(n)[None, :]
 
     def pick(tab: np.ndarray) -> np.ndarray:
@@ -121,21 +156,61 @@ def _to_plan(inp: PlanInputs, tiers, choice_row, t, l, v, r, fits=True) -> Plan:
     return Plan(pl, 1.0 / t, float(l), int(v), int(r), fits)
 
 
-def frontier(inp: PlanInputs, budgets: Budgets) -> list[Plan]:
-    """Non-dominated feasible plans, sorted from best quality (least loss) to fastest.
-    When nothing fits, one plan: the least-memory candidate, marked fits=False."""
-    tiers, choice, t, l, v, r = candidates(inp)
-    ok = (v <= budgets.vram) & (r <= budgets.ram)
-    if not ok.any():
-        i = int(np.argmin(v + r))
-        return [_to_plan(inp, tiers, choice[i], t[i], l[i], v[i], r[i], fits=False)]
+def _pareto(t: np.ndarray, l: np.ndarray, ok: np.ndarray) -> list[int]:
     idx = np.flatnonzero(ok)
     order = idx[np.lexsort((t[idx], l[idx]))]  # by loss, then time
     keep, best_t = [], np.inf
     for i in order:
         if t[i] < best_t - 1e-15:  # strictly faster than every plan with less or equal loss
-            keep.append(i)
+            keep.append(int(i))
             best_t = t[i]
+    return keep
+
+
+def _between(inp: PlanInputs, tabs, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Placements on the way from vertex a (better quality) to vertex b (faster): the experts that
+    differ switch one at a time, the most time saved per loss added first."""
+    time, loss, vram, ram = tabs
+    rows = np.arange(a.size)
+    diff = np.flatnonzero(a != b)
+    dt = time[rows, a][diff] - time[rows, b][diff]
+    dl = loss[rows, b][diff] - loss[rows, a][diff]
+    ratio = -dt / np.maximum(dl, 1e-18)
+    dv = vram[rows, b][diff] - vram[rows, a][diff]
+    outs = []
+    # two orders: best ratio first; and VRAM-freeing moves first (so GPU moves that need room
+    # come after the ones that make it), each by ratio within
+    for order in (diff[np.argsort(ratio, kind="stable")], diff[np.lexsort((ratio, dv))]):
+        out = np.repeat(a[None], max(len(order) - 1, 0), axis=0)
+        for k in range(len(order) - 1):
+            out[k:, order[k]] = b[order[k]]
+        outs.append(out)
+    return np.vstack(outs)
+
+
+def frontier(inp: PlanInputs, budgets: Budgets) -> list[Plan]:
+    """Non-dominated feasible plans, sorted from best quality (least loss) to fastest.
+    When nothing fits, one plan: the least-memory candidate, marked fits=False."""
+    tiers, choice, t, l, v, r = candidates(inp, budgets)
+    ok = (v <= budgets.vram) & (r <= budgets.ram)
+    if not ok.any():
+        i = int(np.argmin(v + r))
+        return [_to_plan(inp, tiers, choice[i], t[i], l[i], v[i], r[i], fits=False)]
+    keep = _pareto(t, l, ok)
+    # fill the segments between vertices, so the slider moves in small steps
+    _, time, loss, vram, ram = _tables(inp)
+    mids = [_between(inp, (time, loss, vram, ram), choice[i], choice[j]) for i, j in zip(keep, keep[1:])]
+    mids = [m for m in mids if len(m)]
+    if mids:
+        extra = np.vstack(mids)
+        rows = np.arange(extra.shape[1])[None, :]
+        fv, fr = _fixed_memory(inp)
+        choice = np.vstack([choice[keep], extra])
+        t = np.concatenate([t[keep], time[rows, extra].sum(-1) + inp.dense_s])
+        l = np.concatenate([l[keep], loss[rows, extra].sum(-1)])
+        v = np.concatenate([v[keep], vram[rows, extra].sum(-1) + fv])
+        r = np.concatenate([r[keep], ram[rows, extra].sum(-1) + fr])
+        keep = _pareto(t, l, (v <= budgets.vram) & (r <= budgets.ram))
     return [_to_plan(inp, tiers, choice[i], t[i], l[i], v[i], r[i]) for i in keep]
 
 

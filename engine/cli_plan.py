@@ -1,0 +1,154 @@
+"""`mixdesk plan` and `mixdesk eval`: the frontier as a table and a plot, and checks of its
+predictions against measurement."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+GB = 10**9
+
+
+def _budgets(a, default):
+    from .planner import Budgets
+
+    return Budgets(vram=int(a.gpu_budget * GB) if a.gpu_budget is not None else default.vram,
+                   ram=int(a.ram_budget * GB) if a.ram_budget is not None else default.ram)
+
+
+def prepare(model_path: str, placement: str = "auto", device: str | None = None, progress=None):
+    """Load the model and both profiles; returns (loaded, PlanInputs)."""
+    from .hardware import load_or_measure
+    from .load import load
+    from .plan_inputs import from_profiles, measure_dense_s
+    from .profile import load_or_calibrate
+
+    loaded = load(model_path, placement, device, progress=progress)
+    hw = load_or_measure(loaded.accel.device)
+    mp = load_or_calibrate(loaded.model, loaded.tokenizer, progress=progress)
+    dense_s = measure_dense_s(loaded.model, hw)
+    inp = from_profiles(mp, hw, loaded.ckpt.dims.top_k, loaded.model.dense_bytes(), dense_s)
+    return loaded, inp
+
+
+def table(points, note: str = "") -> str:
+    rows = [f"| # | {'tiers':<44} | tok/s (pred.) | quality loss | VRAM GB | RAM GB |",
+            "|---|---|---|---|---|---|"]
+    for i, p in enumerate(points):
+        tiers = ", ".join(f"{n} {t}" for t, n in sorted(p.counts().items()))
+        rows.append(f"| {i} | {tiers:<44} | {p.tok_s:13.2f} | {p.loss:12.4f} | {p.vram / GB:7.2f} | {p.ram / GB:6.2f} |")
+    if note:
+        rows.append(f"\n{note}")
+    if points and not points[0].fits:
+        rows.append("\nNOTHING FITS these budgets: the row above is the least-memory placement.")
+    return "\n".join(rows)
+
+
+def plot(points, path: Path, title: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install matplotlib)", file=sys.stderr)
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    ax.plot([p.loss for p in points], [p.tok_s for p in points], "o-")
+    ax.set_xlabel("predicted quality loss (popularity x 4-bit sensitivity)")
+    ax.set_ylabel("predicted decode tok/s")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def cmd_plan(a) -> int:
+    import torch
+
+    from .devices import detect
+    from .hardware import load_or_measure
+    from .plan_inputs import default_budgets, from_config
+    from .planner import frontier
+
+    t_start = time.perf_counter()
+    if a.config_only:
+        cfg = Path(a.model)
+        cfg = cfg / "config.json" if cfg.is_dir() else cfg
+        hw = load_or_measure(torch.device("cpu"))
+        inp, note = from_config(cfg, hw)
+        b = _budgets(a, default_budgets(False))
+        title = f"{cfg.parent.name or cfg.name}, VRAM {b.vram / GB:.0f} GB, RAM {b.ram / GB:.0f} GB (config only)"
+    else:
+        from .cli import _model_path
+
+        a.model = _model_path(a)
+        loaded, inp = prepare(a.model, a.placement, a.device)
+        acc = detect(a.device)
+        held = loaded.model.expert_bytes()
+        b = _budgets(a, default_budgets(acc.cpu_only, acc.device, held_ram=held["host"],
+                                        held_vram=held["accelerator"]))
+        note = f"profiles measured on this machine; {acc.describe()}"
+        title = f"{Path(a.model).name}, VRAM {b.vram / GB:.1f} GB, RAM {b.ram / GB:.1f} GB"
+    t0 = time.perf_counter()
+    points = frontier(inp, b)
+    ms = (time.perf_counter() - t0) * 1e3
+    print(table(points, f"{note}\nbudgets: VRAM {b.vram / GB:.2f} GB, RAM {b.ram / GB:.2f} GB; "
+                        f"frontier computed in {ms:.1f} ms"))
+    if a.png:
+        if plot(points, Path(a.png), title):
+            print(f"plot: {a.png}")
+    print(f"[{time.perf_counter() - t_start:.1f} s]", file=sys.stderr)
+    return 0
+
+
+def cmd_eval(a) -> int:
+    from .cli import _model_path
+    from .evaluate import compare, corpus_ids, logprobs
+    from .generate import SamplingParams
+    from .plan_inputs import default_budgets
+    from .planner import plan
+    from .placement import Placement, Tier
+
+    a.model = _model_path(a)
+    loaded, inp = prepare(a.model, a.placement, a.device)
+    m, d = loaded.model, loaded.ckpt.dims
+    ids = corpus_ids(loaded.tokenizer, a.text, a.tokens)
+    full16 = Tier.CPU16 if loaded.accel.cpu_only else Tier.GPU16
+    m.apply(Placement.uniform(d.layers, d.experts, full16))
+    ref = logprobs(m, ids)
+    held = m.expert_bytes()
+    b = _budgets(a, default_budgets(loaded.accel.cpu_only, loaded.accel.device, held["host"], held["accelerator"]))
+    p = plan(inp, b, a.slider)
+    m.apply(p.placement)
+    q = compare(ref, logprobs(m, ids), ids)
+    gen = loaded.generator
+    gen.cache.tokens = []
+    fin = list(gen.stream(ids[:16], SamplingParams(max_new_tokens=a.new_tokens)))[-1]
+    print(f"slider {a.slider}: {', '.join(f'{n} {t}' for t, n in sorted(p.counts().items()))}")
+    print(f"perplexity {q['ppl']:.3f} (all 16-bit {q['ref_ppl']:.3f}), KL {q['kl']:.5f} nats/token, "
+          f"{len(ids)} tokens")
+    print(f"decode {fin.decode_tok_s:.2f} tok/s measured, {p.tok_s:.2f} predicted; "
+          f"predicted quality loss {p.loss:.4f}")
+    return 0
+
+
+def add_parsers(sub, add_model_args) -> None:
+    p = sub.add_parser("plan", help="the speed/quality frontier under memory budgets")
+    add_model_args(p)
+    p.add_argument("--gpu-budget", type=float, default=None, help="GB of VRAM for the model")
+    p.add_argument("--ram-budget", type=float, default=None, help="GB of RAM for the model")
+    p.add_argument("--config-only", action="store_true", help="plan from config.json alone (no weights)")
+    p.add_argument("--png", default="frontier.png", help="where to write the plot ('' for none)")
+    p.set_defaults(fn=cmd_plan)
+    e = sub.add_parser("eval", help="perplexity, KL vs all-16-bit, and tok/s at a slider value")
+    add_model_args(e)
+    e.add_argument("--slider", type=float, default=0.5)
+    e.add_argument("--text", default=None, help="a text file (default: Python's pydoc topics)")
+    e.add_argument("--tokens", type=int, default=1024)
+    e.add_argument("--new-tokens", type=int, default=64)
+    e.add_argument("--gpu-budget", type=float, default=None)
+    e.add_argument("--ram-budget", type=float, default=None)
+    e.set_defaults(fn=cmd_eval)

@@ -1,0 +1,97 @@
+"""Turn measured profiles (or a bare config.json) into the planner's inputs, and budgets from the
+machine's memory."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+from .checkpoint import _dims, dense_shapes
+from .errors import ModelError
+from .hardware import HardwareProfile
+from .model import MixtralModel
+from .planner import Budgets, PlanInputs
+from .profile import ModelProfile
+
+# Free memory the planner leaves alone: the OS, other programs, activations, the KV cache.
+RAM_MARGIN = 0.15
+VRAM_MARGIN = 0.10
+
+# A 24 GB consumer GPU (RTX 4090 class) for planning from a config on a machine without one.
+# ASSUMED figures, not measurements: ~1 TB/s memory with ~80% reached by 16-bit batch-1 matmuls,
+# ~50% by NF4's dequantising kernel, PCIe 4.0 x16. A real run replaces them with measured ones.
+REFERENCE_GPU = {"name": "assumed 24 GB GPU (RTX 4090 class)", "total": 24 * 10**9,
+                 "gpu-16": (2e-5, 1 / 800e9), "gpu-4": (3e-5, 1 / 500e9), "h2d": 25e9,
+                 "layer_overhead_s": 1.5e-4}
+
+
+def from_profiles(mp: ModelProfile, hw: HardwareProfile, top_k: int, dense_bytes: int,
+                  dense_s: float, cpu_only: bool | None = None) -> PlanInputs:
+    share = tuple(tuple(c / max(sum(row), 1) for c in row) for row in mp.popularity)
+    costs = {t: tuple(v) for t, v in hw.tier_costs.items()}
+    return PlanInputs(mp.layers, mp.experts, top_k, share, mp.sensitivity, mp.expert_bytes, costs,
+                      dense_bytes, dense_s, hw.cpu_only if cpu_only is None else cpu_only)
+
+
+def measure_dense_s(model: MixtralModel, hw: HardwareProfile, steps: int = 16) -> float:
+    """Time per decode step outside the experts: measured steps minus the modelled time of the
+    experts those steps actually ran."""
+    cache = model.new_cache(steps + 8)
+    model.forward(torch.arange(1, 9), cache, 0)
+    records: list = []
+    for b in model.moe:
+        b.record = records
+    try:
+        t0 = time.perf_counter()
+        for i in range(steps):
+            model.forward(torch.tensor([100 + i]), cache, 8 + i)
+        total = time.perf_counter() - t0
+    finally:
+        for b in model.moe:
+            b.record = None
+    experts_s = 0.0
+    for l, (_, idx) in enumerate(records):
+        for e in idx.reshape(-1).tolist():
+            ex = model.moe[l % len(model.moe)].experts[e]
+            fixed, per_byte = hw.tier_costs[ex.tier.value]
+            experts_s += fixed + per_byte * ex.nbytes
+    return max((total - experts_s) / steps, 0.0)
+
+
+def default_budgets(cpu_only: bool, accel: torch.device | None = None, held_ram: int = 0,
+                    held_vram: int = 0) -> Budgets:
+    ram = int((psutil.virtual_memory().available + held_ram) * (1 - RAM_MARGIN))
+    vram = 0
+    if not cpu_only and accel is not None and accel.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(accel)
+        vram = int((free + held_vram) * (1 - VRAM_MARGIN))
+    return Budgets(vram=vram, ram=ram)
+
+
+def from_config(config_path: Path, hw: HardwareProfile, sensitivity: float = 0.1) -> tuple[PlanInputs, str]:
+    """Plan a model from its config.json alone: uniform popularity, one assumed sensitivity for
+    every 4-bit expert, this machine's measured CPU tiers and the reference GPU above."""
+    from transformers import MixtralConfig
+
+    try:
+        raw = json.loads(Path(config_path).read_text())
+    except (OSError, ValueError) as e:
+        raise ModelError(config_path, f"cannot be read: {e}") from None
+    if raw.get("model_type") != "mixtral":
+        raise ModelError(config_path, f"model_type is {raw.get('model_type')!r}, not mixtral")
+    d = _dims(MixtralConfig.from_dict(raw), Path(config_path))
+    n16 = 3 * d.hidden * d.ffn * 2
+    n_w = 3 * d.hidden * d.ffn
+    sizes = {"gpu-16": n16, "cpu-16": n16, "gpu-4": n_w * 9 // 16, "cpu-4": n_w * 5 // 8}
+    dense_bytes = sum(int(torch.tensor(s).prod()) for s in dense_shapes(d).values()) * 2
+    costs = {"cpu-16": tuple(hw.tier_costs["cpu-16"]), "cpu-4": tuple(hw.tier_costs["cpu-4"]),
+             "gpu-16": REFERENCE_GPU["gpu-16"], "gpu-4": REFERENCE_GPU["gpu-4"]}
+    dense_s = dense_bytes * REFERENCE_GPU["gpu-16"][1] + d.layers * REFERENCE_GPU["layer_overhead_s"]
+    share = tuple(tuple([1.0 / d.experts] * d.experts) for _ in range(d.layers))
+    sens = {t: [[sensitivity] * d.experts for _ in range(d.layers)] for t in ("cpu-4", "gpu-4")}
+    note = (f"from config only: uniform popularity, sensitivity {sensitivity} for every 4-bit expert; "
+            f"CPU tiers measured here; GPU: {REFERENCE_GPU['name']}")
+    return PlanInputs(d.layers, d.experts, d.top_k, share, sens, sizes, costs, dense_bytes, dense_s, False), note
