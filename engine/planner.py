@@ -151,8 +151,8 @@ def candidates(inp: PlanInputs, budgets: Budgets | None = None) -> tuple[list[Ti
 
 
 def _to_plan(inp: PlanInputs, tiers, choice_row, t, l, v, r, fits=True) -> Plan:
-    rows = choice_row.reshape(inp.layers, inp.experts)
-    pl = Placement(tuple(tuple(tiers[j] for j in row) for row in rows))
+    rows = np.asarray(tiers, dtype=object)[choice_row].reshape(inp.layers, inp.experts)
+    pl = Placement(tuple(map(tuple, rows.tolist())))
     return Plan(pl, 1.0 / t, float(l), int(v), int(r), fits)
 
 
