@@ -64,9 +64,8 @@ def _expert(tier: Tier, d: int, i: int, accel: torch.device, g: torch.Generator)
     return Expert16(tier, w13.to(dev, dtype), w2.to(dev, dtype)), dev, dtype
 
 
-def measure(accel: torch.device) -> HardwareProfile:
+def _tier_costs(tiers, accel: torch.device) -> dict:
     g = torch.Generator().manual_seed(0)
-    tiers = [Tier.CPU16, Tier.CPU4] + ([Tier.GPU16, Tier.GPU4] if accel.type == "cuda" else [])
     costs = {}
     for tier in tiers:
         pts = []
@@ -77,6 +76,18 @@ def measure(accel: torch.device) -> HardwareProfile:
         (b0, t0), (b1, t1) = pts
         per_byte = max((t1 - t0) / (b1 - b0), 1e-15)
         costs[tier.value] = [max(t0 - per_byte * b0, 0.0), per_byte]
+    return costs
+
+
+def measure_seam() -> dict:
+    """Costs of the gpu-* tiers on the CPU device (the test seam), for planning experiments on a
+    machine without a GPU. Not part of a CPU-only machine's profile."""
+    return _tier_costs([Tier.GPU16, Tier.GPU4], torch.device("cpu"))
+
+
+def measure(accel: torch.device) -> HardwareProfile:
+    tiers = [Tier.CPU16, Tier.CPU4] + ([Tier.GPU16, Tier.GPU4] if accel.type == "cuda" else [])
+    costs = _tier_costs(tiers, accel)
     h2d = d2h = None
     gpu_total = 0
     if accel.type == "cuda":
