@@ -43,21 +43,15 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--settings", type=int, default=9)
-    ap.add_argument("--tiers", choices=["cpu", "nf4"], default="cpu")
     ap.add_argument("--tokens", type=int, default=768)
     a = ap.parse_args()
     loaded, inp = prepare(str(demo_dir()), "cpu", "cpu")
     m, d = loaded.model, loaded.ckpt.dims
-    if a.tiers == "nf4":
-        from engine.hardware import measure_seam
-
-        seam = measure_seam()
-        inp = replace(inp, tier_costs={"cpu-16": inp.tier_costs["cpu-16"], "gpu-4": seam["gpu-4"]}, cpu_only=False)
     ids = corpus_ids(loaded.tokenizer, None, a.tokens)
     m.apply(Placement.uniform(d.layers, d.experts, Tier.CPU16))
     ref = logprobs(m, ids)
     full = m.expert_bytes()["host"] + m.dense_bytes()
-    budgets = Budgets(vram=full if a.tiers == "nf4" else 0, ram=full)
+    budgets = Budgets(vram=0, ram=full)
     pts = frontier(inp, budgets)
     gen = loaded.generator
     gen.eos_ids.clear()

@@ -79,12 +79,6 @@ def _tier_costs(tiers, accel: torch.device) -> dict:
     return costs
 
 
-def measure_seam() -> dict:
-    """Costs of the gpu-* tiers on the CPU device (the test seam), for planning experiments on a
-    machine without a GPU. Not part of a CPU-only machine's profile."""
-    return _tier_costs([Tier.GPU16, Tier.GPU4], torch.device("cpu"))
-
-
 def measure(accel: torch.device) -> HardwareProfile:
     tiers = [Tier.CPU16, Tier.CPU4] + ([Tier.GPU16, Tier.GPU4] if accel.type == "cuda" else [])
     costs = _tier_costs(tiers, accel)
