@@ -135,6 +135,7 @@ class StopMatcher:
 
 class Generator:
     def __init__(self, model: MixtralModel, tokenizer, eos_ids: set[int], ctx: int = 4096):
+        self.on_oom = None  # called when a step runs out of accelerator memory; the step is retried
         self.model = model
         self.tok = tokenizer
         self.eos_ids = set(eos_ids)
@@ -146,6 +147,18 @@ class Generator:
         if isinstance(out, dict) or hasattr(out, "keys"):  # transformers 5 may return a BatchEncoding
             out = out["input_ids"]
         return [int(i) for i in out]
+
+    def _forward(self, feed: list[int], pos: int) -> torch.Tensor:
+        """One step; on CUDA out-of-memory, let the owner evict, then retry (the step rewrites the
+        same cache slots, so a retry is exact)."""
+        for attempt in range(4):
+            try:
+                return self.model.forward(torch.tensor(feed, dtype=torch.long), self.cache, pos)[-1]
+            except torch.cuda.OutOfMemoryError:
+                if self.on_oom is None or attempt == 3:
+                    raise
+                self.on_oom()
+        raise AssertionError("unreachable")
 
     def count_tokens(self, text: str) -> int:
         return len(self.tok.encode(text, add_special_tokens=False))
@@ -179,7 +192,7 @@ class Generator:
                 reason = "context"
                 break
             step0 = time.perf_counter()
-            logits = self.model.forward(torch.tensor(feed, dtype=torch.long), cache, pos)[-1]
+            logits = self._forward(feed, pos)
             cache.tokens.extend(feed)
             pos += len(feed)
             tid = sample(logits, p, history, gen)

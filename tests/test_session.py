@@ -1,0 +1,184 @@
+"""The engine thread: commands in, events out; re-placement while generating, under a scripted
+memory timeline and a moving slider; stop and shutdown."""
+import threading
+import time
+import weakref
+
+import pytest
+
+from engine.generate import SamplingParams
+from engine.monitor import MemorySample, ScriptedSource
+from engine.placement import Tier
+from engine.planner import plan
+from engine.session import (Done, ErrorEvent, Generate, Load, Loaded, PlacementChanged, SetSlider, Session,
+                            Shutdown, Stats, Stop, TokenOut)
+
+GB = 10**9
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+class Recorder:
+    def __init__(self):
+        self.events = []
+        self.cond = threading.Condition()
+
+    def __call__(self, ev):
+        with self.cond:
+            self.events.append(ev)
+            self.cond.notify_all()
+
+    def wait(self, pred, timeout=120):
+        end = time.time() + timeout
+        with self.cond:
+            while not any(pred(e) for e in self.events):
+                left = end - time.time()
+                assert left > 0, f"timed out; last events: {self.events[-5:]}"
+                self.cond.wait(left)
+        return next(e for e in self.events if pred(e))
+
+    def of(self, kind):
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+def start(tiny, rec, source=None, **kw):
+    s = Session(rec, source=source, poll_s=0.02, **kw).start()
+    s.submit(Load(str(tiny), device="cpu", dtype="fp32"))
+    rec.wait(lambda e: isinstance(e, Loaded) or isinstance(e, ErrorEvent))
+    assert not rec.of(ErrorEvent), rec.of(ErrorEvent)
+    return s
+
+
+def tokens_of(rec, rid):
+    return [e for e in rec.events if isinstance(e, TokenOut) and e.request_id == rid]
+
+
+def greedy_reference(tiny, prompt, n):
+    """A greedy run with a fixed all-16-bit placement (the same precision as every 16-bit tier)."""
+    from engine.load import load
+
+    loaded = load(tiny, "cpu", device="cpu", dtype="fp32", ctx=512)
+    loaded.generator.eos_ids.clear()
+    return list(loaded.generator.stream(prompt, SamplingParams(max_new_tokens=n)))[-1].token_ids
+
+
+PROMPT = [5, 17, 33, 60, 7, 99, 120, 3]
+
+
+def test_budget_timeline_halves_then_restores(tiny):
+    rec = Recorder()
+    holder = {}
+    total = {"vram": None}
+    emitted = [0]
+
+    def timeline(n):  # by tokens emitted, so the test does not depend on this machine's speed
+        s = holder["s"]
+        budget = total["vram"]
+        if budget is None:
+            budget = 10 * GB
+        elif 20 <= emitted[0] < 60:
+            budget = budget // 2
+        free = max(budget - s.held[0], 0)
+        return MemorySample(vram_total=budget, vram_free=free, ram_total=64 * GB, ram_available=32 * GB)
+
+    src = ScriptedSource(timeline)
+    fast_gpu = {"gpu-16": (1e-6, 1e-12), "cpu-16": (1e-5, 1e-10)}  # so the plan wants the "GPU"
+    s = Session(rec, source=src, poll_s=0.01, tiers=(Tier.GPU16, Tier.CPU16), seam=True, slider=1.0,
+                costs=fast_gpu)
+    holder["s"] = s
+    s.start()
+    s.submit(Load(str(tiny), device="cpu", dtype="fp32"))
+    rec.wait(lambda e: isinstance(e, Loaded))
+    d = s.inputs
+    per = d.expert_bytes["gpu-16"]
+    total["vram"] = int((d.dense_bytes + per * d.layers * d.experts * 0.75) / 0.9)  # room for 3/4 of experts
+    violations = []
+
+    gpu_counts = []  # (tokens emitted so far, experts on the accelerator) at every placement change
+
+    def check(ev):
+        rec(ev)
+        if isinstance(ev, PlacementChanged):
+            gpu_counts.append((emitted[0], ev.placement.counts()[Tier.GPU16]))
+        if isinstance(ev, TokenOut):
+            emitted[0] = ev.index + 1
+            time.sleep(0.005)  # give the 10 ms monitor a chance to see each phase
+            if s.budgets is not None and s.held[0] > s.budgets.vram:
+                violations.append((ev.index, s.held[0], s.budgets.vram))
+
+    s.emit = check
+    src.n = 0
+    s.submit(Generate(1, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=120)))
+    done = rec.wait(lambda e: isinstance(e, Done))
+    assert s.shutdown()
+    before = [c for i, c in gpu_counts if i < 20]
+    during = [c for i, c in gpu_counts if 20 <= i < 60]
+    after = [c for i, c in gpu_counts if i >= 60]
+    assert before and during and after, gpu_counts
+    assert min(during) < before[-1]  # the placement followed the budget down
+    assert after[-1] == before[-1]  # and back up
+    assert not violations, violations[:3]
+    toks = tokens_of(rec, 1)
+    assert [t.index for t in toks] == list(range(len(toks)))  # none lost or duplicated
+    assert done.finished.token_ids == greedy_reference(tiny, PROMPT, 120)
+
+
+def test_slider_moves_20_times_during_a_generation(tiny):
+    rec = Recorder()
+    s = start(tiny, rec)
+    s.loaded.generator.eos_ids.clear()
+    s.submit(Generate(7, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=200)))
+    rec.wait(lambda e: isinstance(e, TokenOut))
+    values = [(i * 7 % 20) / 19 for i in range(20)]
+    for v in values:
+        s.submit(SetSlider(v))
+        time.sleep(0.01)
+    done = rec.wait(lambda e: isinstance(e, Done))
+    deadline = time.time() + 30
+    while s.moves and time.time() < deadline:
+        time.sleep(0.05)
+    final = plan(s.inputs, s.budgets, values[-1]).placement
+    assert s.loaded.model.placement == final
+    toks = tokens_of(rec, 7)
+    assert [t.index for t in toks] == list(range(len(toks))) and len(done.finished.token_ids) == 200
+    assert "".join(t.text for t in toks) == done.finished.text
+    assert len([e for e in rec.of(PlacementChanged) if e.reason == "slider"]) >= 2
+    assert rec.of(Stats) and rec.of(Stats)[-1].tiers
+    assert s.shutdown()
+
+
+def test_stop_cancels_the_reply(tiny):
+    rec = Recorder()
+    s = start(tiny, rec)
+    s.loaded.generator.eos_ids.clear()
+    s.submit(Generate(3, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=5000)))
+    rec.wait(lambda e: isinstance(e, TokenOut) and e.index >= 3)
+    s.submit(Stop(3))
+    done = rec.wait(lambda e: isinstance(e, Done))
+    assert done.finished.reason == "cancelled"
+    s.submit(Generate(4, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=3)))
+    rec.wait(lambda e: isinstance(e, Done) and e.request_id == 4)  # a stop does not stick
+    assert s.shutdown()
+
+
+@pytest.mark.parametrize("when", ["generating", "migrating"])
+def test_shutdown_leaves_no_thread_and_frees_the_model(tiny, when):
+    rec = Recorder()
+    s = start(tiny, rec, slice_s=0.0)
+    model = weakref.ref(s.loaded.model)
+    if when == "generating":
+        s.loaded.generator.eos_ids.clear()
+        s.submit(Generate(1, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=100000)))
+        rec.wait(lambda e: isinstance(e, TokenOut))
+    else:
+        for v in (0.0, 1.0, 0.0, 1.0):
+            s.submit(SetSlider(v))
+    assert s.shutdown(timeout=30)
+    assert not [t for t in threading.enumerate() if t.name.startswith("mixdesk-")]
+    import gc
+
+    gc.collect()
+    assert model() is None
