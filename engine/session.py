@@ -124,6 +124,9 @@ class MigrationProgress:
     total: int
     bytes_moved: int
     seconds: float
+    last_tier: str = ""  # the tier the last moved expert went to
+    last_bytes: int = 0
+    last_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,6 @@ class Session:
         self.budgets: Budgets | None = None
         self.moves: deque[Move] = deque()
         self.migration = [0, 0, 0, 0.0]  # done, total, bytes, seconds
-        self.longest_stall = 0.0
         self.held = (0, 0)  # (vram, ram) bytes the model holds, read by the monitor thread
         self.monitor: Monitor | None = None
         self._gen = None
@@ -380,7 +382,7 @@ class Session:
         self.migration[0] += 1
         self.migration[2] += nbytes
         self.migration[3] += dt
-        self.emit(MigrationProgress(*self.migration))
+        self.emit(MigrationProgress(*self.migration, m.new.value, nbytes, dt))
 
     def _migrate(self, budget_s: float) -> None:
         t0 = time.perf_counter()
@@ -425,7 +427,6 @@ class Session:
             self._gen = None
             self.emit(ErrorEvent(str(e), self._request))
             return
-        self.longest_stall = max(self.longest_stall, time.perf_counter() - t0)
         if isinstance(ev, Token):
             if ev.index == 0:
                 self._prefill = 0.0
