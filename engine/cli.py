@@ -203,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ap = build_parser()
     a = ap.parse_args(argv)
-    if not getattr(a, "fn", None):  # plain `mixdesk`: chat with the demo (the window, once it lands)
-        a = ap.parse_args(["chat", *(argv or [])])
+    if not getattr(a, "fn", None):  # no command: the terminal chat (the app's entry starts the window)
+        a = ap.parse_args(["chat"])
     try:
         return a.fn(a) or 0
     except MixdeskError as e:

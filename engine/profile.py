@@ -128,6 +128,18 @@ def calibrate(model: MixtralModel, ids: list[int], tiers: tuple[Tier, ...] = (Ti
                         expert_bytes=sizes, dtype=str(model.dtype).replace("torch.", ""))
 
 
+def uniform_profile(model: MixtralModel, sensitivity: float = 0.1) -> ModelProfile:
+    """A stand-in when calibration is cancelled: every expert equally popular and sensitive."""
+    d = model.dims
+    n = d.expert_params()  # 4-bit sizes: cpu-4 5 bits a weight, gpu-4 4.5 (see quant.py)
+    b16 = n * torch.empty((), dtype=model.dtype).element_size()
+    return ModelProfile(key=model_key(model.ckpt.folder), layers=d.layers, experts=d.experts, calibration_tokens=0,
+                        popularity=[[1] * d.experts for _ in range(d.layers)],
+                        sensitivity={t: [[sensitivity] * d.experts for _ in range(d.layers)] for t in ("cpu-4", "gpu-4")},
+                        expert_bytes={"cpu-16": b16, "gpu-16": b16, "cpu-4": n * 5 // 8, "gpu-4": n * 9 // 16},
+                        dtype=str(model.dtype).replace("torch.", ""))
+
+
 def load_or_calibrate(model: MixtralModel, tokenizer, progress: Progress | None = None,
                       cancel: threading.Event | None = None, max_tokens: int = 1024) -> ModelProfile:
     path = profile_path(model.ckpt.folder)

@@ -27,7 +27,8 @@ from .errors import MixdeskError
 from .generate import Finished, SamplingParams, Token
 from .monitor import BudgetReading, MemorySource, Monitor, SystemSource
 from .placement import Move, Placement, Tier
-from .planner import Budgets, PlanInputs, plan
+from .profile import Cancelled, uniform_profile
+from .planner import Budgets, PlanInputs, choose, frontier, reference_loss
 
 
 # ---- commands ---------------------------------------------------------------------------------
@@ -92,6 +93,8 @@ class Loaded:
     layers: int
     experts: int
     ctx: int
+    share: tuple = ()  # [L][E] routing share per expert (popularity), for the placement map
+    count_tokens: Callable[[str], int] | None = None  # thread-safe (a Rust tokenizer underneath)
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,9 @@ class PlacementChanged:
     reason: str
     predicted_tok_s: float
     predicted_loss: float
+    frontier: tuple = ()  # ((loss, tok_s), ...) best quality first
+    slider_scale: float = 0.0  # the loss at slider 0 (see planner.reference_loss)
+    limited_by_budget: bool = False  # the slider asks for more quality than the budget allows
 
 
 @dataclass(frozen=True)
@@ -289,12 +295,28 @@ class Session:
             self.loaded = None
             gc.collect()
         prog = lambda stage: (lambda d, t, w="": self.emit(Progress(stage, d, t, w)))  # noqa: E731
-        self.loaded = loaded = load(cmd.path, "auto", cmd.device, cmd.dtype, cmd.ctx, progress=prog("load"))
+        path = cmd.path
+        if path == "demo":
+            from . import demo
+
+            path = str(demo.ensure(progress=prog("build demo"), log=lambda s: None))
+        else:
+            from .hub import resolve
+
+            path = str(resolve(path))
+        self.cancel.clear()
+        self.loaded = loaded = load(path, "auto", cmd.device, cmd.dtype, cmd.ctx, progress=prog("load"))
         loaded.generator.on_oom = self._on_oom
         self._update_held()
         self.emit(Progress("profile", 0, 1, "measuring this machine"))
         hw = load_or_measure(loaded.accel.device)
-        mp = load_or_calibrate(loaded.model, loaded.tokenizer, progress=prog("calibrate"), cancel=self.cancel)
+        try:
+            mp = load_or_calibrate(loaded.model, loaded.tokenizer, progress=prog("calibrate"), cancel=self.cancel)
+        except Cancelled:
+            self.cancel.clear()
+            mp = uniform_profile(loaded.model)
+            self.emit(ErrorEvent("calibration cancelled: planning with uniform popularity and an assumed "
+                                 "4-bit sensitivity until it runs"))
         dense_s = measure_dense_s(loaded.model, hw)
         inp = from_profiles(mp, hw, loaded.ckpt.dims.top_k, loaded.model.dense_bytes(), dense_s)
         if self.seam and loaded.accel.cpu_only:
@@ -307,7 +329,8 @@ class Session:
         self.inputs = inp
         self._update_held()
         self.emit(Loaded(loaded.ckpt.folder.name, loaded.describe(), loaded.accel.cpu_only,
-                         loaded.ckpt.dims.layers, loaded.ckpt.dims.experts, loaded.generator.ctx))
+                         loaded.ckpt.dims.layers, loaded.ckpt.dims.experts, loaded.generator.ctx, inp.share,
+                         loaded.generator.count_tokens))
         source = self._source or SystemSource(loaded.accel.device.index if loaded.accel.is_cuda else None)
         self.monitor = Monitor(source, lambda r: self.commands.put(_Reading(r)), lambda: self.held,
                                period=self.poll_s)
@@ -345,14 +368,18 @@ class Session:
     def _replan(self, reason: str) -> None:
         if self.inputs is None or self.budgets is None:
             return
-        p = plan(self.inputs, self.budgets, self.slider)
+        pts = frontier(self.inputs, self.budgets)
+        p = choose(pts, self.slider, self.inputs)
+        scale = reference_loss(self.inputs)
+        limited = p.loss > (1 - self.slider) * scale + 1e-12 or not p.fits
         current = self.loaded.model.placement
         target = p.placement
         moves = current.diff(target)
         self.moves = deque(moves)
         self.migration = [0, len(moves), 0, 0.0]
         self.target = target
-        self.emit(PlacementChanged(target, len(moves), reason, p.tok_s, p.loss))
+        self.emit(PlacementChanged(target, len(moves), reason, p.tok_s, p.loss,
+                                   tuple((q.loss, q.tok_s) for q in pts), scale, limited))
         self._enforce()
         if not moves:
             self._stats(force=True)

@@ -73,3 +73,42 @@ def test_bf16_generation_on_cuda(tiny):
     fin = list(gen.stream(gen.chat_prompt([{"role": "user", "content": "hello"}]),
                           SamplingParams(max_new_tokens=16)))[-1]
     assert len(fin.token_ids) == 16
+
+
+def test_engine_shrinks_when_another_process_takes_vram(tmp_path, monkeypatch):
+    """A second process allocates VRAM; the monitor (NVML) sees free memory fall and the engine
+    evicts experts from the GPU before it would run out."""
+    import subprocess
+    import sys
+    import threading
+    import time as _time
+
+    from engine.session import Done, ErrorEvent, Generate, Load, Loaded, Session, Stats
+    from engine.tiny_model import write_tiny_mixtral
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = write_tiny_mixtral(tmp_path / "m", layers=4, hidden=1024, ffn=4096, experts=8, heads=8, kv_heads=4,
+                              dtype="bfloat16")
+    events, loaded = [], threading.Event()
+    s = Session(lambda e: (events.append(e), isinstance(e, (Loaded, ErrorEvent)) and loaded.set()),
+                poll_s=0.1, slider=1.0).start()
+    s.submit(Load(str(path)))
+    assert loaded.wait(300) and not [e for e in events if isinstance(e, ErrorEvent)]
+    _time.sleep(1.0)
+    held_before = s.held[0]
+    free, total = torch.cuda.mem_get_info()
+    hog = int(free - held_before * 0.5)  # leaves room for only half of what the model holds
+    code = (f"import torch,time; x=torch.empty({hog}, dtype=torch.uint8, device='cuda'); "
+            "print('ok', flush=True); time.sleep(20)")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ok"
+        s.submit(Generate(1, prompt_ids=list(range(1, 20)), params=SamplingParams(max_new_tokens=50)))
+        deadline = _time.time() + 15
+        while s.held[0] >= held_before * 0.9 and _time.time() < deadline:
+            _time.sleep(0.1)
+        assert s.held[0] < held_before * 0.9
+    finally:
+        p.kill()
+    assert not [e for e in events if isinstance(e, ErrorEvent)]
+    assert s.shutdown()

@@ -1,0 +1,34 @@
+"""Start the desktop app: a Qt window on a qasync event loop, the engine on its own thread."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+
+def store_path():
+    from platformdirs import user_data_path
+
+    return user_data_path("mixdesk", appauthor=False) / "chats.sqlite3"
+
+
+def run(model: str = "demo", device: str | None = None) -> int:
+    import qasync
+    from PySide6.QtWidgets import QApplication
+
+    from .main_window import MainWindow
+    from .store import Store
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    app = QApplication.instance() or QApplication(sys.argv)
+    app.setApplicationName("Mixdesk")
+    app.setOrganizationName("Mixdesk")
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    closed = asyncio.Event()
+    app.aboutToQuit.connect(closed.set)
+    win = MainWindow(Store(store_path()), model=model, device=device)
+    win.show()
+    with loop:
+        loop.run_until_complete(closed.wait())
+    return 0

@@ -1,0 +1,463 @@
+"""The main window: conversations, chat, attachments, the slider and the live panel.
+
+It reaches the engine only through EngineBridge (commands out, events in, on the GUI thread)."""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QInputDialog, QLabel, QLineEdit, QListWidget,
+                               QListWidgetItem, QMainWindow, QMenu, QMessageBox, QPlainTextEdit, QProgressBar,
+                               QPushButton, QSplitter, QToolButton, QVBoxLayout, QWidget)
+
+from engine.generate import SamplingParams
+from engine.session import (Done, ErrorEvent, Generate, Load, Loaded, MigrationProgress, PlacementChanged,
+                            Progress, SetSlider, Stats, Stop, TokenOut)
+
+from . import documents
+from .bridge import EngineBridge
+from .chat_view import ChatView
+from .panel import LivePanel
+from .quality_slider import QualitySlider
+from .store import Store
+
+log = logging.getLogger("mixdesk")
+SAVE_PARTIAL_S = 1.0
+
+
+class _Parsed(QObject):
+    done = Signal(object, object, object)  # path, Document | None, error message | None
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, store: Store, model: str = "demo", session_kwargs: dict | None = None,
+                 device: str | None = None, dtype: str = "auto"):
+        super().__init__()
+        self.setWindowTitle("Mixdesk")
+        self.resize(1280, 800)
+        self.store = store
+        self.bridge = EngineBridge(session_kwargs, self)
+        self.bridge.event.connect(self.on_event)
+        self.log_lines: list[str] = []
+        self.cid: int | None = None
+        self.request = 0
+        self.reply_mid: int | None = None
+        self.last_save = 0.0
+        self.docs: list[documents.Document] = []
+        self.count_tokens = None
+        self.ctx = 0
+        self.generating = False
+        self.params = SamplingParams(max_new_tokens=1024)
+        self._parsed = _Parsed()
+        self._parsed.done.connect(self._on_parsed)
+        self._build()
+        self.refresh_conversations()
+        self.load_model(model, device, dtype)
+
+    # ---- layout ----
+    def _build(self) -> None:
+        split = QSplitter(Qt.Horizontal)
+        left = QWidget()
+        ll = QVBoxLayout(left)
+        self.search = QLineEdit(placeholderText="Search chats")
+        self.search.textChanged.connect(self.refresh_conversations)
+        new = QPushButton("New chat")
+        new.clicked.connect(self.new_chat)
+        self.conv_list = QListWidget()
+        self.conv_list.itemSelectionChanged.connect(self._on_select)
+        self.conv_list.setContextMenuPolicy(Qt.CustomContextMenu)
+        self.conv_list.customContextMenuRequested.connect(self._conv_menu)
+        ll.addWidget(new)
+        ll.addWidget(self.search)
+        ll.addWidget(self.conv_list)
+        split.addWidget(left)
+
+        center = QWidget()
+        cl = QVBoxLayout(center)
+        self.model_label = QLabel("loading…")
+        self.model_label.setWordWrap(True)
+        cl.addWidget(self.model_label)
+        self.slider = QualitySlider()
+        self.slider.changed.connect(lambda v: self.bridge.send(SetSlider(v)))
+        cl.addWidget(self.slider)
+        self.chat = ChatView()
+        cl.addWidget(self.chat, 1)
+        self.chips = QHBoxLayout()
+        self.chips.addStretch(1)
+        cl.addLayout(self.chips)
+        self.input = QPlainTextEdit(placeholderText="Message Mixdesk — drop files here (Ctrl+Enter sends)")
+        self.input.setMaximumHeight(110)
+        cl.addWidget(self.input)
+        row = QHBoxLayout()
+        self.attach_btn = QToolButton(text="📎")
+        self.attach_btn.setToolTip("Attach files (txt, md, code, csv, json, html, pdf, docx)")
+        self.attach_btn.clicked.connect(self.attach_dialog)
+        self.send_btn = QPushButton("Send")
+        self.send_btn.clicked.connect(self.send)
+        self.stop_btn = QPushButton("Stop")
+        self.stop_btn.clicked.connect(self.stop)
+        self.stop_btn.setEnabled(False)
+        self.regen_btn = QPushButton("Regenerate")
+        self.regen_btn.clicked.connect(self.regenerate)
+        self.edit_btn = QPushButton("Edit last")
+        self.edit_btn.clicked.connect(self.edit_last)
+        self.context_label = QLabel("")
+        for w in (self.attach_btn, self.send_btn, self.stop_btn, self.regen_btn, self.edit_btn):
+            row.addWidget(w)
+        row.addStretch(1)
+        row.addWidget(self.context_label)
+        cl.addLayout(row)
+        split.addWidget(center)
+        self.panel = LivePanel()
+        split.addWidget(self.panel)
+        split.setSizes([220, 700, 360])
+        self.setCentralWidget(split)
+        self.setAcceptDrops(True)
+
+        self.progress = QProgressBar(maximumWidth=260)
+        self.progress.hide()
+        self.cancel_btn = QPushButton("Cancel")
+        self.cancel_btn.hide()
+        self.cancel_btn.clicked.connect(lambda: self.bridge.send(Stop()))
+        self.statusBar().addPermanentWidget(self.progress)
+        self.statusBar().addPermanentWidget(self.cancel_btn)
+        self._undo_btn = QPushButton("Undo delete")
+        self._undo_btn.hide()
+        self.statusBar().addPermanentWidget(self._undo_btn)
+
+        m = self.menuBar().addMenu("&File")
+        for text, fn in (("Open model folder…", self.open_folder), ("Open demo model", lambda: self.load_model("demo")),
+                         ("Open Hugging Face model…", self.open_hub), ("Export chat as Markdown…", lambda: self.export("md")),
+                         ("Export chat as JSON…", lambda: self.export("json"))):
+            a = QAction(text, self)
+            a.triggered.connect(fn)
+            m.addAction(a)
+        c = self.menuBar().addMenu("&Chat")
+        for text, fn in (("System prompt…", self.edit_system_prompt), ("Sampling settings…", self.edit_sampling)):
+            a = QAction(text, self)
+            a.triggered.connect(fn)
+            c.addAction(a)
+        h = self.menuBar().addMenu("&Help")
+        for text, fn in (("Log", self.show_log), ("About Mixdesk", self.about)):
+            a = QAction(text, self)
+            a.triggered.connect(fn)
+            h.addAction(a)
+        QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.send)
+        QShortcut(QKeySequence("Ctrl+Enter"), self, activated=self.send)
+        QShortcut(QKeySequence("Escape"), self, activated=self.stop)
+        QShortcut(QKeySequence("Ctrl+N"), self, activated=self.new_chat)
+
+    # ---- models ----
+    def load_model(self, path: str, device: str | None = None, dtype: str = "auto") -> None:
+        self.model_label.setText(f"loading {path}…")
+        self.send_btn.setEnabled(False)
+        self.bridge.send(Load(path, device=device, dtype=dtype))
+
+    def open_folder(self) -> None:
+        d = QFileDialog.getExistingDirectory(self, "Open a Mixtral-compatible model folder")
+        if d:
+            self.load_model(d)
+
+    def open_hub(self) -> None:
+        repo, ok = QInputDialog.getText(self, "Hugging Face model", "Repo id (owner/name):")
+        if ok and repo.strip():
+            self.load_model(repo.strip())
+
+    # ---- conversations ----
+    def refresh_conversations(self) -> None:
+        self.conv_list.blockSignals(True)
+        self.conv_list.clear()
+        for c in self.store.conversations(self.search.text()):
+            it = QListWidgetItem(c.title)
+            it.setData(Qt.UserRole, c.id)
+            self.conv_list.addItem(it)
+            if c.id == self.cid:
+                it.setSelected(True)
+        self.conv_list.blockSignals(False)
+
+    def new_chat(self) -> None:
+        self.cid = self.store.new_conversation()
+        self.refresh_conversations()
+        self.chat.show_messages([])
+
+    def _on_select(self) -> None:
+        items = self.conv_list.selectedItems()
+        if items and not self.generating:
+            self.cid = items[0].data(Qt.UserRole)
+            self.chat.show_messages(self.store.messages(self.cid))
+
+    def _conv_menu(self, pos) -> None:
+        it = self.conv_list.itemAt(pos)
+        if it is None:
+            return
+        cid = it.data(Qt.UserRole)
+        menu = QMenu(self)
+        menu.addAction("Rename…", lambda: self._rename(cid))
+        menu.addAction("Delete", lambda: self.delete_conversation(cid))
+        menu.exec(self.conv_list.mapToGlobal(pos))
+
+    def _rename(self, cid: int) -> None:
+        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=self.store.conversation(cid).title)
+        if ok and title.strip():
+            self.store.rename(cid, title.strip())
+            self.refresh_conversations()
+
+    def delete_conversation(self, cid: int) -> None:
+        self.store.delete(cid)
+        if cid == self.cid:
+            self.cid = None
+            self.chat.show_messages([])
+        self.refresh_conversations()
+        self._undo_btn.show()
+        try:
+            self._undo_btn.clicked.disconnect()
+        except (RuntimeError, TypeError):
+            pass
+        self._undo_btn.clicked.connect(lambda: (self.store.undelete(cid), self._undo_btn.hide(),
+                                                self.refresh_conversations()))
+        QTimer.singleShot(10000, self._undo_btn.hide)
+
+    # ---- sending ----
+    def history(self) -> list[dict]:
+        c = self.store.conversation(self.cid)
+        msgs = [{"role": "system", "content": c.system_prompt}] if c.system_prompt else []
+        return msgs + [{"role": m.role, "content": m.content} for m in self.store.messages(self.cid)
+                       if m.complete or m.role == "user"]
+
+    def send(self) -> None:
+        text = self.input.toPlainText().strip()
+        if self.generating or (not text and not self.docs) or not self.send_btn.isEnabled():
+            return
+        if self.cid is None:
+            self.cid = self.store.new_conversation(title=(text or self.docs[0].name)[:40])
+        elif self.store.conversation(self.cid).title == "New chat":
+            self.store.rename(self.cid, (text or self.docs[0].name)[:40])
+        content = documents.prompt_with_documents(text, self.docs)
+        self.store.add_message(self.cid, "user", content, meta={"attachments": [d.name for d in self.docs]})
+        self.input.clear()
+        self._clear_chips()
+        self.refresh_conversations()
+        self.chat.show_messages(self.store.messages(self.cid))
+        self._generate()
+
+    def _generate(self) -> None:
+        self.request += 1
+        self.reply_mid = self.store.add_message(self.cid, "assistant", "", complete=False)
+        self.generating = True
+        self.last_save = time.monotonic()
+        self.send_btn.setEnabled(False)
+        self.stop_btn.setEnabled(True)
+        self.chat.begin_stream()
+        self.bridge.send(Generate(self.request, messages=self.history(), params=self.params))
+
+    def stop(self) -> None:
+        if self.generating:
+            self.bridge.send(Stop(self.request))
+
+    def regenerate(self) -> None:
+        if self.generating or self.cid is None:
+            return
+        msgs = self.store.messages(self.cid)
+        if msgs and msgs[-1].role == "assistant":
+            self.store.delete_messages_from(self.cid, msgs[-1].id)
+        if self.store.messages(self.cid):
+            self.chat.show_messages(self.store.messages(self.cid))
+            self._generate()
+
+    def edit_last(self) -> None:
+        if self.generating or self.cid is None:
+            return
+        users = [m for m in self.store.messages(self.cid) if m.role == "user"]
+        if users:
+            self.input.setPlainText(users[-1].content)
+            self.store.delete_messages_from(self.cid, users[-1].id)
+            self.chat.show_messages(self.store.messages(self.cid))
+
+    # ---- engine events ----
+    def on_event(self, ev) -> None:
+        if isinstance(ev, TokenOut) and ev.request_id == self.request:
+            self.chat.add_text(ev.text)
+            now = time.monotonic()
+            if now - self.last_save >= SAVE_PARTIAL_S:  # a kill loses at most this much of a reply
+                self.store.update_message(self.reply_mid, self.chat.streamed, complete=False)
+                self.last_save = now
+        elif isinstance(ev, Done) and ev.request_id == self.request:
+            f = ev.finished
+            stats = (f"{f.decode_tok_s:.1f} tok/s · {len(f.token_ids)} tokens · prefill {f.prompt_tokens - f.reused_tokens} "
+                     f"tok in {f.prefill_s:.2f} s · {f.reason}")
+            self.store.update_message(self.reply_mid, f.text, complete=True, meta={"stats": stats})
+            self.chat.end_stream(stats)
+            self.generating = False
+            self.send_btn.setEnabled(True)
+            self.stop_btn.setEnabled(False)
+            self.context_label.setText(f"context {f.prompt_tokens + len(f.token_ids)}/{self.ctx}")
+        elif isinstance(ev, Stats):
+            self.panel.show_stats(ev)
+        elif isinstance(ev, PlacementChanged):
+            self.panel.map.set_placement(ev.placement)
+            self.panel.show_migration(0, ev.moves)
+            self.slider.show_plan(ev)
+        elif isinstance(ev, MigrationProgress):
+            self.panel.show_migration(ev.done, ev.total)
+        elif isinstance(ev, Progress):
+            self.progress.show()
+            self.cancel_btn.setVisible(ev.stage == "calibrate")
+            self.progress.setRange(0, max(ev.total, 1))
+            self.progress.setValue(ev.done)
+            self.progress.setFormat(f"{ev.stage}: %p%")
+        elif isinstance(ev, Loaded):
+            self.progress.hide()
+            self.cancel_btn.hide()
+            self.count_tokens, self.ctx = ev.count_tokens, ev.ctx
+            self.model_label.setText(ev.description)
+            self.panel.map.set_share(ev.share)
+            self.send_btn.setEnabled(True)
+            self._log(f"loaded {ev.name}: {ev.description}")
+        elif isinstance(ev, ErrorEvent):
+            self._log(f"error: {ev.message}")
+            self.statusBar().showMessage(ev.message.splitlines()[0], 15000)
+            if ev.request_id == self.request and self.generating:
+                self.store.delete_messages_from(self.cid, self.reply_mid)
+                self.chat.show_messages(self.store.messages(self.cid))
+                self.generating = False
+                self.send_btn.setEnabled(True)
+                self.stop_btn.setEnabled(False)
+            if self.progress.isVisible() and "cancelled" not in ev.message:
+                self.progress.hide()
+                self.model_label.setText(f"could not load: {ev.message.splitlines()[0]}")
+
+    # ---- documents ----
+    def attach_dialog(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach files")
+        for p in paths:
+            self.attach(p)
+
+    def attach(self, path: str) -> None:
+        fut = documents._pool.submit(documents.parse, path)  # off the GUI thread
+        timer = QTimer(self, singleShot=True)
+        timer.timeout.connect(lambda: (fut.cancel(), self._parsed.done.emit(
+            path, None, f"{Path(path).name}: took longer than {documents.TIME_LIMIT_S:.0f} s to read")))
+        timer.start(int(documents.TIME_LIMIT_S * 1000))
+
+        def finished(f: concurrent.futures.Future):
+            if f.cancelled():
+                return
+            try:
+                self._parsed.done.emit(path, f.result(), None)
+            except documents.DocumentError as e:
+                self._parsed.done.emit(path, None, str(e))
+            except Exception as e:  # never a crash: name the file and the problem
+                self._parsed.done.emit(path, None, f"{Path(path).name}: could not be read ({type(e).__name__})")
+
+        fut.add_done_callback(finished)
+        self._pending_timers = getattr(self, "_pending_timers", {})
+        self._pending_timers[path] = timer
+
+    def _on_parsed(self, path, doc, error) -> None:
+        t = getattr(self, "_pending_timers", {}).pop(path, None)
+        if t is not None:
+            t.stop()
+        elif doc is not None or error is None:
+            return  # already reported as timed out
+        if error:
+            self.statusBar().showMessage(error, 15000)
+            self._log(error)
+            return
+        tokens = self.count_tokens(doc.text) if self.count_tokens else 0
+        room = self.ctx - min(1024, self.ctx // 4)  # leave room for the question and the reply
+        if self.count_tokens and tokens > room:
+            box = QMessageBox(QMessageBox.Question, "Document too long",
+                              f"{doc.name} is {tokens:,} tokens; the context holds {self.ctx:,}. "
+                              f"Attach its first part ({room:,} tokens) instead?",
+                              QMessageBox.Yes | QMessageBox.No, self)
+            box.finished.connect(lambda r: r == QMessageBox.Yes and self._add_chip(
+                documents.first_part(doc, room, self.count_tokens)))
+            box.open()  # not modal-blocking: the window keeps running
+            self.too_long_box = box
+            return
+        self._add_chip(doc)
+
+    def _add_chip(self, doc: documents.Document) -> None:
+        tokens = self.count_tokens(doc.text) if self.count_tokens else 0
+        self.docs.append(doc)
+        chip = QToolButton(text=f"{doc.name} · {doc.size / 1024:.0f} KB · {tokens:,} tokens  ✕")
+        chip.setProperty("tokens", tokens)
+        chip.clicked.connect(lambda: self._remove_chip(chip, doc))
+        self.chips.insertWidget(self.chips.count() - 1, chip)
+
+    def chip_widgets(self) -> list[QToolButton]:
+        return [self.chips.itemAt(i).widget() for i in range(self.chips.count()) if self.chips.itemAt(i).widget()]
+
+    def _remove_chip(self, chip, doc) -> None:
+        self.docs.remove(doc)
+        chip.deleteLater()
+
+    def _clear_chips(self) -> None:
+        for w in self.chip_widgets():
+            w.deleteLater()
+        self.docs = []
+
+    def dragEnterEvent(self, e):
+        if e.mimeData().hasUrls():
+            e.acceptProposedAction()
+
+    def dropEvent(self, e):
+        for url in e.mimeData().urls():
+            if url.isLocalFile():
+                self.attach(url.toLocalFile())
+
+    # ---- dialogs ----
+    def edit_system_prompt(self) -> None:
+        if self.cid is None:
+            self.new_chat()
+        text, ok = QInputDialog.getMultiLineText(self, "System prompt", "System prompt for this chat:",
+                                                 self.store.conversation(self.cid).system_prompt)
+        if ok:
+            self.store.set_system_prompt(self.cid, text)
+
+    def edit_sampling(self) -> None:
+        t, ok = QInputDialog.getDouble(self, "Sampling", "Temperature (0 = greedy):", self.params.temperature, 0, 2, 2)
+        if ok:
+            from dataclasses import replace
+
+            self.params = replace(self.params, temperature=t, top_p=0.95 if t > 0 else 1.0)
+
+    def export(self, kind: str) -> None:
+        if self.cid is None:
+            return
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"chat.{kind}")
+        if path:
+            text = self.store.export_markdown(self.cid) if kind == "md" else self.store.export_json(self.cid)
+            Path(path).write_text(text, encoding="utf-8")
+
+    def _log(self, line: str) -> None:
+        self.log_lines.append(time.strftime("%H:%M:%S ") + line)
+        log.info(line)
+
+    def show_log(self) -> None:
+        box = QMessageBox(self)
+        box.setWindowTitle("Mixdesk log")
+        box.setText("\n".join(self.log_lines[-200:]) or "(empty)")
+        box.exec()
+
+    def about(self) -> None:
+        import platform
+
+        import PySide6
+        import torch
+        import transformers
+
+        QMessageBox.about(self, "About Mixdesk", f"Mixdesk 0.1 — chat with Mixture-of-Experts models that do not fit "
+                          f"in your GPU.\n\ntorch {torch.__version__} (CUDA: {torch.cuda.is_available()})\n"
+                          f"transformers {transformers.__version__}\nPySide6 {PySide6.__version__}\n"
+                          f"Python {platform.python_version()}")
+
+    def closeEvent(self, e):
+        if self.generating and self.reply_mid is not None:
+            self.store.update_message(self.reply_mid, self.chat.streamed, complete=False)
+        self.bridge.shutdown(timeout=10.0)
+        super().closeEvent(e)
