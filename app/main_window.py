@@ -41,7 +41,7 @@ class MainWindow(QMainWindow):
         self.resize(1280, 800)
         self.store = store
         self.bridge = EngineBridge(session_kwargs, self)
-        self.bridge.event.connect(self.on_event)
+        self.bridge.events.connect(self.on_events)
         self.log_lines: list[str] = []
         self.cid: int | None = None
         self.request = 0
@@ -93,7 +93,7 @@ class MainWindow(QMainWindow):
         self.input.setMaximumHeight(110)
         cl.addWidget(self.input)
         row = QHBoxLayout()
-        self.attach_btn = QToolButton(text="📎")
+        self.attach_btn = QToolButton(text="Attach…")
         self.attach_btn.setToolTip("Attach files (txt, md, code, csv, json, html, pdf, docx)")
         self.attach_btn.clicked.connect(self.attach_dialog)
         self.send_btn = QPushButton("Send")
@@ -278,6 +278,10 @@ class MainWindow(QMainWindow):
             self.chat.show_messages(self.store.messages(self.cid))
 
     # ---- engine events ----
+    def on_events(self, batch: list) -> None:
+        for ev in batch:
+            self.on_event(ev)
+
     def on_event(self, ev) -> None:
         if isinstance(ev, TokenOut) and ev.request_id == self.request:
             self.chat.add_text(ev.text)

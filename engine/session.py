@@ -158,6 +158,11 @@ class ErrorEvent:
     request_id: int | None = None
 
 
+def _token_counter(tokenizer) -> Callable[[str], int]:
+    """Counts tokens without holding a reference to the model (so shutting down frees it)."""
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+
+
 class Session:
     def __init__(self, emit: Callable[[object], None], source: MemorySource | None = None,
                  poll_s: float = 0.5, tiers: tuple[Tier, ...] | None = None, seam: bool = False,
@@ -330,7 +335,7 @@ class Session:
         self._update_held()
         self.emit(Loaded(loaded.ckpt.folder.name, loaded.describe(), loaded.accel.cpu_only,
                          loaded.ckpt.dims.layers, loaded.ckpt.dims.experts, loaded.generator.ctx, inp.share,
-                         loaded.generator.count_tokens))
+                         _token_counter(loaded.tokenizer)))
         source = self._source or SystemSource(loaded.accel.device.index if loaded.accel.is_cuda else None)
         self.monitor = Monitor(source, lambda r: self.commands.put(_Reading(r)), lambda: self.held,
                                period=self.poll_s)
@@ -412,12 +417,13 @@ class Session:
         self.emit(MigrationProgress(*self.migration, m.new.value, nbytes, dt))
 
     def _migrate(self, budget_s: float) -> None:
+        if not self.moves:
+            return
         t0 = time.perf_counter()
         while self.moves and time.perf_counter() - t0 < budget_s:
             self._apply(self.moves.popleft())
-        if self.moves:
-            return
-        self._stats(force=True)
+        if not self.moves:
+            self._stats(force=True)  # the migration just finished
 
     def _on_oom(self) -> None:
         """CUDA ran out of memory mid-step: shrink the VRAM budget below what is held, evict, retry."""
