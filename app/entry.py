@@ -2,6 +2,7 @@
 --model PATH); with a command (chat, bench, plan, eval, demo-model, ...) it runs the engine's CLI."""
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -17,10 +18,17 @@ def main(argv: list[str] | None = None) -> int:
     model = "demo"
     if len(argv) >= 2 and argv[0] == "--model":
         model = argv[1]
-    try:
-        from app.main import run
-    except ImportError as e:  # no GUI libraries: fall back to the terminal chat
-        print(f"mixdesk: the desktop app is not available ({e}); starting the terminal chat", file=sys.stderr)
+    reason = None
+    if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+                                                 or os.environ.get("QT_QPA_PLATFORM")):
+        reason = "no display (DISPLAY/WAYLAND_DISPLAY unset)"
+    else:
+        try:
+            from app.main import run
+        except ImportError as e:
+            reason = f"the GUI libraries are missing ({e})"
+    if reason:  # a terminal or a server: the same engine, in the terminal chat
+        print(f"mixdesk: {reason}; starting the terminal chat instead of the window", file=sys.stderr)
         from engine.cli import main as cli_main
 
         return cli_main(["chat"] + (["--model", model] if model != "demo" else []))
