@@ -8,6 +8,10 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--self-test"]:
+        from app.self_test import run as self_test
+
+        return self_test()
     from engine.cli import build_parser
 
     commands = set(build_parser()._subparsers._group_actions[0].choices)

@@ -150,6 +150,8 @@ class MainWindow(QMainWindow):
         QShortcut(QKeySequence("Ctrl+Enter"), self, activated=self.send)
         QShortcut(QKeySequence("Escape"), self, activated=self.stop)
         QShortcut(QKeySequence("Ctrl+N"), self, activated=self.new_chat)
+        QShortcut(QKeySequence("Ctrl+Shift+V"), self, activated=self.paste_files)
+        self.input.installEventFilter(self)
 
     # ---- models ----
     def load_model(self, path: str, device: str | None = None, dtype: str = "auto") -> None:
@@ -404,6 +406,24 @@ class MainWindow(QMainWindow):
         for w in self.chip_widgets():
             w.deleteLater()
         self.docs = []
+
+    def paste_files(self) -> bool:
+        """Files copied in a file manager arrive as URLs on the clipboard: attach them."""
+        from PySide6.QtWidgets import QApplication
+
+        mime = QApplication.clipboard().mimeData()
+        urls = [u.toLocalFile() for u in mime.urls() if u.isLocalFile()] if mime and mime.hasUrls() else []
+        for path in urls:
+            self.attach(path)
+        return bool(urls)
+
+    def eventFilter(self, obj, ev):
+        from PySide6.QtCore import QEvent
+
+        if obj is self.input and ev.type() == QEvent.KeyPress and ev.matches(QKeySequence.Paste):
+            if self.paste_files():
+                return True  # files pasted as attachments, not as text
+        return super().eventFilter(obj, ev)
 
     def dragEnterEvent(self, e):
         if e.mimeData().hasUrls():

@@ -215,3 +215,16 @@ def test_document_longer_than_the_context_offers_its_first_part(qtbot, window, t
     window.too_long_box.done(window.too_long_box.StandardButton.Yes)
     qtbot.waitUntil(lambda: len(window.chip_widgets()) == 1, timeout=10_000)
     assert window.chip_widgets()[0].property("tokens") <= window.ctx - min(1024, window.ctx // 4)
+
+
+def test_paste_files_attaches_them(qtbot, window, tmp_path):
+    from PySide6.QtWidgets import QApplication
+
+    f = tmp_path / "pasted.md"
+    f.write_text("# Notes\nPasted from a file manager.")
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(f))])
+    QApplication.clipboard().setMimeData(mime)
+    assert window.paste_files()
+    qtbot.waitUntil(lambda: len(window.chip_widgets()) == 1, timeout=30_000)
+    assert "pasted.md" in window.chip_widgets()[0].text()

