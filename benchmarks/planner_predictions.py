@@ -71,6 +71,15 @@ def quality_with_nf4(inp, m, ref, ids, compare, logprobs, d) -> list[str]:
         q_r = compare(ref, logprobs(m, ids), ids)
         raises.append(q_r["ppl"] - q_r["ref_ppl"])
     plan_raise = q_plan["ppl"] - q_plan["ref_ppl"]
+    # the quality model alone at the same count: the n experts of least share x sensitivity
+    score = np.asarray(q_inp.share).reshape(-1) * np.asarray(q_inp.sensitivity["gpu-4"]).reshape(-1)
+    least = set(np.argsort(score)[:n4].tolist())
+    m.apply(Placement(tuple(tuple(Tier.GPU4 if l * d.experts + e in least else Tier.CPU16 for e in range(d.experts))
+                            for l in range(d.layers))))
+    q_least = compare(ref, logprobs(m, ids), ids)
+    least_raise = q_least["ppl"] - q_least["ref_ppl"]
+    rows.append(f"- the quality model alone at the same count ({n4} experts of least popularity x sensitivity) raises "
+                f"perplexity by {least_raise:+.3f}: ratio to random **{least_raise / np.mean(raises):.2f}**")
     rows.append(f"- beyond the seed paper: at {n4} NF4 experts the planner's choice raises perplexity by "
                 f"{plan_raise:+.3f}; 5 random choices by {np.mean(raises):+.3f} on average "
                 f"({', '.join(f'{r:+.3f}' for r in raises)}); ratio **{plan_raise / np.mean(raises):.2f}** (target <= 0.5)")
