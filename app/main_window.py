@@ -407,11 +407,12 @@ class MainWindow(QMainWindow):
             w.deleteLater()
         self.docs = []
 
-    def paste_files(self) -> bool:
+    def paste_files(self, mime=None) -> bool:
         """Files copied in a file manager arrive as URLs on the clipboard: attach them."""
-        from PySide6.QtWidgets import QApplication
+        if mime is None:
+            from PySide6.QtWidgets import QApplication
 
-        mime = QApplication.clipboard().mimeData()
+            mime = QApplication.clipboard().mimeData()
         urls = [u.toLocalFile() for u in mime.urls() if u.isLocalFile()] if mime and mime.hasUrls() else []
         for path in urls:
             self.attach(path)
