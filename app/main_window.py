@@ -343,15 +343,15 @@ class MainWindow(QMainWindow):
             self.attach(p)
 
     def attach(self, path: str) -> None:
-        fut = documents._pool.submit(documents.parse, path)  # off the GUI thread
+        """Parse off the GUI thread with a time limit; the result comes back through a queued signal."""
         timer = QTimer(self, singleShot=True)
-        timer.timeout.connect(lambda: (fut.cancel(), self._parsed.done.emit(
-            path, None, f"{Path(path).name}: took longer than {documents.TIME_LIMIT_S:.0f} s to read")))
+        timer.timeout.connect(lambda: self._parsed.done.emit(
+            path, None, f"{Path(path).name}: took longer than {documents.TIME_LIMIT_S:.0f} s to read"))
+        self._pending_timers = getattr(self, "_pending_timers", {})
+        self._pending_timers[path] = timer  # registered before the parse can possibly finish
         timer.start(int(documents.TIME_LIMIT_S * 1000))
 
         def finished(f: concurrent.futures.Future):
-            if f.cancelled():
-                return
             try:
                 self._parsed.done.emit(path, f.result(), None)
             except documents.DocumentError as e:
@@ -359,9 +359,7 @@ class MainWindow(QMainWindow):
             except Exception as e:  # never a crash: name the file and the problem
                 self._parsed.done.emit(path, None, f"{Path(path).name}: could not be read ({type(e).__name__})")
 
-        fut.add_done_callback(finished)
-        self._pending_timers = getattr(self, "_pending_timers", {})
-        self._pending_timers[path] = timer
+        documents._pool.submit(documents.parse, path).add_done_callback(finished)
 
     def _on_parsed(self, path, doc, error) -> None:
         t = getattr(self, "_pending_timers", {}).pop(path, None)
