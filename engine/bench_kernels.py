@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from .devices import best_time
 from .experts import Expert16, quantise
 from .kernels import auto_dtype
 from .placement import Tier
@@ -26,20 +27,6 @@ def read_bandwidth(mib: int = 2048, reps: int = 3) -> float:
     return x.numel() * 4 / best
 
 
-def _time(fn, device: torch.device, reps: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def run(hidden: int = 4096, ffn: int = 14336, reps: int = 5, out=print) -> dict:
     cpu = torch.device("cpu")
     g = torch.Generator().manual_seed(0)
@@ -55,7 +42,7 @@ def run(hidden: int = 4096, ffn: int = 14336, reps: int = 5, out=print) -> dict:
         experts[Tier.GPU16] = Expert16(Tier.GPU16, w13.to(dev, gdt), w2.to(dev, gdt))
         experts[Tier.GPU4] = quantise(Tier.GPU4, w13, w2, dev, gdt)
         buf = torch.empty(2**30, dtype=torch.uint8, device=dev)
-        bw["gpu"] = buf.numel() / _time(lambda: buf.sum(dtype=torch.int32), dev, reps)
+        bw["gpu"] = buf.numel() / best_time(lambda: buf.sum(dtype=torch.int32), dev, reps)
     # the machine is shared and its bandwidth readings vary: take the best seen before and after
     cpu_times = {}
     for tier, ex in experts.items():
@@ -63,7 +50,7 @@ def run(hidden: int = 4096, ffn: int = 14336, reps: int = 5, out=print) -> dict:
         dtype = cpu_dtype if dev.type == "cpu" else auto_dtype(dev)
         for b in BATCHES:
             x = torch.randn(b, hidden, dtype=dtype, device=dev)
-            cpu_times[(tier, b)] = _time(lambda: ex(x), dev, reps if b < 128 else 2) / b
+            cpu_times[(tier, b)] = best_time(lambda: ex(x), dev, reps if b < 128 else 2) / b
     bw["cpu"] = max(bw["cpu"], read_bandwidth(reps=5))
     out(f"read bandwidth (best of 10 readings): " + ", ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in bw.items()))
     out(f"{'tier':8} {'MiB':>7} " + " ".join(f"{'b=' + str(b) + ' ms/tok':>13}" for b in BATCHES)

@@ -6,12 +6,11 @@ model, when the model loads.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 
-from .devices import synchronize
+from .devices import best_time
 from .experts import Expert16
 
 
@@ -33,25 +32,13 @@ class ExpertCosts:
         return self.copy_time(tokens, nbytes) < self.cpu_time(tokens)
 
 
-def _time(fn, device: torch.device, reps: int) -> float:
-    fn()
-    synchronize(device)
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def _fit(expert: Expert16, device: torch.device, dtype: torch.dtype, reps: int) -> tuple[float, float]:
     d = expert.w2.shape[0]
     n_lo, n_hi = 1, 32
     x_lo = torch.randn(n_lo, d, dtype=dtype, device=device)
     x_hi = torch.randn(n_hi, d, dtype=dtype, device=device)
-    t_lo = _time(lambda: expert(x_lo), device, reps)
-    t_hi = _time(lambda: expert(x_hi), device, reps)
+    t_lo = best_time(lambda: expert(x_lo), device, reps)
+    t_hi = best_time(lambda: expert(x_hi), device, reps)
     per = max((t_hi - t_lo) / (n_hi - n_lo), 0.0)
     return max(t_lo - per * n_lo, 0.0), per
 
@@ -67,5 +54,5 @@ def measure(cpu_expert: Expert16, accel: torch.device, reps: int = 3) -> ExpertC
     gpu_fixed, gpu_per = _fit(gpu_expert, accel, dtype, reps)
     staging = torch.empty(cpu_expert.nbytes, dtype=torch.uint8).pin_memory()
     target = torch.empty_like(staging, device=accel)
-    t = _time(lambda: target.copy_(staging, non_blocking=True), accel, reps)
+    t = best_time(lambda: target.copy_(staging, non_blocking=True), accel, reps)
     return ExpertCosts(cpu_fixed, cpu_per, gpu_fixed, gpu_per, cpu_expert.nbytes / t)

@@ -1,6 +1,7 @@
 """Which accelerator the engine runs on. A missing CUDA or driver means CPU-only, never a crash."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -46,3 +47,17 @@ def detect(prefer: str | None = None) -> Accelerator:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def best_time(fn, device: torch.device, reps: int = 5) -> float:
+    """Best wall time of fn() over `reps` runs after one warm-up, synchronising CUDA around each."""
+    fn()
+    synchronize(device)
+    best = float("inf")
+    for _ in range(reps):
+        synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+    return best

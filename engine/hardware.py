@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import platform
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
 import torch
 
+from .devices import best_time
 from .experts import Expert16, quantise
 from .kernels import auto_dtype
 from .placement import Tier
@@ -40,20 +40,6 @@ def machine_id() -> str:
     return f"{platform.processor() or platform.machine()}|{psutil.cpu_count()}|{gpu}|torch {torch.__version__}"
 
 
-def _best(fn, device: torch.device, reps: int = 7) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def _expert(tier: Tier, d: int, i: int, accel: torch.device, g: torch.Generator):
     w13 = (torch.randn(2 * i, d, generator=g) * d ** -0.5).to(torch.bfloat16)
     w2 = (torch.randn(d, i, generator=g) * i ** -0.5).to(torch.bfloat16)
@@ -72,7 +58,7 @@ def _tier_costs(tiers, accel: torch.device) -> dict:
         for d, i in SIZES:
             ex, dev, dtype = _expert(tier, d, i, accel, g)
             x = torch.randn(1, d, dtype=dtype, device=dev)
-            pts.append((ex.nbytes, _best(lambda: ex(x), dev)))
+            pts.append((ex.nbytes, best_time(lambda: ex(x), dev)))
         (b0, t0), (b1, t1) = pts
         per_byte = max((t1 - t0) / (b1 - b0), 1e-15)
         costs[tier.value] = [max(t0 - per_byte * b0, 0.0), per_byte]
@@ -87,8 +73,8 @@ def measure(accel: torch.device) -> HardwareProfile:
     if accel.type == "cuda":
         host = torch.empty(64 * 2**20, dtype=torch.uint8).pin_memory()
         dev_buf = torch.empty_like(host, device=accel)
-        h2d = host.numel() / _best(lambda: dev_buf.copy_(host, non_blocking=True), accel)
-        d2h = host.numel() / _best(lambda: host.copy_(dev_buf, non_blocking=True), accel)
+        h2d = host.numel() / best_time(lambda: dev_buf.copy_(host, non_blocking=True), accel)
+        d2h = host.numel() / best_time(lambda: host.copy_(dev_buf, non_blocking=True), accel)
         gpu_total = torch.cuda.get_device_properties(accel).total_memory
     return HardwareProfile(machine_id(), accel.type != "cuda", costs, h2d, d2h, gpu_total,
                            psutil.virtual_memory().total)
