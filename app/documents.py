@@ -2,7 +2,7 @@
 
 Plain text and code as they are; .pdf through pypdf; .docx through python-docx. Binary, empty,
 encrypted, malformed or oversized files are refused, never a crash. Parsing is run off the GUI
-thread with a time limit by the caller (see `parse_with_timeout`).
+thread with a time limit by the caller (see `app.main_window.MainWindow.attach`).
 """
 from __future__ import annotations
 
@@ -139,16 +139,8 @@ def _docx(path: Path, size: int) -> Document:
     return Document(path, text, size)
 
 
+# Workers for parsing off the GUI thread; the window applies TIME_LIMIT_S (MainWindow.attach).
 _pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="doc-parse")
-
-
-def parse_with_timeout(path: str | Path, timeout: float = TIME_LIMIT_S) -> Document:
-    """Parse on a worker thread; give up (with a message) after `timeout` seconds."""
-    fut = _pool.submit(parse, path)
-    try:
-        return fut.result(timeout)
-    except concurrent.futures.TimeoutError:
-        raise DocumentError(Path(path), f"took longer than {timeout:.0f} s to read; it may be malformed") from None
 
 
 def prompt_with_documents(text: str, docs: list[Document]) -> str:

@@ -17,8 +17,6 @@ from .model import MixtralModel, Progress
 from .placement import Placement, Tier
 
 DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-# Left free on the GPU for activations, the KV cache and other programs, when no budget is given.
-VRAM_HEADROOM = 0.10
 
 
 @dataclass
@@ -71,7 +69,9 @@ def auto_placement(ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype,
         return pl
     if vram_budget is None:
         free, _total = torch.cuda.mem_get_info(accel.device)
-        vram_budget = int(free * (1 - VRAM_HEADROOM))
+        from .plan_inputs import VRAM_MARGIN  # one margin for the planner and the first placement
+
+        vram_budget = int(free * (1 - VRAM_MARGIN))
     itemsize = torch.empty((), dtype=dtype).element_size()
     per_expert = d.expert_params() * itemsize
     dense = sum(math.prod(s) for s in dense_shapes(d).values()) * itemsize
