@@ -15,11 +15,9 @@ class FrontierStrip(QWidget):
         self.points: list[tuple[float, float]] = []  # (slider position, tok/s)
         self.setFixedHeight(36)
 
-    def set_points(self, frontier, scale: float) -> None:
-        if scale <= 0:
-            self.points = [(1.0, t) for _, t in frontier]
-        else:
-            self.points = [(max(0.0, 1 - loss / scale), t) for loss, t in frontier]
+    def set_points(self, frontier, scale) -> None:
+        """frontier: ((loss, tok/s), ...); scale: the planner's SliderScale (None: all at 1)."""
+        self.points = [(scale.position(loss) if scale is not None else 1.0, t) for loss, t in frontier]
         self.update()
 
     def paintEvent(self, _):
@@ -72,5 +70,5 @@ class QualitySlider(QWidget):
         self.strip.set_points(ev.frontier, ev.slider_scale)
         counts = " · ".join(f"{n} {t.value}" for t, n in ev.placement.counts().items() if n)
         limit = "  — limited by memory budget, not by the slider" if ev.limited_by_budget else ""
-        self.readout.setText(f"predicted {ev.predicted_tok_s:.1f} tok/s · quality loss {ev.predicted_loss:.4f} · "
+        self.readout.setText(f"predicted {ev.predicted_tok_s:.1f} tok/s · quality loss (KL) {ev.predicted_loss:.4f} · "
                              f"{counts}{limit}")

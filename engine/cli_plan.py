@@ -55,7 +55,7 @@ def plot(points, path: Path, title: str) -> bool:
         return False
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     ax.plot([p.loss for p in points], [p.tok_s for p in points], "o-")
-    ax.set_xlabel("predicted quality loss (popularity x 4-bit sensitivity)")
+    ax.set_xlabel("predicted quality loss (KL divergence, nats/token)")
     ax.set_ylabel("predicted decode tok/s")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)

@@ -188,7 +188,10 @@ class MixtralModel:
                 q[None], cache.k[l, :, :end][None], cache.v[l, :, :end][None],
                 attn_mask=mask, is_causal=causal, enable_gqa=G != H)  # [1, H, T, Hd]
             x = x + linear(att[0].transpose(0, 1).reshape(T, H * Hd).to(self.dtype), layer.wo)
-            x = x + self.moe[l](self._rms(x, layer.ln2))
+            block = self.moe[l]
+            if block.record is not None:
+                block.residual = x  # calibration measures perturbations relative to the stream
+            x = x + block(self._rms(x, layer.ln2))
         if not all_logits:
             x = x[-1:]
         return linear(self._rms(x, self.norm), self.lm_head).float()  # [T or 1, V]

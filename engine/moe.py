@@ -29,7 +29,10 @@ class MoEBlock:
         self.accel = accel
         self.costs = costs
         self.copied = 0  # prefill segments whose weights were copied to the accelerator (for stats)
-        self.record: list | None = None  # calibration: (inputs, routes) appended per call when set
+        # calibration: (inputs, routes, route weights, residual stream) appended per call when set;
+        # the model sets `residual` (the stream this block's output joins) just before the call
+        self.record: list | None = None
+        self.residual: torch.Tensor | None = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = linear(x, self.gate)  # [T, E]
@@ -40,7 +43,7 @@ class MoEBlock:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] on accel
         w, idx = self.route(x)
         if self.record is not None:
-            self.record.append((x, idx))
+            self.record.append((x, idx, w, self.residual))
         if x.shape[0] == 1:
             return self._decode(x, w, idx)
         return self._prefill(x, w, idx)

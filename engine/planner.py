@@ -4,15 +4,22 @@ Cost model (per decoded token):
     time = dense_s + sum over layers l, experts e of share[l][e] * top_k * t(tier(l, e))
     t(tier) = fixed_s[tier] + s_per_byte[tier] * expert_bytes[tier]
 where share[l][e] is the fraction of layer l's routing slots that went to expert e on the
-calibration text. Quality model: loss = sum over 4-bit experts of share[l][e] * sensitivity.
+calibration text. Quality model: loss = sum over 4-bit experts of share[l][e] * sensitivity, where
+the profile scales sensitivity to measured per-layer KL divergence (engine/profile.py), so the loss
+is a predicted KL divergence in nats per token.
 
 The frontier: candidate placements come from a grid of prices -- a price on quality loss (lambda)
 and on VRAM and RAM bytes (mu) -- under which every expert independently picks the tier with the
 least time + lambda*loss + mu_v*vram + mu_r*ram. The grid does not depend on the budgets, so a
-bigger budget only ever adds feasible candidates. Candidates over a budget are dropped, then the
-dominated ones. The slider s in [0, 1] sets a quality target, loss <= (1 - s) * (loss with every
-expert at its best 4-bit tier), and the plan is the fastest frontier point that meets it (the one
-with least loss when none does).
+bigger budget only ever adds feasible candidates. Budget-filling greedy candidates mix tiers among
+experts the grid treats alike, and the segments between neighbouring frontier vertices are walked one
+expert at a time (including a walk that alternates freeing VRAM and using it). Candidates over a
+budget are dropped, then the dominated ones.
+
+The slider s in [0, 1] sets a quality target that does not depend on the budgets (SliderScale: the
+loss at position s along the unlimited-memory frontier), and the plan is the fastest frontier point
+that meets it (the one with least loss when none does). Budget-free targets are what make "a bigger
+budget is never slower at the same slider" hold.
 
 Everything here is numpy on small arrays: no torch, no I/O.
 """
@@ -88,37 +95,56 @@ def _fixed_memory(inp: PlanInputs) -> tuple[int, int]:
 
 
 def _greedy(inp: PlanInputs, budgets: Budgets, time, loss, vram, ram, lam_grid) -> np.ndarray:
-    """Budget-filling candidates, one per quality price lambda: experts in order of popularity
-    take their best tier (least time + lambda*loss) that still leaves room for every later expert
-    at its smallest form. The price grid alone gives every identical expert the same tier; this
-    mixes tiers within the budget."""
+    """Budget-filling candidates, two per quality price lambda: experts in turn take their best
+    tier (least time + lambda*loss) that still leaves room for every later expert at its smallest
+    form. The price grid alone gives every identical expert the same tier; this mixes tiers within
+    the budget. Two orders: by popularity, and by what the best tier gains over the smallest form
+    per extra byte (the knapsack order: under a tight budget and a high lambda it keeps at 16 bits
+    the experts whose 4-bit form would cost the most quality)."""
     n, _ = time.shape
-    order = np.argsort(-np.asarray(inp.share).reshape(-1), kind="stable")
+    popular = np.argsort(-np.asarray(inp.share).reshape(-1), kind="stable")
     fv, fr = _fixed_memory(inp)
+    size = vram + ram
+    small = size.argmin(1)  # [N] each expert's smallest form
+    rows_n = np.arange(n)
     # the smallest form an expert can take in each pool (experts of one model share their sizes)
     sv = float(np.where(vram > 0, vram, np.inf).min()) if (vram > 0).any() else np.inf
     sr = float(np.where(ram > 0, ram, np.inf).min()) if (ram > 0).any() else np.inf
 
+    fin_v, fin_r = bool(np.isfinite(sv)), bool(np.isfinite(sr))
+    sv, sr = float(sv), float(sr)
+    vram_l, ram_l, small_l = vram.tolist(), ram.tolist(), small.tolist()
+
     def slots(lv: float, lr: float) -> float:  # how many smallest-form experts still fit
-        return (lv // sv if np.isfinite(sv) and lv > 0 else 0) + (lr // sr if np.isfinite(sr) and lr > 0 else 0)
+        return (lv // sv if fin_v and lv > 0 else 0) + (lr // sr if fin_r and lr > 0 else 0)
 
     out = []
-    for lam in lam_grid:
-        pref = np.argsort(time + lam * loss, axis=1, kind="stable")  # [N, T] best first
+    for lam, by_density in ((lam, d) for lam in lam_grid for d in (False, True)):
+        score = time + lam * loss
+        pref = np.argsort(score, axis=1, kind="stable")  # [N, T] best first
+        if by_density:
+            best = pref[:, 0]
+            gain = score[rows_n, small] - score[rows_n, best]
+            extra = np.maximum(size[rows_n, best] - size[rows_n, small], 0.0)
+            order = np.argsort(-(gain / np.maximum(extra, 1.0)), kind="stable")
+        else:
+            order = popular
         left_v, left_r = float(budgets.vram - fv), float(budgets.ram - fr)
-        row = np.zeros(n, dtype=np.int64)
-        for k, i in enumerate(order):
+        row = [0] * n
+        pref_l = pref.tolist()  # plain Python in the loop: numpy scalars cost ~1 us each here
+        for k, i in enumerate(order.tolist()):
             later = n - k - 1
-            row[i] = int(np.argmin(vram[i] + ram[i]))  # if nothing fits (then the plan won't either)
-            for j in pref[i]:
-                lv, lr = left_v - vram[i, j], left_r - ram[i, j]
+            pick = small_l[i]  # if nothing fits (then the plan won't either)
+            for j in pref_l[i]:
+                lv, lr = left_v - vram_l[i][j], left_r - ram_l[i][j]
                 if lv >= 0 and lr >= 0 and slots(lv, lr) >= later:
-                    row[i] = j
+                    pick = j
                     break
-            left_v -= vram[i, row[i]]
-            left_r -= ram[i, row[i]]
+            row[i] = pick
+            left_v -= vram_l[i][pick]
+            left_r -= ram_l[i][pick]
         out.append(row)
-    return np.array(out)
+    return np.array(out, dtype=np.int64)
 
 
 def candidates(inp: PlanInputs, budgets: Budgets | None = None) -> tuple[list[Tier], np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -139,7 +165,8 @@ def candidates(inp: PlanInputs, budgets: Budgets | None = None) -> tuple[list[Ti
         + MR * ram.astype(f32)[None]  # [G, N, T]
     choice = score.argmin(-1)  # [G, N]
     extremes = [np.full(n, j) for j in range(len(tiers))]  # every expert in one tier
-    extra = [] if budgets is None else [_greedy(inp, budgets, time, loss, vram, ram, lam[::3])]
+    lam_g = np.concatenate([lam[::3], lam[-1:]])
+    extra = [] if budgets is None else [_greedy(inp, budgets, time, loss, vram, ram, lam_g)]
     choice = np.vstack([choice, *extremes, *extra])  # duplicates are harmless: the Pareto filter drops them
     rows = np.arange(n)[None, :]
 
@@ -167,9 +194,26 @@ def _pareto(t: np.ndarray, l: np.ndarray, ok: np.ndarray) -> list[int]:
     return keep
 
 
-def _between(inp: PlanInputs, tabs, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _interleaved(moves: np.ndarray, ratio: np.ndarray, dv: np.ndarray, room: float) -> np.ndarray:
+    """An order of the moves in which every VRAM-using move comes as soon as there is room for it
+    and a VRAM-freeing move (best ratio first) makes room only when the next one does not fit."""
+    free_o = np.flatnonzero(dv < 0)[np.argsort(ratio[dv < 0], kind="stable")].tolist()
+    use_o = np.flatnonzero(dv >= 0)[np.argsort(ratio[dv >= 0], kind="stable")].tolist()
+    seq, i, j = [], 0, 0
+    while i < len(free_o) or j < len(use_o):
+        if j < len(use_o) and (dv[use_o[j]] <= room or i == len(free_o)):
+            k, j = use_o[j], j + 1
+        else:
+            k, i = free_o[i], i + 1
+        seq.append(k)
+        room -= dv[k]
+    return moves[np.asarray(seq, dtype=np.int64)]
+
+
+def _between(inp: PlanInputs, tabs, a: np.ndarray, b: np.ndarray, room_v: float) -> np.ndarray:
     """Placements on the way from vertex a (better quality) to vertex b (faster): the experts that
-    differ switch one at a time, the most time saved per loss added first."""
+    differ switch one at a time, the most time saved per loss added first. room_v: the VRAM the
+    budget leaves at a."""
     time, loss, vram, ram = tabs
     rows = np.arange(a.size)
     diff = np.flatnonzero(a != b)
@@ -178,9 +222,12 @@ def _between(inp: PlanInputs, tabs, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     ratio = -dt / np.maximum(dl, 1e-18)
     dv = vram[rows, b][diff] - vram[rows, a][diff]
     outs = []
-    # two orders: best ratio first; and VRAM-freeing moves first (so GPU moves that need room
-    # come after the ones that make it), each by ratio within
-    for order in (diff[np.argsort(ratio, kind="stable")], diff[np.lexsort((ratio, dv))]):
+    # three orders: best ratio first; VRAM-freeing moves first (so GPU moves that need room come
+    # after the ones that make it), each by ratio within; and the two interleaved, so that e.g.
+    # turning one 16-bit GPU expert to 4 bits is followed by the CPU experts its room brings over
+    # (without it the frontier jumps from "GPU full of 16-bit" straight to "all 4-bit on the GPU")
+    for order in (diff[np.argsort(ratio, kind="stable")], diff[np.lexsort((ratio, dv))],
+                  _interleaved(diff, ratio, dv, room_v)):
         out = np.repeat(a[None], max(len(order) - 1, 0), axis=0)
         for k in range(len(order) - 1):
             out[k:, order[k]] = b[order[k]]
@@ -199,7 +246,8 @@ def frontier(inp: PlanInputs, budgets: Budgets) -> list[Plan]:
     keep = _pareto(t, l, ok)
     # fill the segments between vertices, so the slider moves in small steps
     _, time, loss, vram, ram = _tables(inp)
-    mids = [_between(inp, (time, loss, vram, ram), choice[i], choice[j]) for i, j in zip(keep, keep[1:])]
+    mids = [_between(inp, (time, loss, vram, ram), choice[i], choice[j], float(budgets.vram - v[i]))
+            for i, j in zip(keep, keep[1:])]
     mids = [m for m in mids if len(m)]
     if mids:
         extra = np.vstack(mids)
@@ -214,19 +262,47 @@ def frontier(inp: PlanInputs, budgets: Budgets) -> list[Plan]:
     return [_to_plan(inp, tiers, choice[i], t[i], l[i], v[i], r[i]) for i in keep]
 
 
-def reference_loss(inp: PlanInputs) -> float:
-    """Loss with every expert at its least-loss 4-bit tier: the slider's scale, budget-free."""
-    four = [t for t in inp.tiers if t.bits < 16]
-    if not four:
-        return 0.0
-    share = np.asarray(inp.share).reshape(-1)
-    sens = np.min([np.asarray(inp.sensitivity[t.value]).reshape(-1) for t in four], axis=0)
-    return float((share * sens).sum())
+UNLIMITED = Budgets(vram=2**62, ram=2**62)
 
 
-def choose(points: list[Plan], slider: float, inp: PlanInputs) -> Plan:
-    s = min(max(float(slider), 0.0), 1.0)
-    target = (1.0 - s) * reference_loss(inp)
+@dataclass(frozen=True)
+class SliderScale:
+    """What each slider position asks for, independent of the budgets: knots (s, loss target),
+    s ascending. Traced along the frontier with unlimited memory, evenly by arc length in
+    normalised (speed, loss) coordinates, so that equal slider steps are comparable changes -- a
+    scale linear in loss put half of Mixtral's speed range into the first tenth of the slider, and
+    on the demo (whose cpu-4 form costs almost nothing) spent most of it on equal speeds."""
+    s: tuple[float, ...]
+    loss: tuple[float, ...]
+
+    def target(self, slider: float) -> float:
+        s = min(max(float(slider), 0.0), 1.0)
+        if s <= 0.0:
+            return float("inf")  # fastest, whatever it costs
+        return float(np.interp(s, self.s, self.loss))
+
+    def position(self, loss: float) -> float:
+        """Where on the slider a plan with this loss sits (for drawing the frontier under it)."""
+        return float(np.interp(loss, self.loss[::-1], self.s[::-1]))
+
+
+def slider_scale(inp: PlanInputs) -> SliderScale:
+    pts = frontier(inp, UNLIMITED)  # best quality first
+    loss = np.array([p.loss for p in pts])
+    speed = np.array([p.tok_s for p in pts])
+    if len(pts) < 2:
+        return SliderScale((0.0, 1.0), (float(loss[0]),) * 2)
+    x = (speed - speed.min()) / max(float(np.ptp(speed)), 1e-18)
+    y = (loss - loss.min()) / max(float(np.ptp(loss)), 1e-18)
+    arc = np.concatenate([[0.0], np.cumsum(np.hypot(np.diff(x), np.diff(y)))])
+    s = 1.0 - arc / max(float(arc[-1]), 1e-18)  # best quality at 1, fastest at 0
+    return SliderScale(tuple(s[::-1].tolist()), tuple(loss[::-1].tolist()))
+
+
+def choose(points: list[Plan], slider: float, inp: PlanInputs, scale: SliderScale | None = None) -> Plan:
+    """The fastest plan whose loss meets the slider's target (the least-loss plan when none does).
+    `scale` is slider_scale(inp), passed in by callers that re-plan often with the same inputs."""
+    target = (scale or slider_scale(inp)).target(slider)
     meeting = [p for p in points if p.loss <= target + 1e-15]
     if not meeting:
         return points[0]  # the least loss the budget allows

@@ -28,7 +28,7 @@ from .generate import Finished, SamplingParams, Token
 from .monitor import BudgetReading, MemorySource, Monitor, SystemSource
 from .placement import Move, Placement, Tier
 from .profile import Cancelled, uniform_profile
-from .planner import Budgets, PlanInputs, choose, frontier, reference_loss
+from .planner import Budgets, PlanInputs, SliderScale, choose, frontier, slider_scale
 
 
 # ---- commands ---------------------------------------------------------------------------------
@@ -120,7 +120,7 @@ class PlacementChanged:
     predicted_tok_s: float
     predicted_loss: float
     frontier: tuple = ()  # ((loss, tok_s), ...) best quality first
-    slider_scale: float = 0.0  # the loss at slider 0 (see planner.reference_loss)
+    slider_scale: SliderScale | None = None  # what each slider position asks for (planner.SliderScale)
     limited_by_budget: bool = False  # the slider asks for more quality than the budget allows
 
 
@@ -182,6 +182,7 @@ class Session:
         # engine-thread state
         self.loaded = None
         self.inputs: PlanInputs | None = None
+        self.scale: SliderScale | None = None  # slider_scale(self.inputs), computed once per inputs
         self.slider = slider
         self.cap = SetBudgets()
         self.reading: BudgetReading | None = None
@@ -332,6 +333,7 @@ class Session:
         if self.tiers is not None:
             inp = replace(inp, tier_costs={t: c for t, c in inp.tier_costs.items() if Tier(t) in self.tiers})
         self.inputs = inp
+        self.scale = slider_scale(inp)
         self._update_held()
         self.emit(Loaded(loaded.ckpt.folder.name, loaded.describe(), loaded.accel.cpu_only,
                          loaded.ckpt.dims.layers, loaded.ckpt.dims.experts, loaded.generator.ctx, inp.share,
@@ -374,9 +376,9 @@ class Session:
         if self.inputs is None or self.budgets is None:
             return
         pts = frontier(self.inputs, self.budgets)
-        p = choose(pts, self.slider, self.inputs)
-        scale = reference_loss(self.inputs)
-        limited = p.loss > (1 - self.slider) * scale + 1e-12 or not p.fits
+        scale = self.scale or slider_scale(self.inputs)
+        p = choose(pts, self.slider, self.inputs, scale)
+        limited = p.loss > scale.target(self.slider) + 1e-12 or not p.fits
         current = self.loaded.model.placement
         target = p.placement
         moves = current.diff(target)

@@ -94,12 +94,21 @@ def test_calibration_profile(tiny, tmp_path):
     ids = torch.randint(0, d.vocab, (64,), generator=torch.Generator().manual_seed(3)).tolist()
     seen = []
     prof = calibrate(m, ids, progress=lambda done, total, what: seen.append((done, total)))
-    assert seen[-1] == (d.layers * d.experts, d.layers * d.experts)
+    assert seen[-1] == (d.layers * (d.experts + 1), d.layers * (d.experts + 1))
     for row in prof.popularity:
         assert sum(row) == 64 * d.top_k
     for tier in ("cpu-4", "gpu-4"):
-        flat = [v for r in prof.sensitivity[tier] for v in r]
+        flat = [v for r in prof.error[tier] for v in r]
         assert len(flat) == d.layers * d.experts and all(0 < v < MATRIX_BOUND * 2 for v in flat)
+        sens = [v for r in prof.sensitivity[tier] for v in r]
+        assert len(sens) == d.layers * d.experts and all(v >= 0 for v in sens)
+    # the quality model is scaled so that a layer's share x sensitivity adds up to its measured KL
+    # (with the lossier 4-bit form), and 4-bit weights do change the predictions of a random model
+    assert len(prof.layer_kl) == d.layers and all(kl > 0 for kl in prof.layer_kl)
+    for l in range(d.layers):
+        share = [c / sum(prof.popularity[l]) for c in prof.popularity[l]]
+        per_tier = [sum(s * v for s, v in zip(share, prof.sensitivity[t][l])) for t in ("cpu-4", "gpu-4")]
+        assert max(per_tier) == pytest.approx(prof.layer_kl[l], rel=1e-6)
     assert prof.expert_bytes["cpu-4"] < prof.expert_bytes["cpu-16"] * 0.4
     path = tmp_path / "p.json"
     prof.save(path)
