@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .checkpoint import Checkpoint, dense_shapes
+from .checkpoint import Checkpoint
 from .devices import Accelerator, detect
 from .errors import ModelError
 from .generate import Generator
@@ -36,7 +35,7 @@ class Loaded:
 
 
 def parse_placement(spec: str, ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype,
-                    vram_budget: int | None = None) -> Placement:
+                    budgets=None, slider: float = 1.0) -> Placement:
     """'auto' | 'gpu' | 'cpu' | 'random:SEED' | path to a JSON placement."""
     d = ckpt.dims
     if spec == "gpu":
@@ -46,7 +45,7 @@ def parse_placement(spec: str, ckpt: Checkpoint, accel: Accelerator, dtype: torc
     if spec.startswith("random:"):
         return Placement.random(d.layers, d.experts, [Tier.GPU16, Tier.CPU16], int(spec.split(":", 1)[1]))
     if spec == "auto":
-        return auto_placement(ckpt, accel, dtype, vram_budget)
+        return auto_placement(ckpt, accel, dtype, budgets, slider)
     path = Path(spec)
     try:
         pl = Placement.from_json(path.read_text())
@@ -59,37 +58,45 @@ def parse_placement(spec: str, ckpt: Checkpoint, accel: Accelerator, dtype: torc
     return pl
 
 
-def auto_placement(ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype,
-                   vram_budget: int | None = None) -> Placement:
-    """Until the planner lands: fill the VRAM budget with 16-bit experts, evenly across layers.
-    CPU-only: every expert is cpu-16."""
-    d = ckpt.dims
-    pl = Placement.uniform(d.layers, d.experts, Tier.CPU16)
-    if accel.cpu_only:
-        return pl
-    if vram_budget is None:
-        free, _total = torch.cuda.mem_get_info(accel.device)
-        from .plan_inputs import VRAM_MARGIN  # one margin for the planner and the first placement
+def auto_placement(ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype, budgets=None,
+                   slider: float = 1.0) -> Placement:
+    """The first placement, before this model has a profile: the planner on the model's shape
+    (uniform popularity, an assumed 4-bit sensitivity) with this machine's measured tier costs and
+    its free memory, at the given slider. A model bigger than RAM + VRAM at 16 bits therefore loads
+    straight into 4-bit where it must, instead of materialising every expert at 16 bits first; one
+    that cannot fit even at 4 bits is refused with the figures, before anything is read."""
+    from .hardware import load_or_measure
+    from .plan_inputs import default_budgets, from_dims
+    from .planner import plan
 
-        vram_budget = int(free * (1 - VRAM_MARGIN))
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    per_expert = d.expert_params() * itemsize
-    dense = sum(math.prod(s) for s in dense_shapes(d).values()) * itemsize
-    room = max(0, vram_budget - dense)
-    n = min(room // per_expert, d.layers * d.experts)
-    for i in range(n):  # round-robin over layers so every layer gets the same share
-        pl = pl.with_tier(i % d.layers, i // d.layers, Tier.GPU16)
-    return pl
+    hw = load_or_measure(accel.device)
+    inp = from_dims(ckpt.dims, hw, torch.empty((), dtype=dtype).element_size())
+    if accel.cpu_only and not inp.cpu_only:
+        from dataclasses import replace
+
+        inp = replace(inp, cpu_only=True)
+    budgets = budgets or default_budgets(inp.cpu_only, accel.device)
+    p = plan(inp, budgets, slider)
+    if not p.fits:
+        gb = 1e9
+        raise ModelError(ckpt.folder, f"does not fit in this machine's free memory even with every expert at 4 bits: "
+                         f"it needs {p.ram / gb:.1f} GB of RAM and {p.vram / gb:.1f} GB of GPU memory; "
+                         f"{budgets.ram / gb:.1f} GB and {budgets.vram / gb:.1f} GB are free. "
+                         "Close other programs, or use a smaller model.")
+    return p.placement
 
 
 def load(folder: str | Path, placement: str | Placement = "auto", device: str | None = None,
-         dtype: str = "auto", ctx: int = 4096, progress: Progress | None = None) -> Loaded:
+         dtype: str = "auto", ctx: int = 4096, progress: Progress | None = None, budgets=None,
+         slider: float = 1.0) -> Loaded:
+    """budgets and slider apply to placement "auto" (budgets: planner.Budgets; None: free memory)."""
     ckpt = Checkpoint(folder)
     try:
         tokenizer = ckpt.load_tokenizer()
         accel = detect(device)
         torch_dtype = DTYPES[dtype] or auto_dtype(accel.device)
-        pl = placement if isinstance(placement, Placement) else parse_placement(placement, ckpt, accel, torch_dtype)
+        pl = placement if isinstance(placement, Placement) else parse_placement(placement, ckpt, accel, torch_dtype,
+                                                                                 budgets, slider)
         model = MixtralModel(ckpt, pl, accel.device, torch_dtype, progress=progress)
     except BaseException:
         ckpt.close()

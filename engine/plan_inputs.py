@@ -3,6 +3,7 @@ machine's memory."""
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -75,6 +76,25 @@ def default_budgets(cpu_only: bool, accel: torch.device | None = None, held_ram:
     return Budgets(vram=vram, ram=ram)
 
 
+def from_dims(d, hw: HardwareProfile, itemsize: int = 2, sensitivity: float = ASSUMED_SENSITIVITY,
+              gpu_costs: dict | None = None) -> PlanInputs:
+    """Planner inputs from a model's shape alone (no weights read): uniform popularity, one assumed
+    sensitivity for every 4-bit expert, this machine's measured tier costs. GPU tiers: gpu_costs
+    when given, else the measured ones when this machine has a GPU, else none (CPU-only)."""
+    n = d.expert_params()
+    sizes = {"gpu-16": n * itemsize, "cpu-16": n * itemsize, "gpu-4": n * 9 // 16, "cpu-4": n * 5 // 8}
+    dense_bytes = sum(math.prod(s) for s in dense_shapes(d).values()) * itemsize
+    costs = {t: tuple(hw.tier_costs[t]) for t in ("cpu-16", "cpu-4")}
+    gpu = gpu_costs or {t: tuple(hw.tier_costs[t]) for t in ("gpu-16", "gpu-4") if t in hw.tier_costs}
+    costs.update(gpu)
+    cpu_only = not gpu
+    fixed, per_byte = costs["cpu-16" if cpu_only else "gpu-16"]
+    dense_s = dense_bytes * per_byte + d.layers * (REFERENCE_GPU["layer_overhead_s"] if not cpu_only else fixed)
+    share = tuple(tuple([1.0 / d.experts] * d.experts) for _ in range(d.layers))
+    sens = {t: [[sensitivity] * d.experts for _ in range(d.layers)] for t in ("cpu-4", "gpu-4")}
+    return PlanInputs(d.layers, d.experts, d.top_k, share, sens, sizes, costs, dense_bytes, dense_s, cpu_only)
+
+
 def from_config(config_path: Path, hw: HardwareProfile, sensitivity: float = ASSUMED_SENSITIVITY) -> tuple[PlanInputs, str]:
     """Plan a model from its config.json alone: uniform popularity, one assumed sensitivity for
     every 4-bit expert, this machine's measured CPU tiers and the reference GPU above."""
@@ -87,16 +107,9 @@ def from_config(config_path: Path, hw: HardwareProfile, sensitivity: float = ASS
     if raw.get("model_type") != "mixtral":
         raise ModelError(config_path, f"model_type is {raw.get('model_type')!r}, not mixtral")
     d = _dims(MixtralConfig.from_dict(raw), Path(config_path))
-    n16 = 3 * d.hidden * d.ffn * 2
-    n_w = 3 * d.hidden * d.ffn
-    sizes = {"gpu-16": n16, "cpu-16": n16, "gpu-4": n_w * 9 // 16, "cpu-4": n_w * 5 // 8}
-    dense_bytes = sum(int(torch.tensor(s).prod()) for s in dense_shapes(d).values()) * 2
-    costs = {"cpu-16": tuple(hw.tier_costs["cpu-16"]), "cpu-4": tuple(hw.tier_costs["cpu-4"]),
-             "gpu-16": REFERENCE_GPU["gpu-16"], "gpu-4": REFERENCE_GPU["gpu-4"]}
-    dense_s = dense_bytes * REFERENCE_GPU["gpu-16"][1] + d.layers * REFERENCE_GPU["layer_overhead_s"]
-    share = tuple(tuple([1.0 / d.experts] * d.experts) for _ in range(d.layers))
-    sens = {t: [[sensitivity] * d.experts for _ in range(d.layers)] for t in ("cpu-4", "gpu-4")}
+    gpu = {"gpu-16": REFERENCE_GPU["gpu-16"], "gpu-4": REFERENCE_GPU["gpu-4"]}
+    inp = from_dims(d, hw, 2, sensitivity, gpu_costs=gpu)
     note = (f"from config only: uniform popularity, ASSUMED sensitivity {sensitivity} (KL nats/token per layer "
             f"all 4-bit) for every 4-bit expert; "
             f"CPU tiers measured here; GPU: {REFERENCE_GPU['name']}")
-    return PlanInputs(d.layers, d.experts, d.top_k, share, sens, sizes, costs, dense_bytes, dense_s, False), note
+    return inp, note

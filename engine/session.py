@@ -311,7 +311,8 @@ class Session:
 
             path = str(resolve(path))
         self.cancel.clear()
-        self.loaded = loaded = load(path, "auto", cmd.device, cmd.dtype, cmd.ctx, progress=prog("load"))
+        self.loaded = loaded = load(path, "auto", cmd.device, cmd.dtype, cmd.ctx, progress=prog("load"),
+                                    budgets=self._first_budgets(cmd.device), slider=self.slider)
         loaded.generator.on_oom = self._on_oom
         self._update_held()
         self.emit(Progress("profile", 0, 1, "measuring this machine"))
@@ -344,6 +345,19 @@ class Session:
         self.reading = self.monitor.reading()
         self._set_budgets(force=True)
         self.monitor.start()
+
+    def _first_budgets(self, device: str | None) -> Budgets | None:
+        """The budgets the first placement is planned under: free memory within the user's caps
+        (None: free memory, which load measures itself)."""
+        if self.cap.vram is None and self.cap.ram is None:
+            return None
+        from .devices import detect
+        from .plan_inputs import default_budgets
+
+        acc = detect(device)
+        free = default_budgets(acc.cpu_only, acc.device)
+        return Budgets(vram=free.vram if self.cap.vram is None else min(free.vram, self.cap.vram),
+                       ram=free.ram if self.cap.ram is None else min(free.ram, self.cap.ram))
 
     # ---- planning and migration ----
     def _update_held(self) -> None:
