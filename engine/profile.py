@@ -162,7 +162,9 @@ def calibrate(model: MixtralModel, ids: list[int], tiers: tuple[Tier, ...] = (Ti
                 xe, g, re2 = x, torch.full((x.shape[0],), 1.0 / d.top_k), r2
             w13, w2 = read_expert(ckpt, l, e)
             ref16 = Expert16(Tier.CPU16, w13.to(model.dtype), w2.to(model.dtype))
-            ref16s.append(ref16)
+            # kept only where the model holds this expert at 4 bits (the layer's 16-bit reference
+            # for its KL pass); elsewhere the model's own 16-bit form serves
+            ref16s.append(ref16 if model.moe[l].experts[e].tier.bits < 16 else None)
             y16 = ref16(xe).float()
             sizes[Tier.CPU16.value] = sizes[Tier.GPU16.value] = ref16.nbytes
             for t in tiers:
@@ -182,7 +184,7 @@ def calibrate(model: MixtralModel, ids: list[int], tiers: tuple[Tier, ...] = (Ti
         try:
             base = ref
             if any(ex.tier.bits < 16 for ex in kept):  # compare against this layer at 16 bits
-                block.experts = ref16s
+                block.experts = [r if r is not None else ex for r, ex in zip(ref16s, kept)]
                 base = _logprobs(model, kl_ids)
             block.experts = quants[worst]
             layer_kl[l] = max(_kl(base, _logprobs(model, kl_ids)), 0.0)
