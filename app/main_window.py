@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QInputDialog, QLabel, Q
 
 from engine.generate import SamplingParams
 from engine.session import (Done, ErrorEvent, Generate, Load, Loaded, MigrationProgress, PlacementChanged,
-                            Progress, SetSlider, Stats, Stop, TokenOut)
+                            Progress, Reprofile, SetSlider, Stats, Stop, TokenOut)
 
 from . import documents
 from .bridge import EngineBridge
@@ -141,6 +141,12 @@ class MainWindow(QMainWindow):
             a = QAction(text, self)
             a.triggered.connect(fn)
             c.addAction(a)
+        t = self.menuBar().addMenu("&Tools")
+        a = QAction("Re-measure this machine and model", self)
+        a.setToolTip("Measure each tier's speed and calibrate the model again, then re-plan "
+                     "(when the predictions look off, e.g. after the machine was busy during the first measurement)")
+        a.triggered.connect(self.remeasure)
+        t.addAction(a)
         h = self.menuBar().addMenu("&Help")
         for text, fn in (("Log", self.show_log), ("About Mixdesk", self.about)):
             a = QAction(text, self)
@@ -466,6 +472,14 @@ class MainWindow(QMainWindow):
         box.setWindowTitle("Mixdesk log")
         box.setText("\n".join(self.log_lines[-200:]) or "(empty)")
         box.exec()
+
+    def remeasure(self) -> None:
+        if not self.send_btn.isEnabled() or self.generating:
+            self.statusBar().showMessage("Re-measuring needs a loaded model and no reply in progress", 8000)
+            return
+        self.send_btn.setEnabled(False)  # until the engine says the model is ready again (Loaded)
+        self._log("re-measuring this machine and the model")
+        self.bridge.send(Reprofile())
 
     def about(self) -> None:
         import platform

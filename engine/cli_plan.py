@@ -16,16 +16,17 @@ def _budgets(a, default):
                    ram=int(a.ram_budget * GB) if a.ram_budget is not None else default.ram)
 
 
-def prepare(model_path: str, placement: str = "auto", device: str | None = None, progress=None):
-    """Load the model and both profiles; returns (loaded, PlanInputs)."""
+def prepare(model_path: str, placement: str = "auto", device: str | None = None, progress=None,
+            remeasure: bool = False, dtype: str = "auto"):
+    """Load the model and both profiles (measured anew with remeasure); returns (loaded, PlanInputs)."""
     from .hardware import load_or_measure
     from .load import load
     from .plan_inputs import from_profiles, measure_dense_s
     from .profile import load_or_calibrate
 
-    loaded = load(model_path, placement, device, progress=progress)
-    hw = load_or_measure(loaded.accel.device)
-    mp = load_or_calibrate(loaded.model, loaded.tokenizer, progress=progress)
+    loaded = load(model_path, placement, device, dtype, progress=progress)
+    hw = load_or_measure(loaded.accel.device, remeasure=remeasure)
+    mp = load_or_calibrate(loaded.model, loaded.tokenizer, progress=progress, recalibrate=remeasure)
     dense_s = measure_dense_s(loaded.model, hw)
     inp = from_profiles(mp, hw, loaded.ckpt.dims.top_k, loaded.model.dense_bytes(), dense_s)
     return loaded, inp
@@ -85,7 +86,7 @@ def cmd_plan(a) -> int:
         from .cli import _model_path
 
         a.model = _model_path(a)
-        loaded, inp = prepare(a.model, a.placement, a.device)
+        loaded, inp = prepare(a.model, a.placement, a.device, remeasure=a.remeasure, dtype=a.dtype)
         acc = detect(a.device)
         held = loaded.model.expert_bytes()
         b = _budgets(a, default_budgets(acc.cpu_only, acc.device, held_ram=held["host"],
@@ -113,7 +114,7 @@ def cmd_eval(a) -> int:
     from .placement import Placement, Tier
 
     a.model = _model_path(a)
-    loaded, inp = prepare(a.model, a.placement, a.device)
+    loaded, inp = prepare(a.model, a.placement, a.device, remeasure=a.remeasure, dtype=a.dtype)
     m, d = loaded.model, loaded.ckpt.dims
     ids = corpus_ids(loaded.tokenizer, a.text, a.tokens)
     full16 = Tier.CPU16 if loaded.accel.cpu_only else Tier.GPU16
@@ -142,6 +143,8 @@ def add_parsers(sub, add_model_args) -> None:
     p.add_argument("--ram-budget", type=float, default=None, help="GB of RAM for the model")
     p.add_argument("--config-only", action="store_true", help="plan from config.json alone (no weights)")
     p.add_argument("--png", default="frontier.png", help="where to write the plot ('' for none)")
+    p.add_argument("--remeasure", action="store_true",
+                   help="measure this machine and calibrate the model anew (replacing the cached profiles)")
     p.set_defaults(fn=cmd_plan)
     e = sub.add_parser("eval", help="perplexity, KL vs all-16-bit, and tok/s at a slider value")
     add_model_args(e)
@@ -151,4 +154,6 @@ def add_parsers(sub, add_model_args) -> None:
     e.add_argument("--new-tokens", type=int, default=64)
     e.add_argument("--gpu-budget", type=float, default=None)
     e.add_argument("--ram-budget", type=float, default=None)
+    e.add_argument("--remeasure", action="store_true",
+                   help="measure this machine and calibrate the model anew (replacing the cached profiles)")
     e.set_defaults(fn=cmd_eval)

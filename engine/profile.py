@@ -223,9 +223,10 @@ def uniform_profile(model: MixtralModel, sensitivity: float = ASSUMED_SENSITIVIT
 
 
 def load_or_calibrate(model: MixtralModel, tokenizer, progress: Progress | None = None,
-                      cancel: threading.Event | None = None, max_tokens: int = 1024) -> ModelProfile:
+                      cancel: threading.Event | None = None, max_tokens: int = 1024,
+                      recalibrate: bool = False) -> ModelProfile:
     path = profile_path(model.ckpt.folder)
-    prof = ModelProfile.load(path)
+    prof = None if recalibrate else ModelProfile.load(path)
     if prof is not None and (prof.layers, prof.experts) == (model.dims.layers, model.dims.experts):
         return prof
     ids = tokenizer.encode(calibration_text(), add_special_tokens=False)[:max_tokens]

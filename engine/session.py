@@ -67,6 +67,12 @@ class SetBudgets:
 
 
 @dataclass(frozen=True)
+class Reprofile:
+    """Measure this machine and calibrate the loaded model anew (profiles go stale: a driver or
+    BIOS change, or a profile measured while the machine was busy), then re-plan."""
+
+
+@dataclass(frozen=True)
 class Shutdown:
     pass
 
@@ -280,6 +286,16 @@ class Session:
                 if abs(cmd.value - self.slider) > 1e-9:
                     self.slider = min(max(cmd.value, 0.0), 1.0)
                     self._replan("slider")
+            elif isinstance(cmd, Reprofile):
+                if self.loaded is not None and self._gen is None:
+                    self.cancel.clear()
+                    try:
+                        self._profile(remeasure=True)
+                    finally:
+                        self._emit_loaded()  # ready again, with whichever profile holds now
+                    self._replan("profile")
+                elif self.loaded is not None:
+                    self.emit(ErrorEvent("re-measuring waits for the reply to finish: try again then"))
             elif isinstance(cmd, SetBudgets):
                 self.cap = cmd
                 self._set_budgets(force=True)
@@ -291,10 +307,7 @@ class Session:
 
     # ---- loading ----
     def _load(self, cmd: Load) -> None:
-        from .hardware import _tier_costs, load_or_measure
         from .load import load
-        from .plan_inputs import from_profiles, measure_dense_s
-        from .profile import load_or_calibrate
 
         if self.loaded is not None:
             self.loaded.ckpt.close()
@@ -315,12 +328,39 @@ class Session:
                                     budgets=self._first_budgets(cmd.device), slider=self.slider)
         loaded.generator.on_oom = self._on_oom
         self._update_held()
+        self._profile(remeasure=False)
+        self._emit_loaded()
+        source = self._source or SystemSource(loaded.accel.device.index if loaded.accel.is_cuda else None)
+        self.monitor = Monitor(source, lambda r: self.commands.put(_Reading(r)), lambda: self.held,
+                               period=self.poll_s)
+        self.reading = self.monitor.reading()
+        self._set_budgets(force=True)
+        self.monitor.start()
+
+    def _emit_loaded(self) -> None:
+        """The model is ready (sent again after a re-profile: the popularity it carries may change)."""
+        ld = self.loaded
+        self.emit(Loaded(ld.ckpt.folder.name, ld.describe(), ld.accel.cpu_only, ld.ckpt.dims.layers,
+                         ld.ckpt.dims.experts, ld.generator.ctx, self.inputs.share, _token_counter(ld.tokenizer)))
+
+    def _profile(self, remeasure: bool) -> None:
+        """Both profiles (cached, or measured anew) -> the planner's inputs and the slider's scale."""
+        from .hardware import _tier_costs, load_or_measure
+        from .plan_inputs import from_profiles, measure_dense_s
+        from .profile import load_or_calibrate
+
+        loaded = self.loaded
+        prog = lambda stage: (lambda d, t, w="": self.emit(Progress(stage, d, t, w)))  # noqa: E731
         self.emit(Progress("profile", 0, 1, "measuring this machine"))
-        hw = load_or_measure(loaded.accel.device)
+        hw = load_or_measure(loaded.accel.device, remeasure=remeasure)
         try:
-            mp = load_or_calibrate(loaded.model, loaded.tokenizer, progress=prog("calibrate"), cancel=self.cancel)
+            mp = load_or_calibrate(loaded.model, loaded.tokenizer, progress=prog("calibrate"), cancel=self.cancel,
+                                   recalibrate=remeasure)
         except Cancelled:
             self.cancel.clear()
+            if remeasure and self.inputs is not None:
+                self.emit(ErrorEvent("calibration cancelled: keeping the profile measured before"))
+                return
             mp = uniform_profile(loaded.model)
             self.emit(ErrorEvent("calibration cancelled: planning with uniform popularity and an assumed "
                                  "4-bit sensitivity until it runs"))
@@ -336,15 +376,6 @@ class Session:
         self.inputs = inp
         self.scale = slider_scale(inp)
         self._update_held()
-        self.emit(Loaded(loaded.ckpt.folder.name, loaded.describe(), loaded.accel.cpu_only,
-                         loaded.ckpt.dims.layers, loaded.ckpt.dims.experts, loaded.generator.ctx, inp.share,
-                         _token_counter(loaded.tokenizer)))
-        source = self._source or SystemSource(loaded.accel.device.index if loaded.accel.is_cuda else None)
-        self.monitor = Monitor(source, lambda r: self.commands.put(_Reading(r)), lambda: self.held,
-                               period=self.poll_s)
-        self.reading = self.monitor.reading()
-        self._set_budgets(force=True)
-        self.monitor.start()
 
     def _first_budgets(self, device: str | None) -> Budgets | None:
         """The budgets the first placement is planned under: free memory within the user's caps

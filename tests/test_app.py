@@ -225,3 +225,16 @@ def test_paste_files_attaches_them(qtbot, window, tmp_path):
     assert window.paste_files(mime)
     qtbot.waitUntil(lambda: len(window.chip_widgets()) == 1, timeout=30_000)
     assert "pasted.md" in window.chip_widgets()[0].text()
+
+
+def test_remeasure_from_the_tools_menu(window, qtbot):
+    from PySide6.QtWidgets import QMenu
+
+    actions = {a.text(): a for m in window.menuBar().findChildren(QMenu) for a in m.actions()}
+    loaded_before = sum("loaded " in line for line in window.log_lines)
+    actions["Re-measure this machine and model"].trigger()
+    assert not window.send_btn.isEnabled()  # until the engine says the model is ready again
+    qtbot.waitUntil(lambda: window.send_btn.isEnabled(), timeout=120_000)
+    assert any("re-measuring" in line for line in window.log_lines)
+    assert sum("loaded " in line for line in window.log_lines) == loaded_before + 1
+    assert not any(line.startswith("error") for line in (x[9:] for x in window.log_lines))

@@ -10,8 +10,8 @@ from engine.generate import SamplingParams
 from engine.monitor import MemorySample, ScriptedSource
 from engine.placement import Tier
 from engine.planner import plan
-from engine.session import (Done, ErrorEvent, Generate, Load, Loaded, PlacementChanged, SetSlider, Session,
-                            Shutdown, Stats, Stop, TokenOut)
+from engine.session import (Done, ErrorEvent, Generate, Load, Loaded, PlacementChanged, Reprofile, SetSlider,
+                            Session, Shutdown, Stats, Stop, TokenOut)
 
 GB = 10**9
 
@@ -182,3 +182,19 @@ def test_shutdown_leaves_no_thread_and_frees_the_model(tiny, when):
 
     gc.collect()
     assert model() is None
+
+
+def test_reprofile_measures_both_profiles_anew_and_replans(tiny, tmp_path):
+    from engine.hardware import profile_path as hw_path
+
+    rec = Recorder()
+    s = start(tiny, rec)
+    files = [hw_path(), *(tmp_path / "cache").rglob("profiles/*.json")]
+    assert len(files) == 2
+    before = {f: f.stat().st_mtime_ns for f in files}
+    s.submit(Reprofile())
+    rec.wait(lambda e: isinstance(e, PlacementChanged) and e.reason == "profile")
+    assert len(rec.of(Loaded)) == 2  # ready again
+    assert all(f.stat().st_mtime_ns > before[f] for f in files)  # both measured anew
+    assert not rec.of(ErrorEvent)
+    s.shutdown()
