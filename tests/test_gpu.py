@@ -56,12 +56,21 @@ def test_costs_are_measured_and_copy_path_matches(tiny, reference):
 
 
 def test_auto_placement_respects_budget(tiny):
+    from engine.errors import ModelError
+    from engine.hardware import load_or_measure
+    from engine.plan_inputs import from_dims
+    from engine.planner import Budgets
+
     ck = Checkpoint(tiny)
     acc = detect()
-    pl = auto_placement(ck, acc, torch.bfloat16, vram_budget=10**9)
-    assert pl.counts()[Tier.GPU16] == ck.dims.layers * ck.dims.experts
-    pl = auto_placement(ck, acc, torch.bfloat16, vram_budget=0)
-    assert pl.counts()[Tier.GPU16] == 0
+    n = ck.dims.layers * ck.dims.experts
+    dense = from_dims(ck.dims, load_or_measure(acc.device), 2).dense_bytes
+    pl = auto_placement(ck, acc, torch.bfloat16, Budgets(vram=10**10, ram=10**12))
+    assert pl.counts()[Tier.GPU16] == n
+    pl = auto_placement(ck, acc, torch.bfloat16, Budgets(vram=dense + 1, ram=10**12))  # room for the dense part only
+    assert not any(t.on_accelerator for _, _, t in pl.items())
+    with pytest.raises(ModelError):
+        auto_placement(ck, acc, torch.bfloat16, Budgets(vram=0, ram=10**12))  # not even the dense part fits
 
 
 def test_bf16_generation_on_cuda(tiny):
