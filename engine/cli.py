@@ -6,6 +6,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 from .errors import MixdeskError
 
@@ -153,6 +154,15 @@ def cmd_tiny_model(a) -> int:
     return 0
 
 
+def cmd_synthetic_model(a) -> int:
+    from .synthetic import write_synthetic
+
+    config = a.config or str(Path(__file__).resolve().parents[1] / "resources" / "mixtral-8x7b-config.json")
+    out = write_synthetic(a.out, config, seed=a.seed)
+    print(f"wrote a synthetic model (weights generated on demand, nothing stored) to {out}")
+    return 0
+
+
 def cmd_demo_model(a) -> int:
     from . import demo
 
@@ -196,6 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True)
     t.add_argument("--shard-size", default=None)
     t.set_defaults(fn=cmd_tiny_model)
+    y = sub.add_parser("synthetic-model", help="a model folder whose weights are seeded random tensors made on "
+                       "demand (speed and memory at real size, e.g. Mixtral-8x7B, with nothing downloaded)")
+    y.add_argument("--out", required=True)
+    y.add_argument("--config", default=None, help="a Mixtral config.json (default: Mixtral-8x7B's)")
+    y.add_argument("--seed", type=int, default=0)
+    y.set_defaults(fn=cmd_synthetic_model)
     return ap
 
 

@@ -90,7 +90,9 @@ def load(folder: str | Path, placement: str | Placement = "auto", device: str | 
          dtype: str = "auto", ctx: int = 4096, progress: Progress | None = None, budgets=None,
          slider: float = 1.0) -> Loaded:
     """budgets and slider apply to placement "auto" (budgets: planner.Budgets; None: free memory)."""
-    ckpt = Checkpoint(folder)
+    from .synthetic import SyntheticCheckpoint, is_synthetic
+
+    ckpt = SyntheticCheckpoint(folder) if is_synthetic(folder) else Checkpoint(folder)
     try:
         tokenizer = ckpt.load_tokenizer()
         accel = detect(device)
