@@ -96,6 +96,7 @@ class MixtralModel:
         self.set_costs(costs)
         self.inv_freq, self.rope_scale = _rope(ckpt.config, d.head_dim)
         self._rope_cache: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        self.layer_inputs: list | None = None  # calibration: each layer's input appended when set
 
     # ---- re-placement ----
     def move(self, layer: int, expert: int, tier: Tier) -> int:
@@ -163,8 +164,11 @@ class MixtralModel:
         return w * h.to(w.dtype)
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, cache: KVCache, pos: int, all_logits: bool = False) -> torch.Tensor:
-        """ids [T] long at positions pos..pos+T-1; fills the cache; returns logits [T or 1, V] fp32."""
+    def forward(self, ids: torch.Tensor, cache: KVCache, pos: int, all_logits: bool = False,
+                start: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
+        """ids [T] long at positions pos..pos+T-1; fills the cache; returns logits [T or 1, V] fp32.
+        start=(l, x): begin at layer l with residual stream x (recorded in `layer_inputs` by an
+        earlier pass over the same ids)."""
         d = self.dims
         T = ids.shape[0]
         H, G, Hd = d.heads, d.kv_heads, d.head_dim
@@ -174,8 +178,14 @@ class MixtralModel:
         cos_t, sin_t = self._rope_tables(end)
         cos, sin = cos_t[pos:end], sin_t[pos:end]  # [T, 1, Hd]
         mask, causal = self._mask(T, pos)
-        x = F.embedding(ids.to(self.accel), self.embed).to(self.residual_dtype)  # [T, D]
-        for l, layer in enumerate(self.layers):
+        if start is None:
+            first, x = 0, F.embedding(ids.to(self.accel), self.embed).to(self.residual_dtype)  # [T, D]
+        else:  # calibration: resume at a layer from its recorded input (earlier layers unchanged)
+            first, x = start
+        for l in range(first, len(self.layers)):
+            layer = self.layers[l]
+            if self.layer_inputs is not None:
+                self.layer_inputs.append(x)
             h = self._rms(x, layer.ln1)
             qkv = linear(h, layer.wqkv).to(self.attn_dtype)  # [T, (H+2G)Hd]
             qk = qkv[:, : (H + G) * Hd].view(T, H + G, Hd)

@@ -14,7 +14,8 @@ the user's cache folder (never in the model folder).
       different weights (Mixtral). On the demo, whose experts are identical copies, they are fully
       correlated; weights g instead of g^2 were measured too and chose no better there.
     layer_kl[l] = KL divergence of the model's predictions when every expert of layer l is 4-bit
-      (one forward pass per layer), which says how much later layers amplify a perturbation there.
+      (one forward pass per layer, from that layer on,
+      over the first KL_TOKENS tokens), which says how much later layers amplify a perturbation there.
   sensitivity = energy * layer_kl[l] / sum_e share[l][e] * energy[l][e], so that summing
   share * sensitivity over a layer's experts gives back its measured KL. KL is quadratic in small
   perturbations, so per-expert energies add; the planner's loss, sum of share * sensitivity over the
@@ -113,11 +114,11 @@ def capture(model: MixtralModel, ids: list[int]) -> list[tuple[torch.Tensor, tor
     return records
 
 
-KL_TOKENS = 512  # tokens of the calibration text the per-layer KL passes use
+KL_TOKENS = 256  # tokens of the calibration text the per-layer KL passes use
 
 
-def _logprobs(model: MixtralModel, ids: list[int]) -> torch.Tensor:
-    logits = model.forward(torch.tensor(ids[:-1]), model.new_cache(len(ids)), 0, all_logits=True)
+def _logprobs(model: MixtralModel, ids: list[int], start=None) -> torch.Tensor:
+    logits = model.forward(torch.tensor(ids[:-1]), model.new_cache(len(ids)), 0, all_logits=True, start=start)
     return torch.log_softmax(logits.float().cpu(), dim=-1)
 
 
@@ -137,7 +138,11 @@ def calibrate(model: MixtralModel, ids: list[int], tiers: tuple[Tier, ...] = (Ti
     sizes: dict[str, int] = {}
     cpu = torch.device("cpu")
     kl_ids = ids[:KL_TOKENS]
-    ref = _logprobs(model, kl_ids)
+    model.layer_inputs = inputs = []  # each KL pass resumes at its layer: half the work on average
+    try:
+        ref = _logprobs(model, kl_ids)
+    finally:
+        model.layer_inputs = None
     total, done = d.layers * (d.experts + 1), 0
 
     def step(what: str) -> None:
@@ -182,12 +187,12 @@ def calibrate(model: MixtralModel, ids: list[int], tiers: tuple[Tier, ...] = (Ti
         block = model.moe[l]
         kept = block.experts
         try:
-            base = ref
+            base, start = ref, (l, inputs[l])
             if any(ex.tier.bits < 16 for ex in kept):  # compare against this layer at 16 bits
                 block.experts = [r if r is not None else ex for r, ex in zip(ref16s, kept)]
-                base = _logprobs(model, kl_ids)
+                base = _logprobs(model, kl_ids, start)
             block.experts = quants[worst]
-            layer_kl[l] = max(_kl(base, _logprobs(model, kl_ids)), 0.0)
+            layer_kl[l] = max(_kl(base, _logprobs(model, kl_ids, start)), 0.0)
         finally:
             block.experts = kept
         step(f"layer {l} KL")

@@ -119,6 +119,20 @@ def test_calibration_profile(tiny, tmp_path):
         calibrate(m, ids, cancel=cancel)
 
 
+def test_forward_resumed_at_a_layer_matches_the_full_pass(tiny):
+    ck = Checkpoint(tiny)
+    d = ck.dims
+    m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
+    ids = torch.randint(0, d.vocab, (24,), generator=torch.Generator().manual_seed(5))
+    m.layer_inputs = inputs = []
+    full = m.forward(ids, m.new_cache(32), 0, all_logits=True)
+    m.layer_inputs = None
+    assert len(inputs) == d.layers
+    for l in range(d.layers):
+        again = m.forward(ids, m.new_cache(32), 0, all_logits=True, start=(l, inputs[l]))
+        assert torch.equal(again, full)
+
+
 def test_calibration_of_a_model_holding_4bit_experts(tiny):
     """A model loaded with some experts at 4 bits (memory forced it) still gets each layer's KL
     measured against that layer at 16 bits."""
