@@ -21,23 +21,32 @@ def prepare(model_path: str, placement: str = "auto", device: str | None = None,
     """Load the model and both profiles (measured anew with remeasure); returns (loaded, PlanInputs)."""
     from .hardware import load_or_measure
     from .load import load
-    from .plan_inputs import from_profiles, measure_dense_s
+    from .plan_inputs import from_profiles, measure_dense_prefill_s, measure_dense_s
     from .profile import load_or_calibrate
 
     loaded = load(model_path, placement, device, dtype, progress=progress)
     hw = load_or_measure(loaded.accel.device, remeasure=remeasure)
     mp = load_or_calibrate(loaded.model, loaded.tokenizer, progress=progress, recalibrate=remeasure)
     dense_s = measure_dense_s(loaded.model, hw)
-    inp = from_profiles(mp, hw, loaded.ckpt.dims.top_k, loaded.model.dense_bytes(), dense_s)
+    inp = from_profiles(mp, hw, loaded.ckpt.dims.top_k, loaded.model.dense_bytes(), dense_s,
+                        dense_prefill_s=measure_dense_prefill_s(loaded.model, hw))
     return loaded, inp
 
 
-def table(points, note: str = "") -> str:
-    rows = [f"| # | {'tiers':<44} | tok/s (pred.) | quality loss | VRAM GB | RAM GB |",
-            "|---|---|---|---|---|---|"]
+PREFILL_TOKENS = 512
+
+
+def table(points, note: str = "", inp=None) -> str:
+    """The frontier as a Markdown table; with the planner's inputs, a predicted prefill column too."""
+    from .planner import prefill_s
+
+    pre = f" prefill {PREFILL_TOKENS} tok, s (pred.) |" if inp is not None else ""
+    rows = [f"| # | {'tiers':<44} | tok/s (pred.) |{pre} quality loss (KL) | VRAM GB | RAM GB |",
+            "|---|---|---|" + ("---|" if inp is not None else "") + "---|---|---|"]
     for i, p in enumerate(points):
         tiers = ", ".join(f"{n} {t}" for t, n in sorted(p.counts().items()))
-        rows.append(f"| {i} | {tiers:<44} | {p.tok_s:13.2f} | {p.loss:12.4f} | {p.vram / GB:7.2f} | {p.ram / GB:6.2f} |")
+        cell = f" {prefill_s(inp, p.placement, PREFILL_TOKENS):8.2f} |" if inp is not None else ""
+        rows.append(f"| {i} | {tiers:<44} | {p.tok_s:13.2f} |{cell} {p.loss:12.4f} | {p.vram / GB:7.2f} | {p.ram / GB:6.2f} |")
     if note:
         rows.append(f"\n{note}")
     if points and not points[0].fits:
@@ -96,7 +105,7 @@ def cmd_plan(a) -> int:
     t0 = time.perf_counter()
     points = frontier(inp, b)
     ms = (time.perf_counter() - t0) * 1e3
-    print(table(points, f"{note}\nbudgets: VRAM {b.vram / GB:.2f} GB, RAM {b.ram / GB:.2f} GB; "
+    print(table(points, inp=inp, note=f"{note}\nbudgets: VRAM {b.vram / GB:.2f} GB, RAM {b.ram / GB:.2f} GB; "
                         f"frontier computed in {ms:.1f} ms"))
     if a.png:
         if plot(points, Path(a.png), title):

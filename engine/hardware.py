@@ -1,7 +1,8 @@
 """The hardware profile: what each tier costs on this machine, measured at first start and cached.
 
 For each tier, one expert's forward at batch 1 is timed at two sizes and fitted as
-fixed_s + s_per_byte * bytes; the dense part's 16-bit matmul speed likewise. With CUDA, pinned
+fixed_s + s_per_byte * bytes, and at batches 1..256 for how its cost grows with the tokens it
+takes at once (prefill). With CUDA, pinned
 host<->device bandwidth too. A CPU-only machine gets a CPU-only profile (no gpu-* tiers).
 """
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import platform
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
@@ -20,7 +21,7 @@ from .experts import Expert16, quantise
 from .kernels import auto_dtype
 from .placement import Tier
 
-FORMAT = 2
+FORMAT = 3
 SIZES = ((512, 1024), (2048, 8192))  # (hidden, ffn) of the two synthetic experts
 # The small expert is timed in rotation over copies that together outgrow the caches, as a model's
 # experts do in decode (each is read once per token): timed alone it stays in cache, and its fixed
@@ -37,6 +38,9 @@ class HardwareProfile:
     d2h_bytes_per_s: float | None
     gpu_total: int
     ram_total: int
+    # tier -> [[batch, time at that batch / time at batch 1], ...] for the large synthetic expert:
+    # how a tier's cost grows with the tokens one expert takes at once (prefill)
+    batch_scale: dict = field(default_factory=dict)
     format: int = FORMAT
 
 
@@ -62,6 +66,20 @@ def _copy(ex, tier: Tier, d: int, i: int, accel: torch.device, g: torch.Generato
         return copy.deepcopy(ex)
     except Exception:  # noqa: BLE001 -- any failure just means: build one
         return _expert(tier, d, i, accel, g)[0]
+
+
+BATCHES = (1, 4, 16, 64, 256)
+
+
+def _batch_scale(tiers, accel: torch.device) -> dict:
+    g = torch.Generator().manual_seed(1)
+    d, i = SIZES[1]
+    out = {}
+    for tier in tiers:
+        ex, dev, dtype = _expert(tier, d, i, accel, g)
+        times = [best_time(lambda: ex(torch.randn(n, d, dtype=dtype, device=dev)), dev, reps=2) for n in BATCHES]
+        out[tier.value] = [[n, t / times[0]] for n, t in zip(BATCHES, times)]
+    return out
 
 
 def _tier_costs(tiers, accel: torch.device) -> dict:
@@ -97,7 +115,7 @@ def measure(accel: torch.device) -> HardwareProfile:
         d2h = host.numel() / best_time(lambda: host.copy_(dev_buf, non_blocking=True), accel)
         gpu_total = torch.cuda.get_device_properties(accel).total_memory
     return HardwareProfile(machine_id(), accel.type != "cuda", costs, h2d, d2h, gpu_total,
-                           psutil.virtual_memory().total)
+                           psutil.virtual_memory().total, _batch_scale(tiers, accel))
 
 
 def profile_path() -> Path:

@@ -30,11 +30,42 @@ REFERENCE_GPU = {"name": "assumed 24 GB GPU (RTX 4090 class)", "total": 24 * 10*
 
 
 def from_profiles(mp: ModelProfile, hw: HardwareProfile, top_k: int, dense_bytes: int,
-                  dense_s: float, cpu_only: bool | None = None) -> PlanInputs:
+                  dense_s: float, cpu_only: bool | None = None, dense_prefill_s: float = 0.0) -> PlanInputs:
     share = tuple(tuple(c / max(sum(row), 1) for c in row) for row in mp.popularity)
     costs = {t: tuple(v) for t, v in hw.tier_costs.items()}
     return PlanInputs(mp.layers, mp.experts, top_k, share, mp.sensitivity, mp.expert_bytes, costs,
-                      dense_bytes, dense_s, hw.cpu_only if cpu_only is None else cpu_only)
+                      dense_bytes, dense_s, hw.cpu_only if cpu_only is None else cpu_only,
+                      hw.batch_scale, dense_prefill_s)
+
+
+def measure_dense_prefill_s(model: MixtralModel, hw: HardwareProfile, tokens: int = 128) -> float:
+    """Time per prompt token outside the experts in a prefill: a measured prefill (best of 2) minus
+    the modelled time of the expert batches it actually ran."""
+    from .planner import _batch_ratio
+
+    ids = torch.randint(3, model.dims.vocab, (tokens,), generator=torch.Generator().manual_seed(0))
+    best = float("inf")
+    for _ in range(2):
+        records: list = []
+        for b in model.moe:
+            b.record = records
+        try:
+            t0 = time.perf_counter()
+            model.forward(ids, model.new_cache(tokens), 0)
+            total = time.perf_counter() - t0
+        finally:
+            for b in model.moe:
+                b.record = b.residual = None
+        experts_s = 0.0
+        for l, (_, idx, _, _) in enumerate(records):
+            counts = torch.bincount(idx.reshape(-1).cpu(), minlength=model.dims.experts).tolist()
+            for e, n in enumerate(counts):
+                if n:
+                    ex = model.moe[l].experts[e]
+                    fixed, per_byte = hw.tier_costs[ex.tier.value]
+                    experts_s += (fixed + per_byte * ex.nbytes) * _batch_ratio(hw.batch_scale.get(ex.tier.value), n)
+        best = min(best, max((total - experts_s) / tokens, 0.0))
+    return best
 
 
 def measure_dense_s(model: MixtralModel, hw: HardwareProfile, steps: int = 16, tries: int = 3) -> float:
@@ -92,7 +123,9 @@ def from_dims(d, hw: HardwareProfile, itemsize: int = 2, sensitivity: float = AS
     dense_s = dense_bytes * per_byte + d.layers * (REFERENCE_GPU["layer_overhead_s"] if not cpu_only else fixed)
     share = tuple(tuple([1.0 / d.experts] * d.experts) for _ in range(d.layers))
     sens = {t: [[sensitivity] * d.experts for _ in range(d.layers)] for t in ("cpu-4", "gpu-4")}
-    return PlanInputs(d.layers, d.experts, d.top_k, share, sens, sizes, costs, dense_bytes, dense_s, cpu_only)
+    scale = {t: hw.batch_scale[t] for t in costs if t in hw.batch_scale}
+    return PlanInputs(d.layers, d.experts, d.top_k, share, sens, sizes, costs, dense_bytes, dense_s, cpu_only,
+                      scale, dense_s / 8)  # dense prefill per token: ASSUMED 8x cheaper than a decode step
 
 
 def from_config(config_path: Path, hw: HardwareProfile, sensitivity: float = ASSUMED_SENSITIVITY) -> tuple[PlanInputs, str]:

@@ -3,6 +3,8 @@
 Cost model (per decoded token):
     time = dense_s + sum over layers l, experts e of share[l][e] * top_k * t(tier(l, e))
     t(tier) = fixed_s[tier] + s_per_byte[tier] * expert_bytes[tier]
+and per prompt (prefill_s): the dense part per token plus each expert's expected batch at its
+tier's measured batch scaling.
 where share[l][e] is the fraction of layer l's routing slots that went to expert e on the
 calibration text. Quality model: loss = sum over 4-bit experts of share[l][e] * sensitivity, where
 the profile scales sensitivity to measured per-layer KL divergence (engine/profile.py), so the loss
@@ -25,7 +27,7 @@ Everything here is numpy on small arrays: no torch, no I/O.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -47,6 +49,8 @@ class PlanInputs:
     dense_bytes: int  # non-expert weights, on the accelerator (RAM when CPU-only)
     dense_s: float  # time per token outside the experts
     cpu_only: bool
+    batch_scale: dict = field(default_factory=dict)  # tier -> [[batch, time ratio to batch 1], ...]
+    dense_prefill_s: float = 0.0  # time per prompt token outside the experts, in a prefill
 
     @property
     def tiers(self) -> list[Tier]:
@@ -307,6 +311,30 @@ def choose(points: list[Plan], slider: float, inp: PlanInputs, scale: SliderScal
     if not meeting:
         return points[0]  # the least loss the budget allows
     return max(meeting, key=lambda p: p.tok_s)
+
+
+def _batch_ratio(table, n: float) -> float:
+    """Time for n tokens at once / time for one. Below one expected token the expert runs with
+    probability ~n; past the table, linear."""
+    if n <= 1.0 or not table:
+        return max(n, 0.0)
+    b = [row[0] for row in table]
+    r = [row[1] for row in table]
+    if n >= b[-1]:
+        return r[-1] * n / b[-1]
+    return float(np.interp(n, b, r))
+
+
+def prefill_s(inp: PlanInputs, placement: Placement, tokens: int) -> float:
+    """Predicted time to prefill `tokens` prompt tokens under a placement: the dense part per token,
+    plus each expert's expected batch (tokens x top_k x its share) at its tier's batch scaling.
+    (CPU experts copied to the GPU for a large batch are not modelled: an upper bound there.)"""
+    total = inp.dense_prefill_s * tokens
+    for l, e, t in placement.items():
+        fixed, per_byte = inp.tier_costs[t.value]
+        one = fixed + per_byte * inp.expert_bytes[t.value]
+        total += one * _batch_ratio(inp.batch_scale.get(t.value), tokens * inp.top_k * inp.share[l][e])
+    return total
 
 
 def plan(inp: PlanInputs, budgets: Budgets, slider: float) -> Plan:

@@ -346,7 +346,7 @@ class Session:
     def _profile(self, remeasure: bool) -> None:
         """Both profiles (cached, or measured anew) -> the planner's inputs and the slider's scale."""
         from .hardware import _tier_costs, load_or_measure
-        from .plan_inputs import from_profiles, measure_dense_s
+        from .plan_inputs import from_profiles, measure_dense_prefill_s, measure_dense_s
         from .profile import load_or_calibrate
 
         loaded = self.loaded
@@ -365,7 +365,8 @@ class Session:
             self.emit(ErrorEvent("calibration cancelled: planning with uniform popularity and an assumed "
                                  "4-bit sensitivity until it runs"))
         dense_s = measure_dense_s(loaded.model, hw)
-        inp = from_profiles(mp, hw, loaded.ckpt.dims.top_k, loaded.model.dense_bytes(), dense_s)
+        inp = from_profiles(mp, hw, loaded.ckpt.dims.top_k, loaded.model.dense_bytes(), dense_s,
+                            dense_prefill_s=measure_dense_prefill_s(loaded.model, hw))
         if self.seam and loaded.accel.cpu_only:
             inp = replace(inp, cpu_only=False, tier_costs={
                 **inp.tier_costs, **_tier_costs([Tier.GPU16, Tier.GPU4], torch.device("cpu"))})

@@ -40,7 +40,7 @@ def test_plan_prints_the_frontier_and_writes_a_plot(tiny, tmp_path):
     args = [sys.executable, "-m", "engine.cli", "plan", "--model", str(tiny), "--dtype", "fp32", "--png", str(png)]
     r = subprocess.run(args, capture_output=True, text=True, timeout=300, env=_cached(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert "tok/s (pred.)" in r.stdout and "frontier computed in" in r.stdout
+    assert "tok/s (pred.)" in r.stdout and "prefill 512 tok" in r.stdout and "frontier computed in" in r.stdout
     assert png.stat().st_size > 1000
     hw = next((tmp_path / "cache").rglob("hardware.json"))
     before = hw.stat().st_mtime_ns

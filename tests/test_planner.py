@@ -156,3 +156,22 @@ def test_slider_steps_are_even(seed):
     steps = np.hypot(np.diff(x), np.diff(y))
     total = float(np.hypot(np.diff(speed) / np.ptp(speed), np.diff(loss) / np.ptp(loss)).sum())
     assert steps.max() <= 0.2 * total
+
+
+def test_prefill_prediction_follows_each_tiers_batch_scaling():
+    from dataclasses import replace
+
+    from engine.placement import Placement
+    from engine.planner import prefill_s
+
+    inp = random_inputs(0, cpu_only=True)
+    inp = replace(inp, dense_prefill_s=1e-4, batch_scale={
+        "cpu-16": [[1, 1.0], [4, 2.0], [16, 4.0], [64, 8.0], [256, 16.0]],  # batching pays
+        "cpu-4": [[1, 1.0], [256, 256.0]]})  # no gain from batching
+    pl16 = Placement.uniform(inp.layers, inp.experts, Tier.CPU16)
+    pl4 = Placement.uniform(inp.layers, inp.experts, Tier.CPU4)
+    a16, b16 = prefill_s(inp, pl16, 64), prefill_s(inp, pl16, 1024)
+    a4, b4 = prefill_s(inp, pl4, 64), prefill_s(inp, pl4, 1024)
+    assert 0 < a16 < b16 < 16 * a16  # 16x the tokens, less than 16x the time
+    assert b4 == pytest.approx(16 * a4, rel=1e-9)  # linear where batching gains nothing
+    assert prefill_s(inp, pl16, 1024) == prefill_s(inp, pl16, 1024)  # a pure function
