@@ -63,7 +63,7 @@ def measure_dense_prefill_s(model: MixtralModel, hw: HardwareProfile, tokens: in
                 if n:
                     ex = model.moe[l].experts[e]
                     fixed, per_byte = hw.tier_costs[ex.tier.value]
-                    experts_s += (fixed + per_byte * ex.nbytes) * _batch_ratio(hw.batch_scale.get(ex.tier.value), n)
+                    experts_s += (fixed + per_byte * ex.nbytes) * _batch_ratio(hw.batch_scale.get(ex.tier.value), n, ex.nbytes)
         best = min(best, max((total - experts_s) / tokens, 0.0))
     return best
 

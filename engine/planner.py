@@ -49,7 +49,7 @@ class PlanInputs:
     dense_bytes: int  # non-expert weights, on the accelerator (RAM when CPU-only)
     dense_s: float  # time per token outside the experts
     cpu_only: bool
-    batch_scale: dict = field(default_factory=dict)  # tier -> [[batch, time ratio to batch 1], ...]
+    batch_scale: dict = field(default_factory=dict)  # tier -> batch scaling (see _batch_ratio)
     dense_prefill_s: float = 0.0  # time per prompt token outside the experts, in a prefill
 
     @property
@@ -313,16 +313,26 @@ def choose(points: list[Plan], slider: float, inp: PlanInputs, scale: SliderScal
     return max(meeting, key=lambda p: p.tok_s)
 
 
-def _batch_ratio(table, n: float) -> float:
-    """Time for n tokens at once / time for one. Below one expected token the expert runs with
-    probability ~n; past the table, linear."""
+def _ratio(rows, n: float) -> float:
+    b = [row[0] for row in rows]
+    r = [row[1] for row in rows]
+    if n >= b[-1]:
+        return r[-1] * n / b[-1]  # past the table: linear
+    return float(np.interp(n, b, r))
+
+
+def _batch_ratio(table, n: float, nbytes: float = 0.0) -> float:
+    """Time for n tokens at once / time for one, for an expert of nbytes. table: a list of
+    [batch, ratio], or {"small": ..., "large": ..., "bytes": [small, large]} (interpolated in
+    log bytes between the two measured sizes). Below one expected token the expert runs with
+    probability ~n."""
     if n <= 1.0 or not table:
         return max(n, 0.0)
-    b = [row[0] for row in table]
-    r = [row[1] for row in table]
-    if n >= b[-1]:
-        return r[-1] * n / b[-1]
-    return float(np.interp(n, b, r))
+    if isinstance(table, list):
+        return _ratio(table, n)
+    lo, hi = (float(x) for x in table["bytes"])
+    w = float(np.clip((np.log(max(nbytes, 1.0)) - np.log(lo)) / (np.log(hi) - np.log(lo)), 0.0, 1.0))
+    return (1 - w) * _ratio(table["small"], n) + w * _ratio(table["large"], n)
 
 
 def prefill_s(inp: PlanInputs, placement: Placement, tokens: int) -> float:
@@ -333,7 +343,8 @@ def prefill_s(inp: PlanInputs, placement: Placement, tokens: int) -> float:
     for l, e, t in placement.items():
         fixed, per_byte = inp.tier_costs[t.value]
         one = fixed + per_byte * inp.expert_bytes[t.value]
-        total += one * _batch_ratio(inp.batch_scale.get(t.value), tokens * inp.top_k * inp.share[l][e])
+        total += one * _batch_ratio(inp.batch_scale.get(t.value), tokens * inp.top_k * inp.share[l][e],
+                                    inp.expert_bytes[t.value])
     return total
 
 
