@@ -129,6 +129,17 @@ def main() -> None:
     ref = logprobs(m, ids)
     full = m.expert_bytes()["host"] + m.dense_bytes()
     budgets = Budgets(vram=0, ram=full)
+    # This machine's read bandwidth drifts 2x over minutes (other tenants): the hardware profile and
+    # the dense-part timings are measured anew here, just before the speed rounds, so predictions
+    # and measurements see the same machine (a profile from minutes earlier was seen 30-60% off).
+    from engine.hardware import load_or_measure
+    from engine.plan_inputs import from_profiles, measure_dense_prefill_s, measure_dense_s
+    from engine.profile import load_or_calibrate
+
+    hw = load_or_measure(torch.device("cpu"), remeasure=True)
+    mp = load_or_calibrate(m, loaded.tokenizer)  # cached by prepare()
+    inp = from_profiles(mp, hw, d.top_k, m.dense_bytes(), measure_dense_s(m, hw),
+                        dense_prefill_s=measure_dense_prefill_s(m, hw))
     pts = frontier(inp, budgets)
     gen = loaded.generator
     gen.eos_ids.clear()
