@@ -131,7 +131,7 @@ def main() -> None:
     budgets = Budgets(vram=0, ram=full)
     # This machine's read bandwidth drifts 2x over minutes (other tenants): the hardware profile and
     # the dense-part timings are measured anew here, just before the speed rounds, so predictions
-    # and measurements see the same machine (a profile from minutes earlier was seen 30-60% off).
+    # and measurements see the same machine (a profile from minutes earlier was seen 32-66% off).
     from engine.hardware import load_or_measure
     from engine.plan_inputs import from_profiles, measure_dense_prefill_s, measure_dense_s
     from engine.profile import load_or_calibrate
