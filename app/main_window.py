@@ -129,29 +129,14 @@ class MainWindow(QMainWindow):
         self._undo_btn.hide()
         self.statusBar().addPermanentWidget(self._undo_btn)
 
-        m = self.menuBar().addMenu("&File")
-        for text, fn in (("Open model folder…", self.open_folder), ("Open demo model", lambda: self.load_model("demo")),
-                         ("Open Hugging Face model…", self.open_hub), ("Export chat as Markdown…", lambda: self.export("md")),
-                         ("Export chat as JSON…", lambda: self.export("json"))):
-            a = QAction(text, self)
-            a.triggered.connect(fn)
-            m.addAction(a)
-        c = self.menuBar().addMenu("&Chat")
-        for text, fn in (("System prompt…", self.edit_system_prompt), ("Sampling settings…", self.edit_sampling)):
-            a = QAction(text, self)
-            a.triggered.connect(fn)
-            c.addAction(a)
-        t = self.menuBar().addMenu("&Tools")
-        a = QAction("Re-measure this machine and model", self)
-        a.setToolTip("Measure each tier's speed and calibrate the model again, then re-plan "
-                     "(when the predictions look off, e.g. after the machine was busy during the first measurement)")
-        a.triggered.connect(self.remeasure)
-        t.addAction(a)
-        h = self.menuBar().addMenu("&Help")
-        for text, fn in (("Log", self.show_log), ("About Mixdesk", self.about)):
-            a = QAction(text, self)
-            a.triggered.connect(fn)
-            h.addAction(a)
+        self._menu("&File", ("Open model folder…", self.open_folder), ("Open demo model", lambda: self.load_model("demo")),
+                   ("Open Hugging Face model…", self.open_hub), ("Export chat as Markdown…", lambda: self.export("md")),
+                   ("Export chat as JSON…", lambda: self.export("json")))
+        self._menu("&Chat", ("System prompt…", self.edit_system_prompt), ("Sampling settings…", self.edit_sampling))
+        tools = self._menu("&Tools", ("Re-measure this machine and model", self.remeasure))
+        tools.actions()[0].setToolTip("Measure each tier's speed and calibrate the model again, then re-plan (when the "
+                                      "predictions look off, e.g. after the machine was busy during the first measurement)")
+        self._menu("&Help", ("Log", self.show_log), ("About Mixdesk", self.about))
         QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.send)
         QShortcut(QKeySequence("Ctrl+Enter"), self, activated=self.send)
         QShortcut(QKeySequence("Escape"), self, activated=self.stop)
@@ -472,6 +457,15 @@ class MainWindow(QMainWindow):
         box.setWindowTitle("Mixdesk log")
         box.setText("\n".join(self.log_lines[-200:]) or "(empty)")
         box.exec()
+
+    def _menu(self, title: str, *items):
+        """A menu bar entry of (text, handler) actions."""
+        menu = self.menuBar().addMenu(title)
+        for text, fn in items:
+            action = QAction(text, self)
+            action.triggered.connect(fn)
+            menu.addAction(action)
+        return menu
 
     def remeasure(self) -> None:
         if not self.send_btn.isEnabled() or self.generating:

@@ -6,7 +6,8 @@ q/k/v are one fused matmul and rope is applied to q and k together.
 """
 from __future__ import annotations
 
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -138,6 +139,19 @@ class MixtralModel:
             ts += [layer.ln1, layer.wqkv, layer.wo, layer.ln2]
         ts += [b.gate for b in self.moe]
         return sum(t.numel() * t.element_size() for t in ts)
+
+    @contextmanager
+    def recording(self) -> Iterator[list]:
+        """While open, every MoE block appends (inputs, routes, route weights, residual stream) to
+        the yielded list on each call (calibration and cost measurement)."""
+        records: list = []
+        for block in self.moe:
+            block.record = records
+        try:
+            yield records
+        finally:
+            for block in self.moe:
+                block.record = block.residual = None
 
     def new_cache(self, ctx: int) -> KVCache:
         d = self.dims

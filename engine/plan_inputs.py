@@ -46,16 +46,10 @@ def measure_dense_prefill_s(model: MixtralModel, hw: HardwareProfile, tokens: in
     ids = torch.randint(3, model.dims.vocab, (tokens,), generator=torch.Generator().manual_seed(0))
     best = float("inf")
     for _ in range(2):
-        records: list = []
-        for b in model.moe:
-            b.record = records
-        try:
+        with model.recording() as records:
             t0 = time.perf_counter()
             model.forward(ids, model.new_cache(tokens), 0)
             total = time.perf_counter() - t0
-        finally:
-            for b in model.moe:
-                b.record = b.residual = None
         experts_s = 0.0
         for l, (_, idx, _, _) in enumerate(records):
             counts = torch.bincount(idx.reshape(-1).cpu(), minlength=model.dims.experts).tolist()
@@ -76,17 +70,11 @@ def measure_dense_s(model: MixtralModel, hw: HardwareProfile, steps: int = 16, t
     for _ in range(tries + 1):
         cache = model.new_cache(steps + 8)
         model.forward(torch.arange(1, 9), cache, 0)
-        records: list = []
-        for b in model.moe:
-            b.record = records
-        try:
+        with model.recording() as records:
             t0 = time.perf_counter()
             for i in range(steps):
                 model.forward(torch.tensor([100 + i]), cache, 8 + i)
             total = time.perf_counter() - t0
-        finally:
-            for b in model.moe:
-                b.record = b.residual = None
         experts_s = 0.0
         for l, (_, idx, _, _) in enumerate(records):
             for e in idx.reshape(-1).tolist():

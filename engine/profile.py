@@ -101,16 +101,11 @@ def calibration_text() -> str:
     return (CORPUS / "calibration.txt").read_text(encoding="utf-8")
 
 
-def capture(model: MixtralModel, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Run the model over ids and return, per layer, the MoE inputs x [T, D] and routes [T, K]."""
-    records: list[tuple[torch.Tensor, torch.Tensor]] = []
-    for block in model.moe:
-        block.record = records
-    try:
+def capture(model: MixtralModel, ids: list[int]) -> list[tuple]:
+    """Run the model over ids and return, per layer, (MoE inputs x [T, D], routes [T, K], route
+    weights [T, K], residual stream [T, D])."""
+    with model.recording() as records:
         model.forward(torch.tensor(ids), model.new_cache(len(ids)), 0)
-    finally:
-        for block in model.moe:
-            block.record = block.residual = None
     return records
 
 
