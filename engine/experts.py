@@ -6,14 +6,17 @@ The 16-bit source of truth stays in the checkpoint; a tier holds only its own co
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
 import torch.nn.functional as F
 
+from . import native
 from .checkpoint import Checkpoint, expert_key
 from .errors import ModelError
 from .kernels import check_fits, linear
 from .placement import Tier
-from .quant import NF4, Int4CPU
+from .quant import NF4, Q4Native, cpu4_format
 
 CPU = torch.device("cpu")
 
@@ -28,6 +31,7 @@ class Expert16:
         self.w13 = w13  # [2I, D]
         self.w2 = w2  # [D, I]
         self.ffn = w2.shape[1]
+        self.desc = _desc(w13, w2)  # the native kernel's view, when it runs this expert
 
     @property
     def device(self) -> torch.device:
@@ -38,6 +42,8 @@ class Expert16:
         return self.w13.numel() * self.w13.element_size() + self.w2.numel() * self.w2.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] -> [T, D]
+        if self.desc is not None:
+            return run_native(self, x)
         h = linear(x, self.w13)  # [T, 2I]
         gate, up = h.split(self.ffn, dim=-1)  # [T, I] each
         return linear(F.silu(gate) * up, self.w2)  # [T, D]
@@ -58,6 +64,8 @@ class QuantExpert:
         self.w13, self.w2 = w13, w2
         self.ffn = w2.shape[1]
         self._device = device
+        self.desc = (native.ExpertDesc(w13.desc, w2.desc)
+                     if isinstance(w13, Q4Native) and isinstance(w2, Q4Native) else None)
 
     @property
     def device(self) -> torch.device:
@@ -68,16 +76,41 @@ class QuantExpert:
         return self.w13.nbytes + self.w2.nbytes
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] -> [T, D]
+        if self.desc is not None:
+            return run_native(self, x)
         h = self.w13.matmul(x)  # [T, 2I]
         gate, up = h.split(self.ffn, dim=-1)
         return self.w2.matmul((F.silu(gate) * up).contiguous())  # [T, D]
 
 
+def _desc(w13: torch.Tensor, w2: torch.Tensor) -> "native.ExpertDesc | None":
+    """The native kernel's descriptor of a host expert, or None where torch runs it."""
+    if w13.device.type != "cpu" or w13.dtype not in native.FMT or not native.available():
+        return None
+    return native.ExpertDesc(native.matrix(w13), native.matrix(w2))
+
+
+def run_native(ex, x: torch.Tensor) -> torch.Tensor:
+    """One expert on every row of x [T, D] with weight 1, in one native call."""
+    x = x.contiguous()
+    T = x.shape[0]
+    out = torch.empty_like(x)
+    arr = (ctypes.c_void_p * 1)(ctypes.addressof(ex.desc))
+    offs = (ctypes.c_int32 * 2)(0, T)
+    tok = (ctypes.c_int32 * T)(*range(T))
+    rw = (ctypes.c_float * T)(*([1.0] * T))
+    fmt = native.FMT[x.dtype]
+    if native.lib().mdk_experts(arr, 1, offs, tok, rw, x.data_ptr(), fmt, T, out.data_ptr(), fmt, native.threads()):
+        raise MemoryError("native experts: out of memory for scratch buffers")
+    return out
+
+
 def quantise(tier: Tier, w13: torch.Tensor, w2: torch.Tensor, accel: torch.device,
              dtype: torch.dtype) -> QuantExpert:
-    """The 4-bit form of a 16-bit expert for `tier` (cpu-4: torch int4 on the host; gpu-4: NF4)."""
+    """The 4-bit form of a 16-bit expert for `tier` (cpu-4: the native Q4 kernel, or torch int4 without it; gpu-4: NF4)."""
     if tier == Tier.CPU4:
-        return QuantExpert(tier, Int4CPU.quantize(w13), Int4CPU.quantize(w2), CPU)
+        fmt = cpu4_format()
+        return QuantExpert(tier, fmt.quantize(w13), fmt.quantize(w2), CPU)
     if tier == Tier.GPU4:
         return QuantExpert(tier, NF4.quantize(w13, accel, dtype), NF4.quantize(w2, accel, dtype), accel)
     raise ValueError(f"{tier} is not a 4-bit tier")

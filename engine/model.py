@@ -104,7 +104,7 @@ class MixtralModel:
         """Re-derive one expert in `tier` from the checkpoint and swap it in; returns the bytes of
         the new form. Call between forward passes (a safe point)."""
         new = materialise(self.ckpt, layer, expert, tier, self.accel, self.dtype)
-        self.moe[layer].experts[expert] = new  # the old form is freed once nothing refers to it
+        self.moe[layer].set_expert(expert, new)  # the old form is freed once nothing refers to it
         self.placement = self.placement.with_tier(layer, expert, tier)
         return new.nbytes
 

@@ -8,11 +8,19 @@ placements reproduce its numbers.
 Where experts live on different devices, only activations cross: the tokens' hidden states go to
 the CPU for CPU-resident experts and their outputs come back. Accelerator experts are launched
 first (asynchronously on CUDA) so the CPU experts compute while the GPU works.
+
+With the native kernels (engine/native), a layer whose experts all run on the CPU is one call:
+route, gate+up, SiLU, down and the weighted sum, with the threads inside it and no host sync in
+Python. Otherwise the CPU-resident experts of a step still run in one native call; the native
+path sums in fp32 and rounds once, so 16-bit results differ from transformers' in the last bit.
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
+from . import native
 from .costs import ExpertCosts
 from .kernels import linear
 from .experts import Expert16, QuantExpert
@@ -24,7 +32,6 @@ class MoEBlock:
     def __init__(self, gate: torch.Tensor, experts: list[Expert16 | QuantExpert], top_k: int,
                  accel: torch.device, costs: ExpertCosts | None = None):
         self.gate = gate  # [E, D] on accel
-        self.experts = experts
         self.top_k = top_k
         self.accel = accel
         self.costs = costs
@@ -33,6 +40,33 @@ class MoEBlock:
         # the model sets `residual` (the stream this block's output joins) just before the call
         self.record: list | None = None
         self.residual: torch.Tensor | None = None
+        # the native kernel's table of this layer's experts (a null entry: not a native CPU expert)
+        self._table = (ctypes.c_void_p * len(experts))()
+        self._router = (native.matrix(gate) if native.available() and gate.device.type == "cpu"
+                        and gate.dtype in native.FMT else None)
+        self.experts = experts
+
+    # ---- the expert table ----
+    @property
+    def experts(self) -> list:
+        return self._experts
+
+    @experts.setter
+    def experts(self, experts: list) -> None:
+        """A whole new list of experts (calibration swaps layers this way); the table follows."""
+        self._experts = experts
+        for e, ex in enumerate(experts):
+            self._index(e, ex)
+
+    def set_expert(self, e: int, ex: Expert16 | QuantExpert) -> None:
+        """Swap expert e for a new form (a safe point: between forward passes)."""
+        self.experts[e] = ex
+        self._index(e, ex)
+
+    def _index(self, e: int, ex) -> None:
+        desc = getattr(ex, "desc", None)
+        self._table[e] = ctypes.addressof(desc) if desc is not None else None
+        self._all_native = all(self._table)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = linear(x, self.gate)  # [T, E]
@@ -41,12 +75,49 @@ class MoEBlock:
         return w / w.sum(dim=-1, keepdim=True), idx
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] on accel
+        T = x.shape[0]
+        if (self.record is None and self._all_native and self._router is not None and x.device.type == "cpu"
+                and (T == 1 or self.costs is None)):
+            return self._native_layer(x)
         w, idx = self.route(x)
         if self.record is not None:
             self.record.append((x, idx, w, self.residual))
-        if x.shape[0] == 1:
+        if T == 1:
             return self._decode(x, w, idx)
         return self._prefill(x, w, idx)
+
+    def _native_layer(self, x: torch.Tensor) -> torch.Tensor:
+        """Route and run every selected expert in one native call (all experts native, x on the CPU)."""
+        x = x.contiguous()
+        T, K = x.shape[0], self.top_k
+        out = torch.empty_like(x)
+        idx = torch.empty(T, K, dtype=torch.int32)
+        wts = torch.empty(T, K, dtype=torch.float32)
+        fmt = native.FMT[x.dtype]
+        rc = native.lib().mdk_moe(self._table, len(self.experts), ctypes.byref(self._router), K, fmt,
+                                  x.data_ptr(), fmt, T, out.data_ptr(), fmt, idx.data_ptr(), wts.data_ptr(),
+                                  native.threads())
+        if rc:
+            raise MemoryError(f"native MoE layer failed ({rc}): out of memory for its scratch buffers")
+        return out
+
+    def _native_jobs(self, jobs: list, x: torch.Tensor, token: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """Sum of route weight x expert output for CPU jobs (expert, slot start, count) in one native
+        call; token/weight [slots] give each slot's token and route weight. Returns [T, D] on the CPU."""
+        x = x.contiguous()
+        toks = torch.cat([token[a:a + c] for _, a, c in jobs]).to(torch.int32)
+        rws = torch.cat([weight[a:a + c] for _, a, c in jobs]).float()
+        counts = [0]
+        for _, _, c in jobs:
+            counts.append(counts[-1] + c)
+        offs = torch.tensor(counts, dtype=torch.int32)
+        arr = (ctypes.c_void_p * len(jobs))(*[ctypes.addressof(ex.desc) for ex, _, _ in jobs])
+        out = torch.empty_like(x)
+        fmt = native.FMT[x.dtype]
+        if native.lib().mdk_experts(arr, len(jobs), offs.data_ptr(), toks.data_ptr(), rws.data_ptr(), x.data_ptr(),
+                                    fmt, x.shape[0], out.data_ptr(), fmt, native.threads()):
+            raise MemoryError("native experts: out of memory for scratch buffers")
+        return out
 
     def _decode(self, x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         ids = idx[0].tolist()  # K expert ids (one host sync, needed to dispatch)
@@ -58,11 +129,20 @@ class MoEBlock:
         else:
             x_cpu, w_cpu = x, w
         out = None
+        native_jobs = [(experts[j], j, 1) for j in range(len(ids))
+                       if on_cpu[j] and getattr(experts[j], "desc", None) is not None]
+        done = {j for _, j, _ in native_jobs}
         for j in sorted(range(len(ids)), key=lambda j: on_cpu[j]):  # accelerator experts first
+            if j in done:
+                continue
             if on_cpu[j]:
                 y = (experts[j](x_cpu) * w_cpu[0, j]).to(x.dtype).to(self.accel, non_blocking=cuda)
             else:
                 y = (experts[j](x) * w[0, j]).to(x.dtype)
+            out = y if out is None else out + y
+        if native_jobs:
+            y = self._native_jobs(native_jobs, x_cpu, torch.zeros(len(ids), dtype=torch.int32), w_cpu[0])
+            y = y.to(self.accel, non_blocking=cuda)
             out = y if out is None else out + y
         return out
 
@@ -96,8 +176,13 @@ class MoEBlock:
             t = token[a:a + c]
             y = ex(x[t]) * weight[a:a + c, None]  # [c, D] fp32
             out.index_add_(0, t, y.to(x.dtype))
+        native_jobs = [j for j in cpu_jobs if getattr(j[0], "desc", None) is not None]
         for ex, a, c in cpu_jobs:
+            if getattr(ex, "desc", None) is not None:
+                continue
             t = token_cpu[a:a + c]
             y = (ex(x_cpu[t]) * weight_cpu[a:a + c, None]).to(x.dtype)  # [c, D]
             out.index_add_(0, token[a:a + c], y.to(self.accel, non_blocking=cuda))
+        if native_jobs:
+            out += self._native_jobs(native_jobs, x_cpu, token_cpu, weight_cpu).to(self.accel, non_blocking=cuda)
         return out

@@ -2,7 +2,11 @@
 
 Shapes: a weight is W [N, K] (out, in); x [T, K] -> x @ W.T [T, N].
 
-- Int4CPU (tier cpu-4): torch's own int4 CPU kernel (`aten._weight_int4pack_mm_for_cpu`), asymmetric
+- Q4Native (tier cpu-4 when the native library is built): blocks of 32 along K, w = q * d + m with
+  fp16 scale d and minimum m (llama.cpp's Q4_1 grid, 5 bits a weight), repacked for the native
+  kernel (engine/native/quant4.c), which multiplies with int8 activations and integer dot products.
+  The grid is the same min/max grid as Int4CPU's, with fp16 instead of bf16 scale and minimum.
+- Int4CPU (tier cpu-4 without the native library): torch's own int4 CPU kernel (`aten._weight_int4pack_mm_for_cpu`), asymmetric
   groups along K: w = (q - 8) * scale + zero, q in 0..15, bf16 scale and zero (5 bits a weight).
   Measured on this machine class it is ~30x faster than bitsandbytes' CPU path. It computes in
   bf16: the same kernel with fp16 activations is ~50x slower, so activations are converted on the
@@ -16,7 +20,12 @@ Shapes: a weight is W [N, K] (out, in); x [T, K] -> x @ W.T [T, N].
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
+
+from . import native
+
 
 def _group_size(k: int) -> int:
     for g in (32, 64):
@@ -59,6 +68,47 @@ class Int4CPU:
     @property
     def nbytes(self) -> int:
         return self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
+
+
+class Q4Native:
+    def __init__(self, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, shape: tuple[int, int]):
+        self.qs, self.d, self.m = qs, d, m  # [N, K/2] uint8 (kernel layout), [N, K/32] fp16 twice
+        self.shape = shape
+        self.desc = native.Matrix(native.Q4, shape[0], shape[1], qs.data_ptr(), d.data_ptr(), m.data_ptr())
+
+    @classmethod
+    def quantize(cls, w: torch.Tensor) -> "Q4Native":
+        n, k = w.shape
+        if k % 32:
+            raise ValueError(f"in-features {k} is not a multiple of 32: no 4-bit block fits")
+        w = w.contiguous()
+        if w.dtype not in native.FMT:
+            w = w.float()
+        qs = torch.empty(n, k // 2, dtype=torch.uint8)
+        d = torch.empty(n, k // 32, dtype=torch.float16)
+        m = torch.empty_like(d)
+        native.lib().mdk_q4_quantize(w.data_ptr(), native.FMT[w.dtype], n, k, qs.data_ptr(), d.data_ptr(),
+                                     m.data_ptr(), native.threads())
+        return cls(qs, d, m, (n, k))
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x [T, K] -> [T, N]
+        return native.matmul(self.desc, x).to(x.dtype)
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight this form stands for, [N, K] fp32."""
+        n, k = self.shape
+        out = torch.empty(n, k, dtype=torch.float32)
+        native.lib().mdk_q4_dequantize(self.qs.data_ptr(), self.d.data_ptr(), self.m.data_ptr(), n, k, out.data_ptr())
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return self.qs.numel() + 2 * self.d.numel() * 2
+
+
+def cpu4_format():
+    """The cpu-4 weight format: the native kernel's where the library loaded, else torch's int4."""
+    return Q4Native if native.available() else Int4CPU
 
 
 class NF4:

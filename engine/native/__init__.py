@@ -1,0 +1,134 @@
+"""The native CPU expert kernels (C, in this folder), loaded with ctypes.
+
+Why ctypes on a plain shared library and not a torch extension: the library then has no ABI tie to
+the torch build (the app may swap in a CUDA torch at run time), it compiles in seconds with the
+system compiler during `pip install`, and a call costs ~2 us, small next to a layer's expert work.
+
+One binary serves every x86-64 CPU: the C code picks AVX-512 (VNNI, BF16), AVX2 (FMA, F16C) or
+portable C from CPUID at load. Where the library is missing or cannot load (no compiler at install,
+another architecture without a build), `available()` is False and the engine runs its torch path,
+saying so once. Environment: MIXDESK_NATIVE=0 disables it; MIXDESK_KERNEL_PATH=c|avx2|avx512 caps
+the code path (tests use it to exercise every path on one machine).
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import logging
+import os
+from ctypes import POINTER, c_float, c_int, c_int32, c_void_p
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+F32, F16, BF16, Q4 = 0, 1, 2, 3
+PATHS = ("portable C", "AVX2", "AVX-512 VNNI")
+FMT = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
+
+
+class Matrix(ctypes.Structure):
+    _fields_ = [("fmt", c_int), ("n", c_int), ("k", c_int), ("w", c_void_p), ("d", c_void_p), ("m", c_void_p)]
+
+
+class ExpertDesc(ctypes.Structure):
+    _fields_ = [("w13", Matrix), ("w2", Matrix)]
+
+
+_lib = None
+_why = "not loaded yet"
+_said = False
+
+
+def _library_file() -> Path | None:
+    here = Path(__file__).resolve().parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        p = here / f"_mdk{suffix}"
+        if p.exists():
+            return p
+    found = sorted(here.glob("_mdk*.so")) + sorted(here.glob("_mdk*.pyd"))
+    return found[0] if found else None
+
+
+def _load():
+    global _lib, _why
+    if os.environ.get("MIXDESK_NATIVE", "1") == "0":
+        _why = "disabled by MIXDESK_NATIVE=0"
+        return None
+    path = _library_file()
+    if path is None:
+        _why = "the native library was not built (no C compiler at install?)"
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        _why = f"the native library {path.name} could not be loaded: {e}"
+        return None
+    vp, i, f = c_void_p, c_int, c_float
+    lib.mdk_select_path.argtypes, lib.mdk_select_path.restype = [i], i
+    lib.mdk_cpu_has_bf16.restype = i
+    lib.mdk_q4_quantize.argtypes = [vp, i, i, i, vp, vp, vp, i]
+    lib.mdk_q4_quantize.restype = None
+    lib.mdk_q4_dequantize.argtypes = [vp, vp, vp, i, i, vp]
+    lib.mdk_q4_dequantize.restype = None
+    lib.mdk_matmul.argtypes = [POINTER(Matrix), vp, i, i, vp, i]
+    lib.mdk_matmul.restype = i
+    lib.mdk_experts.argtypes = [vp, i, vp, vp, vp, vp, i, i, vp, i, i]
+    lib.mdk_experts.restype = i
+    lib.mdk_moe.argtypes = [vp, i, POINTER(Matrix), i, i, vp, i, i, vp, i, vp, vp, i]
+    lib.mdk_moe.restype = i
+    want = os.environ.get("MIXDESK_KERNEL_PATH", "").lower()
+    cap = {"c": 0, "portable": 0, "avx2": 1, "avx512": 2}.get(want, -1)
+    lib.mdk_select_path(cap)
+    _why = ""
+    return lib
+
+
+def lib():
+    """The loaded library, or None (then the engine uses torch; `status()` says why)."""
+    global _lib, _said
+    if _lib is None and _why == "not loaded yet":
+        _lib = _load()
+        if _lib is None and not _said:
+            log.warning("native CPU kernels unavailable (%s): using torch's kernels", _why)
+            _said = True
+    return _lib
+
+
+def available() -> bool:
+    return lib() is not None
+
+
+def set_path(cap: int) -> str:
+    """Cap the code path (0 portable C, 1 AVX2, 2 AVX-512; -1 keeps it); returns the active one."""
+    return PATHS[lib().mdk_select_path(cap)]
+
+
+def status() -> str:
+    """One line naming the active CPU expert kernel, for the bench, --self-test and the panel."""
+    L = lib()
+    if L is None:
+        return f"torch (native kernels unavailable: {_why})"
+    p = L.mdk_select_path(-1)
+    extra = " + BF16" if p == 2 and L.mdk_cpu_has_bf16() else ""
+    return f"native {PATHS[p]}{extra}"
+
+
+def threads() -> int:
+    return torch.get_num_threads()
+
+
+def matrix(w: torch.Tensor) -> Matrix:
+    """A 16-bit or fp32 weight [N, K] (contiguous, CPU) as the kernel sees it."""
+    n, k = w.shape
+    return Matrix(FMT[w.dtype], n, k, w.data_ptr(), None, None)
+
+
+def matmul(m: Matrix, x: torch.Tensor) -> torch.Tensor:
+    """x [T, K] @ W.T -> [T, N] fp32."""
+    x = x.contiguous()
+    y = torch.empty(x.shape[0], m.n, dtype=torch.float32)
+    if lib().mdk_matmul(ctypes.byref(m), x.data_ptr(), FMT[x.dtype], x.shape[0], y.data_ptr(), threads()):
+        raise MemoryError("native matmul: out of memory for its scratch buffers")
+    return y

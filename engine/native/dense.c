@@ -1,0 +1,112 @@
+/* 16-bit (and fp32) weights times one token, fp32 accumulation.
+ * AVX-512: fp16 widened by vcvtph2ps; bf16 by vdpbf16ps when the CPU has AVX512-BF16 and the
+ * activation is bf16 already (exact: products of two bf16 fit fp32), else widened by a shift.
+ * AVX2: the same with F16C and 8 lanes. Portable C otherwise. */
+#include "mdk.h"
+
+#if MDK_X86
+#include <immintrin.h>
+#endif
+
+static float dot_c(int fmt, const void *w, const float *x, int k) {
+    float s0 = 0.f, s1 = 0.f;
+    int i = 0;
+    if (fmt == MDK_F32) {
+        const float *p = (const float *)w;
+        for (; i + 1 < k; i += 2) { s0 += p[i] * x[i]; s1 += p[i + 1] * x[i + 1]; }
+        for (; i < k; i++) s0 += p[i] * x[i];
+    } else {
+        const uint16_t *p = (const uint16_t *)w;
+        for (; i < k; i++) s0 += (fmt == MDK_F16 ? mdk_h2f(p[i]) : mdk_bf2f(p[i])) * x[i];
+    }
+    return s0 + s1;
+}
+
+#if MDK_X86
+MDK_TARGET("avx2,fma,f16c")
+static float hsum256(__m256 s) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+MDK_TARGET("avx2,fma,f16c")
+static __m256 load8(int fmt, const void *w, int i) {
+    if (fmt == MDK_F32) return _mm256_loadu_ps((const float *)w + i);
+    __m128i v = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+    if (fmt == MDK_F16) return _mm256_cvtph_ps(v);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+}
+
+MDK_TARGET("avx2,fma,f16c")
+static float dot_avx2(int fmt, const void *w, const float *x, int k) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= k; i += 32) {
+        a0 = _mm256_fmadd_ps(load8(fmt, w, i), _mm256_loadu_ps(x + i), a0);
+        a1 = _mm256_fmadd_ps(load8(fmt, w, i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        a2 = _mm256_fmadd_ps(load8(fmt, w, i + 16), _mm256_loadu_ps(x + i + 16), a2);
+        a3 = _mm256_fmadd_ps(load8(fmt, w, i + 24), _mm256_loadu_ps(x + i + 24), a3);
+    }
+    for (; i + 8 <= k; i += 8) a0 = _mm256_fmadd_ps(load8(fmt, w, i), _mm256_loadu_ps(x + i), a0);
+    float r = hsum256(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    return r + dot_c(fmt, fmt == MDK_F32 ? (const void *)((const float *)w + i) : (const void *)((const uint16_t *)w + i), x + i, k - i);
+}
+
+MDK_TARGET("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+static __m512 load16(int fmt, const void *w, int i) {
+    if (fmt == MDK_F32) return _mm512_loadu_ps((const float *)w + i);
+    __m256i v = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i));
+    if (fmt == MDK_F16) return _mm512_cvtph_ps(v);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+}
+
+MDK_TARGET("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+static float dot_avx512(int fmt, const void *w, const float *x, int k) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 64 <= k; i += 64) {
+        a0 = _mm512_fmadd_ps(load16(fmt, w, i), _mm512_loadu_ps(x + i), a0);
+        a1 = _mm512_fmadd_ps(load16(fmt, w, i + 16), _mm512_loadu_ps(x + i + 16), a1);
+        a2 = _mm512_fmadd_ps(load16(fmt, w, i + 32), _mm512_loadu_ps(x + i + 32), a2);
+        a3 = _mm512_fmadd_ps(load16(fmt, w, i + 48), _mm512_loadu_ps(x + i + 48), a3);
+    }
+    for (; i + 16 <= k; i += 16) a0 = _mm512_fmadd_ps(load16(fmt, w, i), _mm512_loadu_ps(x + i), a0);
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    return r + dot_c(fmt, fmt == MDK_F32 ? (const void *)((const float *)w + i) : (const void *)((const uint16_t *)w + i), x + i, k - i);
+}
+
+MDK_TARGET("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")
+static float dot_bf16(const uint16_t *w, const uint16_t *xbf, int k) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 64 <= k; i += 64) {
+        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(w + i)), (__m512bh)_mm512_loadu_si512((const void *)(xbf + i)));
+        a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512((const void *)(w + i + 32)), (__m512bh)_mm512_loadu_si512((const void *)(xbf + i + 32)));
+    }
+    for (; i + 32 <= k; i += 32)
+        a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512((const void *)(w + i)), (__m512bh)_mm512_loadu_si512((const void *)(xbf + i)));
+    float r = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    for (; i < k; i++) r += mdk_bf2f(w[i]) * mdk_bf2f(xbf[i]);
+    return r;
+}
+#endif
+
+/* y[0..r1-r0) = rows r0..r1-1 of W (F16/BF16/F32) dotted with x (fp32; xbf: the same in bf16, or NULL) */
+void mdk_dense_rows(const mdk_matrix *w, int r0, int r1, const float *x, const uint16_t *xbf, float *y) {
+    int k = w->k;
+    size_t esz = w->fmt == MDK_F32 ? 4 : 2;
+    for (int r = r0; r < r1; r++) {
+        const void *row = (const char *)w->w + (size_t)r * k * esz;
+#if MDK_X86
+        if (mdk_path == MDK_PATH_AVX512) {
+            y[r - r0] = (w->fmt == MDK_BF16 && xbf && mdk_has_bf16) ? dot_bf16((const uint16_t *)row, xbf, k)
+                                                                     : dot_avx512(w->fmt, row, x, k);
+            continue;
+        }
+        if (mdk_path == MDK_PATH_AVX2) { y[r - r0] = dot_avx2(w->fmt, row, x, k); continue; }
+#endif
+        y[r - r0] = dot_c(w->fmt, row, x, k);
+    }
+}

@@ -1,0 +1,82 @@
+/* Mixdesk's CPU expert kernels: shared declarations.
+ *
+ * Shapes: a weight matrix is W [N, K] (out, in), row-major; x [T, K]; y = x @ W.T [T, N].
+ * Formats of one matrix:
+ *   MDK_Q4   4-bit, blocks of 32 along K with an fp16 scale d and an fp16 minimum m per block:
+ *            w = q * d + m, q in 0..15. Rows are repacked for the kernel (see quant4.c).
+ *   MDK_F16, MDK_BF16, MDK_F32   plain row-major weights.
+ * Activations and outputs are fp32, fp16 or bf16 (MDK_F32 / MDK_F16 / MDK_BF16 codes).
+ *
+ * One binary serves every x86-64 CPU: each kernel exists for AVX-512 (VNNI, BF16), AVX2 (FMA,
+ * F16C) and portable C, and the path is chosen at run time from CPUID (cpu.c).
+ */
+#ifndef MDK_H
+#define MDK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define MDK_API __declspec(dllexport)
+#else
+#define MDK_API __attribute__((visibility("default")))
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define MDK_TARGET(s) __attribute__((target(s)))
+#else /* MSVC compiles intrinsics without per-function target flags */
+#define MDK_TARGET(s)
+#endif
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define MDK_X86 1
+#else
+#define MDK_X86 0
+#endif
+
+enum { MDK_F32 = 0, MDK_F16 = 1, MDK_BF16 = 2, MDK_Q4 = 3 };
+enum { MDK_PATH_C = 0, MDK_PATH_AVX2 = 1, MDK_PATH_AVX512 = 2 };
+
+typedef struct {
+    int fmt;          /* MDK_Q4 / MDK_F16 / MDK_BF16 / MDK_F32 */
+    int n, k;         /* rows (out features), columns (in features) */
+    const void *w;    /* weights; for MDK_Q4 the packed nibbles [n, k/2] */
+    const uint16_t *d, *m;  /* MDK_Q4 only: fp16 scale and minimum [n, k/32] */
+} mdk_matrix;
+
+typedef struct {
+    mdk_matrix w13;   /* [2I, D]: gate rows then up rows */
+    mdk_matrix w2;    /* [D, I] */
+} mdk_expert;
+
+/* ---- cpu.c: features, path, thread pool ---- */
+extern int mdk_path;      /* the active path (MDK_PATH_*) */
+extern int mdk_has_bf16;  /* AVX512-BF16 present (and the AVX-512 path active) */
+typedef void (*mdk_task_fn)(void *ctx, int task);
+void mdk_parallel(int ntasks, mdk_task_fn fn, void *ctx, int nthreads);
+void *mdk_scratch(int slot, size_t bytes);  /* per-slot growing buffer, 64-byte aligned */
+
+/* ---- convert.c: scalar conversions ---- */
+float mdk_h2f(uint16_t h);
+uint16_t mdk_f2h(float f);
+static inline float mdk_bf2f(uint16_t b) { union { uint32_t u; float f; } v; v.u = (uint32_t)b << 16; return v.f; }
+uint16_t mdk_f2bf(float f);
+void mdk_load_row(int fmt, const void *src, float *dst, int n);   /* any activation fmt -> fp32 */
+void mdk_store_row(int fmt, const float *src, void *dst, int n);  /* fp32 -> activation fmt */
+float mdk_round_to(int fmt, float v);                              /* v as stored in fmt, back in fp32 */
+
+/* ---- quant4.c ---- */
+typedef struct {          /* one token's activation, quantised for MDK_Q4 dot products */
+    int8_t *q;            /* [k] int8, in the kernel's element order */
+    float *dx;            /* [k/32] scale per natural block */
+    float *sx;            /* [k/32] dx * sum(q) of the block (for the minimum term) */
+} mdk_q8;
+size_t mdk_q8_bytes(int k);
+void mdk_q8_init(mdk_q8 *a, void *mem, int k);
+void mdk_quantize_act(const float *x, int k, mdk_q8 *out);
+void mdk_q4_rows(const mdk_matrix *w, int r0, int r1, const mdk_q8 *a, float *y);  /* y[r] for r0..r1 */
+
+/* ---- dense.c ---- */
+void mdk_dense_rows(const mdk_matrix *w, int r0, int r1, const float *x, const uint16_t *xbf, float *y);
+
+#endif

@@ -1,0 +1,260 @@
+/* One call for a layer's CPU experts: (route ->) gate+up -> SiLU * up -> down -> weighted sum.
+ *
+ * Shapes: T tokens, D hidden, I ffn, S slots (token, expert) pairs, E experts, K top-k.
+ * Three parallel phases over the pool, each split into row ranges so every thread streams its own
+ * share of every selected expert's weights:
+ *   1. h[S, 2I] = w13 . x   (tasks: ranges of the 2I rows; inside, 16 rows at a time for all the
+ *      tokens of an expert, so a prefill reads each weight row from RAM once)
+ *   2. a[S, I] = silu(h_gate) * h_up, quantised per token for 4-bit experts
+ *   3. out[T, D] = sum over slots of route weight * (w2 . a)   (tasks: ranges of the D rows, so no
+ *      two threads write the same output element)
+ */
+#include "mdk.h"
+
+#include <math.h>
+#include <string.h>
+
+void mdk_quantize_act_range(const float *x, int k, int e0, int e1, mdk_q8 *a);
+
+#define SUB 16   /* rows per inner step: these stay in cache while every token of an expert uses them */
+#define ACT_CHUNK 1024
+
+typedef struct {
+    const mdk_expert *const *ex;  /* per job */
+    const int32_t *offs;          /* [njobs+1] slot ranges per job */
+    const int32_t *tok;           /* [S] token of each slot */
+    const float *rw;              /* [S] route weight of each slot */
+    int njobs, S, T, D, I;
+    const float *xf;              /* [T, D] */
+    const uint16_t *xbf;          /* [T, D] bf16 or NULL */
+    mdk_q8 *xq;                   /* [T] or NULL */
+    float *h, *act;               /* [S, 2I], [S, I] */
+    uint16_t *actbf;              /* [S, I] or NULL */
+    mdk_q8 *aq;                   /* [S] or NULL */
+    float *out;                   /* [T, D] */
+    int rows1, rows3, chunks2;
+} moe_ctx;
+
+static void rows_any(const mdk_matrix *w, int r0, int r1, const float *xf, const uint16_t *xbf, const mdk_q8 *xq,
+                     float *y) {
+    if (w->fmt == MDK_Q4) mdk_q4_rows(w, r0, r1, xq, y);
+    else mdk_dense_rows(w, r0, r1, xf, xbf, y);
+}
+
+static void phase1(void *c, int t) {
+    moe_ctx *m = (moe_ctx *)c;
+    int n = 2 * m->I, a = t * m->rows1, b = a + m->rows1 < n ? a + m->rows1 : n;
+    for (int j = 0; j < m->njobs; j++) {
+        const mdk_matrix *w = &m->ex[j]->w13;
+        for (int r = a; r < b; r += SUB) {
+            int re = r + SUB < b ? r + SUB : b;
+            for (int s = m->offs[j]; s < m->offs[j + 1]; s++) {
+                int tk = m->tok[s];
+                rows_any(w, r, re, m->xf + (size_t)tk * m->D, m->xbf ? m->xbf + (size_t)tk * m->D : NULL,
+                         m->xq ? &m->xq[tk] : NULL, m->h + (size_t)s * n + r);
+            }
+        }
+    }
+}
+
+static int job_of(const moe_ctx *m, int s) {
+    int j = 0;
+    while (s >= m->offs[j + 1]) j++;
+    return j;
+}
+
+static void phase2(void *c, int t) {
+    moe_ctx *m = (moe_ctx *)c;
+    int s = t / m->chunks2, ch = t % m->chunks2, I = m->I;
+    int e0 = ch * ACT_CHUNK, e1 = e0 + ACT_CHUNK < I ? e0 + ACT_CHUNK : I;
+    const float *h = m->h + (size_t)s * 2 * I;
+    float *a = m->act + (size_t)s * I;
+    for (int i = e0; i < e1; i++) {
+        float g = h[i];
+        a[i] = g / (1.f + expf(-g)) * h[I + i];
+    }
+    int fmt = m->ex[job_of(m, s)]->w2.fmt;
+    if (fmt == MDK_Q4) mdk_quantize_act_range(a, I, e0, e1, &m->aq[s]);
+    else if (fmt == MDK_BF16 && m->actbf) mdk_store_row(MDK_BF16, a + e0, m->actbf + (size_t)s * I + e0, e1 - e0);
+}
+
+static void phase3(void *c, int t) {
+    moe_ctx *m = (moe_ctx *)c;
+    int D = m->D, I = m->I, a = t * m->rows3, b = a + m->rows3 < D ? a + m->rows3 : D;
+    float y[SUB];
+    for (int j = 0; j < m->njobs; j++) {
+        const mdk_matrix *w = &m->ex[j]->w2;
+        for (int r = a; r < b; r += SUB) {
+            int re = r + SUB < b ? r + SUB : b;
+            for (int s = m->offs[j]; s < m->offs[j + 1]; s++) {
+                rows_any(w, r, re, m->act + (size_t)s * I, m->actbf ? m->actbf + (size_t)s * I : NULL,
+                         m->aq ? &m->aq[s] : NULL, y);
+                float *o = m->out + (size_t)m->tok[s] * D, rwt = m->rw[s];
+                for (int i = r; i < re; i++) o[i] += rwt * y[i - r];
+            }
+        }
+    }
+}
+
+typedef struct { const void *x; int fmt, D; float *xf; mdk_q8 *xq; } prep_ctx;
+
+static void prep_task(void *c, int t) {
+    prep_ctx *p = (prep_ctx *)c;
+    float *xf = p->xf + (size_t)t * p->D;
+    mdk_load_row(p->fmt, (const char *)p->x + (size_t)t * p->D * (p->fmt == MDK_F32 ? 4 : 2), xf, p->D);
+    if (p->xq) mdk_quantize_act(xf, p->D, &p->xq[t]);
+}
+
+static int rows_per_task(int rows, int nthreads) {
+    int per = (rows + 4 * nthreads - 1) / (4 * nthreads);
+    per = (per + SUB - 1) / SUB * SUB;
+    return per < SUB ? SUB : per;
+}
+
+/* Runs njobs experts: job j = expert ex[j] on slots offs[j]..offs[j+1]-1 (tokens tok[s] of x with
+ * route weights rw[s]). x [T, D] in x_fmt; out [T, D] (out_fmt) is overwritten with the sum.
+ * Every expert of a call has the same D and I. Returns 0, or -1 when the scratch memory failed. */
+MDK_API int mdk_experts(const mdk_expert *const *ex, int njobs, const int32_t *offs, const int32_t *tok,
+                        const float *rw, const void *x, int x_fmt, int T, void *out, int out_fmt, int nthreads) {
+    if (njobs <= 0 || T <= 0) return 0;
+    int D = ex[0]->w13.k, I = ex[0]->w2.k, S = offs[njobs];
+    int any_q4_in = 0, any_q4_out = 0, any_bf_in = 0, any_bf_out = 0;
+    for (int j = 0; j < njobs; j++) {
+        any_q4_in |= ex[j]->w13.fmt == MDK_Q4;
+        any_q4_out |= ex[j]->w2.fmt == MDK_Q4;
+        any_bf_in |= ex[j]->w13.fmt == MDK_BF16;
+        any_bf_out |= ex[j]->w2.fmt == MDK_BF16;
+    }
+    moe_ctx m;
+    memset(&m, 0, sizeof m);
+    m.ex = ex; m.offs = offs; m.tok = tok; m.rw = rw; m.njobs = njobs; m.S = S; m.T = T; m.D = D; m.I = I;
+    size_t q8x = mdk_q8_bytes(D), q8a = mdk_q8_bytes(I);
+    float *xf = (float *)mdk_scratch(0, (size_t)T * D * 4);
+    char *xqmem = any_q4_in ? (char *)mdk_scratch(1, (size_t)T * (q8x + sizeof(mdk_q8))) : NULL;
+    m.h = (float *)mdk_scratch(2, (size_t)S * 2 * I * 4);
+    m.act = (float *)mdk_scratch(3, (size_t)S * I * 4);
+    char *aqmem = any_q4_out ? (char *)mdk_scratch(4, (size_t)S * (q8a + sizeof(mdk_q8))) : NULL;
+    m.out = (float *)mdk_scratch(5, (size_t)T * D * 4);
+    int use_bf = mdk_has_bf16;
+    m.actbf = (any_bf_out && use_bf) ? (uint16_t *)mdk_scratch(7, (size_t)S * I * 2) : NULL;
+    if (!xf || (any_q4_in && !xqmem) || !m.h || !m.act || (any_q4_out && !aqmem) || !m.out ||
+        (any_bf_out && use_bf && !m.actbf))
+        return -1;
+    if (any_q4_in) {
+        m.xq = (mdk_q8 *)xqmem;
+        for (int t = 0; t < T; t++) mdk_q8_init(&m.xq[t], xqmem + T * sizeof(mdk_q8) + (size_t)t * q8x, D);
+    }
+    if (any_q4_out) {
+        m.aq = (mdk_q8 *)aqmem;
+        for (int s = 0; s < S; s++) mdk_q8_init(&m.aq[s], aqmem + S * sizeof(mdk_q8) + (size_t)s * q8a, I);
+    }
+    prep_ctx p = {x, x_fmt, D, xf, m.xq};
+    mdk_parallel(T, prep_task, &p, T >= 8 ? nthreads : 1);
+    m.xf = xf;
+    m.xbf = (any_bf_in && use_bf && x_fmt == MDK_BF16) ? (const uint16_t *)x : NULL;
+    memset(m.out, 0, (size_t)T * D * 4);
+
+    m.rows1 = rows_per_task(2 * I, nthreads);
+    mdk_parallel((2 * I + m.rows1 - 1) / m.rows1, phase1, &m, nthreads);
+    m.chunks2 = (I + ACT_CHUNK - 1) / ACT_CHUNK;
+    mdk_parallel(S * m.chunks2, phase2, &m, nthreads);
+    m.rows3 = rows_per_task(D, nthreads);
+    mdk_parallel((D + m.rows3 - 1) / m.rows3, phase3, &m, nthreads);
+    for (int t = 0; t < T; t++)
+        mdk_store_row(out_fmt, m.out + (size_t)t * D, (char *)out + (size_t)t * D * (out_fmt == MDK_F32 ? 4 : 2), D);
+    return 0;
+}
+
+/* Routes T tokens with the router W [E, D] (Mixtral: softmax in fp32 over logits rounded to
+ * logit_fmt, top-k, renormalised), then runs the selected experts as mdk_experts does. table[e] is
+ * expert e, or NULL when it is not a CPU expert: then nothing is computed and -2 is returned.
+ * idx [T, K] and wts [T, K] receive the routes either way. */
+MDK_API int mdk_moe(const mdk_expert *const *table, int E, const mdk_matrix *router, int K, int logit_fmt,
+                    const void *x, int x_fmt, int T, void *out, int out_fmt, int32_t *idx, float *wts, int nthreads) {
+    int D = router->k;
+    float *xf = (float *)mdk_scratch(6, (size_t)D * 4 + (size_t)E * 4 + 64);
+    if (!xf) return -1;
+    float *logit = xf + D;
+    int missing = 0;
+    for (int t = 0; t < T; t++) {
+        mdk_load_row(x_fmt, (const char *)x + (size_t)t * D * (x_fmt == MDK_F32 ? 4 : 2), xf, D);
+        mdk_dense_rows(router, 0, E, xf, NULL, logit);
+        float mx = -INFINITY, sum = 0.f;
+        for (int e = 0; e < E; e++) { logit[e] = mdk_round_to(logit_fmt, logit[e]); mx = fmaxf(mx, logit[e]); }
+        for (int e = 0; e < E; e++) { logit[e] = expf(logit[e] - mx); sum += logit[e]; }
+        float tot = 0.f;
+        for (int j = 0; j < K; j++) {  /* top-k by selection; ties go to the lower index, like torch */
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int used = 0;
+                for (int q = 0; q < j; q++) used |= idx[t * K + q] == e;
+                if (!used && (best < 0 || logit[e] > logit[best])) best = e;
+            }
+            idx[t * K + j] = best;
+            wts[t * K + j] = logit[best] / sum;
+            tot += wts[t * K + j];
+            missing |= table[best] == NULL;
+        }
+        for (int j = 0; j < K; j++) wts[t * K + j] /= tot;
+    }
+    if (missing) return -2;
+    /* group slots by expert (counting sort) */
+    int32_t cnt[1024 + 1];
+    if (E > 1024) return -1;
+    static int32_t jobs_offs[1024 + 1], slot_tok[65536];
+    static float slot_w[65536];
+    static const mdk_expert *jobs_ex[1024];
+    if ((size_t)T * K > 65536) return -1;
+    memset(cnt, 0, sizeof(int32_t) * (E + 1));
+    for (int s = 0; s < T * K; s++) cnt[idx[s]]++;
+    int nj = 0, at = 0;
+    int32_t start[1024];
+    for (int e = 0; e < E; e++) {
+        start[e] = at;
+        if (cnt[e]) { jobs_ex[nj] = table[e]; jobs_offs[nj++] = at; }
+        at += cnt[e];
+    }
+    jobs_offs[nj] = at;
+    for (int s = 0; s < T * K; s++) {
+        int e = idx[s], pos = start[e]++;
+        slot_tok[pos] = s / K;
+        slot_w[pos] = wts[s];
+    }
+    return mdk_experts(jobs_ex, nj, jobs_offs, slot_tok, slot_w, x, x_fmt, T, out, out_fmt, nthreads);
+}
+
+typedef struct { const mdk_matrix *w; const float *xf; const uint16_t *xbf; mdk_q8 *xq; int T, rows; float *y; } mm_ctx;
+
+static void mm_task(void *c, int t) {
+    mm_ctx *m = (mm_ctx *)c;
+    int n = m->w->n, k = m->w->k, a = t * m->rows, b = a + m->rows < n ? a + m->rows : n;
+    float y[SUB];
+    for (int r = a; r < b; r += SUB) {
+        int re = r + SUB < b ? r + SUB : b;
+        for (int tk = 0; tk < m->T; tk++) {
+            rows_any(m->w, r, re, m->xf + (size_t)tk * k, m->xbf ? m->xbf + (size_t)tk * k : NULL,
+                     m->xq ? &m->xq[tk] : NULL, y);
+            memcpy(m->y + (size_t)tk * n + r, y, (size_t)(re - r) * 4);
+        }
+    }
+}
+
+/* y [T, N] fp32 = x [T, K] (x_fmt) @ W.T, for one matrix of any format. */
+MDK_API int mdk_matmul(const mdk_matrix *w, const void *x, int x_fmt, int T, float *y, int nthreads) {
+    int k = w->k;
+    size_t q8 = mdk_q8_bytes(k);
+    float *xf = (float *)mdk_scratch(0, (size_t)T * k * 4);
+    char *mem = w->fmt == MDK_Q4 ? (char *)mdk_scratch(1, (size_t)T * (q8 + sizeof(mdk_q8))) : NULL;
+    if (!xf || (w->fmt == MDK_Q4 && !mem)) return -1;
+    mdk_q8 *xq = NULL;
+    if (mem) {
+        xq = (mdk_q8 *)mem;
+        for (int t = 0; t < T; t++) mdk_q8_init(&xq[t], mem + T * sizeof(mdk_q8) + (size_t)t * q8, k);
+    }
+    prep_ctx p = {x, x_fmt, k, xf, xq};
+    mdk_parallel(T, prep_task, &p, T >= 8 ? nthreads : 1);
+    mm_ctx m = {w, xf, (w->fmt == MDK_BF16 && mdk_has_bf16 && x_fmt == MDK_BF16) ? (const uint16_t *)x : NULL,
+                xq, T, rows_per_task(w->n, nthreads), y};
+    mdk_parallel((w->n + m.rows - 1) / m.rows, mm_task, &m, nthreads);
+    return 0;
+}
