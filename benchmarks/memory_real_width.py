@@ -25,16 +25,17 @@ from benchmarks.common import CACHE, record  # noqa: E402
 SHAPE = dict(layers=2, hidden=4096, ffn=14336, experts=8, top_k=2, heads=32, kv_heads=8, vocab=32000)
 
 
-def write_checkpoint(path: Path) -> None:
+def write_checkpoint(path: Path, shape: dict | None = None) -> None:
     import torch
     from safetensors.torch import save_file
     from transformers import MixtralConfig
 
-    s = SHAPE
+    s = shape or SHAPE
     cfg = MixtralConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["ffn"],
                         num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
                         num_key_value_heads=s["kv_heads"], num_local_experts=s["experts"],
-                        num_experts_per_tok=s["top_k"], max_position_embeddings=4096)
+                        num_experts_per_tok=s["top_k"], max_position_embeddings=4096, bos_token_id=1,
+                        eos_token_id=2)
     path.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(0)
 

@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from . import native
 from .devices import best_time
 from .experts import Expert16, quantise
 from .kernels import auto_dtype
@@ -52,10 +53,11 @@ def run(hidden: int = 4096, ffn: int = 14336, reps: int = 5, out=print) -> dict:
             x = torch.randn(b, hidden, dtype=dtype, device=dev)
             cpu_times[(tier, b)] = best_time(lambda: ex(x), dev, reps if b < 128 else 2) / b
     bw["cpu"] = max(bw["cpu"], read_bandwidth(reps=5))
+    out(f"CPU expert kernel: {native.status()}; 16-bit CPU format {cpu_dtype}; {torch.get_num_threads()} threads")
     out(f"read bandwidth (best of 10 readings): " + ", ".join(f"{k} {v / 1e9:.1f} GB/s" for k, v in bw.items()))
     out(f"{'tier':8} {'MiB':>7} " + " ".join(f"{'b=' + str(b) + ' ms/tok':>13}" for b in BATCHES)
         + f" {'b=1 GB/s':>9} {'of bw':>6}")
-    results = {"bandwidth": bw, "tiers": {}}
+    results = {"bandwidth": bw, "kernel": native.status(), "tiers": {}}
     for tier, ex in experts.items():
         dtype = cpu_dtype if ex.device.type == "cpu" else auto_dtype(ex.device)
         per_tok = {b: cpu_times[(tier, b)] for b in BATCHES}

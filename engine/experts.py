@@ -48,6 +48,9 @@ class Expert16:
         gate, up = h.split(self.ffn, dim=-1)  # [T, I] each
         return linear(F.silu(gate) * up, self.w2)  # [T, D]
 
+    def __deepcopy__(self, memo) -> "Expert16":  # new memory, and a descriptor pointing at it
+        return Expert16(self.tier, self.w13.clone(), self.w2.clone())
+
     def to(self, device: torch.device) -> "Expert16":
         """A temporary copy on another device (the prefill 'copy the weights over' path)."""
         nb = device.type == "cuda"
@@ -74,6 +77,11 @@ class QuantExpert:
     @property
     def nbytes(self) -> int:
         return self.w13.nbytes + self.w2.nbytes
+
+    def __deepcopy__(self, memo) -> "QuantExpert":
+        import copy
+
+        return QuantExpert(self.tier, copy.deepcopy(self.w13, memo), copy.deepcopy(self.w2, memo), self._device)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] -> [T, D]
         if self.desc is not None:

@@ -21,7 +21,7 @@ from .experts import Expert16, quantise
 from .kernels import auto_dtype
 from .placement import Tier
 
-FORMAT = 4
+FORMAT = 5  # 5: the native CPU kernels (tier costs changed)
 SIZES = ((512, 1024), (2048, 8192))  # (hidden, ffn) of the two synthetic experts
 # The small expert is timed in rotation over copies that together outgrow the caches, as a model's
 # experts do in decode (each is read once per token): timed alone it stays in cache, and its fixed

@@ -1,4 +1,8 @@
-"""Which 16-bit format the CPU multiplies fastest, measured here rather than assumed.
+"""Which 16-bit format the CPU multiplies fastest, measured here rather than assumed, and the
+dense matmul of the CPU (the native GEMV at a few rows, torch's GEMM past that).
+
+With the native kernels the choice times the native GEMV (on AVX512-BF16 CPUs bf16 wins); without
+them, torch's own.
 
 torch's CPU matmul speed at batch 1 differs by format and by processor: on one AVX-512 EPYC we
 measured fp16 weights at ~46 GB/s and bf16 at ~16 GB/s for the same 14336x4096 matrix; other
@@ -13,7 +17,12 @@ import time
 import torch
 import torch.nn.functional as F
 
+from . import native
+
 FP16_MAX = 65504.0
+# Up to this many rows the dense CPU matmul is the native GEMV (it streams the weight once at the
+# memory bandwidth; torch's bf16 GEMV reached ~16 GB/s here); larger batches are torch's GEMM.
+NATIVE_ROWS = 8
 
 
 def _gemv_seconds(dtypes, rows: int = 4096, cols: int = 1024, mats: int = 12, rounds: int = 7) -> dict:
@@ -27,7 +36,7 @@ def _gemv_seconds(dtypes, rows: int = 4096, cols: int = 1024, mats: int = 12, ro
         for dt in dtypes:
             t0 = time.perf_counter()
             for w in ws[dt]:
-                F.linear(xs[dt], w)
+                linear(xs[dt], w)
             if r:  # round 0 warms up
                 best[dt] = min(best[dt], time.perf_counter() - t0)
     return best
@@ -68,6 +77,8 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x @ w.T, choosing the kernel by batch: torch's fp16 CPU matmul is fast at one row (a
     dedicated GEMV) but ~5x slower than bf16 at 64 rows (measured), so for a large batch fp16
     weights are widened to bf16 for that call. That is exact for weights from a bf16 checkpoint."""
+    if w.device.type == "cpu" and x.shape[0] <= NATIVE_ROWS and w.dtype in native.FMT and native.available():
+        return native.matmul(native.matrix(w), x.to(w.dtype)).to(x.dtype)
     if w.dtype == torch.float16 and w.device.type == "cpu" and x.shape[0] > fp16_rows_limit():
         return F.linear(x.to(torch.bfloat16), w.to(torch.bfloat16)).to(x.dtype)
     return F.linear(x, w)

@@ -13,11 +13,13 @@ import torch
 import torch.nn.functional as F
 
 from . import costs as costs_mod
+from . import native
 from .checkpoint import Checkpoint
 from .errors import ModelError
 from .experts import Expert16, materialise
 from .kernels import check_fits, linear
 from .moe import MoEBlock
+from .native import step as native_step
 from .placement import Placement, Tier
 
 Progress = Callable[[int, int, str], None]
@@ -98,6 +100,9 @@ class MixtralModel:
         self.inv_freq, self.rope_scale = _rope(ckpt.config, d.head_dim)
         self._rope_cache: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self.layer_inputs: list | None = None  # calibration: each layer's input appended when set
+        # the whole decode step in one native call, where the model is on the CPU (engine/native)
+        self.native_step = native_step.DecodeStep(self) if (
+            native.available() and native_step.DecodeStep.supported(self)) else None
 
     # ---- re-placement ----
     def move(self, layer: int, expert: int, tier: Tier) -> int:
@@ -189,6 +194,9 @@ class MixtralModel:
         end = pos + T
         if end > cache.ctx:
             raise ValueError(f"position {end} exceeds the cache ({cache.ctx})")
+        if T == 1 and start is None and self.native_step is not None and self.native_step.ready():
+            x = self.native_step(ids.to(self.accel), cache, pos)  # every layer in one native call
+            return linear(self._rms(x, self.norm), self.lm_head).float()  # [1, V]
         cos_t, sin_t = self._rope_tables(end)
         cos, sin = cos_t[pos:end], sin_t[pos:end]  # [T, 1, Hd]
         mask, causal = self._mask(T, pos)

@@ -40,7 +40,7 @@ from .model import MixtralModel
 from .placement import Tier
 
 CORPUS = Path(__file__).resolve().parents[1] / "resources" / "corpus"
-FORMAT = 2
+FORMAT = 3  # 3: cpu-4 is the native Q4 format where the library is built
 MIN_TOKENS = 8  # an expert that saw fewer calibration tokens is measured on all of its layer's tokens
 
 Progress = Callable[[int, int, str], None]

@@ -76,6 +76,9 @@ class Q4Native:
         self.shape = shape
         self.desc = native.Matrix(native.Q4, shape[0], shape[1], qs.data_ptr(), d.data_ptr(), m.data_ptr())
 
+    def __deepcopy__(self, memo) -> "Q4Native":  # new memory, and a descriptor pointing at it
+        return Q4Native(self.qs.clone(), self.d.clone(), self.m.clone(), self.shape)
+
     @classmethod
     def quantize(cls, w: torch.Tensor) -> "Q4Native":
         n, k = w.shape

@@ -16,7 +16,7 @@ import ctypes
 import importlib.machinery
 import logging
 import os
-from ctypes import POINTER, c_float, c_int, c_int32, c_void_p
+from ctypes import POINTER, c_float, c_int, c_void_p
 from pathlib import Path
 
 import torch
@@ -34,6 +34,17 @@ class Matrix(ctypes.Structure):
 
 class ExpertDesc(ctypes.Structure):
     _fields_ = [("w13", Matrix), ("w2", Matrix)]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [("ln1", c_void_p), ("ln2", c_void_p), ("wqkv", Matrix), ("wo", Matrix), ("experts", c_void_p),
+                ("router", Matrix), ("k", c_void_p), ("v", c_void_p)]
+
+
+class Model(ctypes.Structure):
+    _fields_ = [("layers", c_int), ("D", c_int), ("H", c_int), ("G", c_int), ("Hd", c_int), ("ctx", c_int),
+                ("E", c_int), ("K", c_int), ("window", c_int), ("eps", c_float), ("dtype", c_int),
+                ("resid_fmt", c_int), ("norm_fmt", c_int), ("layer", c_void_p)]
 
 
 _lib = None
@@ -65,7 +76,20 @@ def _load():
     except OSError as e:
         _why = f"the native library {path.name} could not be loaded: {e}"
         return None
-    vp, i, f = c_void_p, c_int, c_float
+    try:
+        _declare(lib)
+    except AttributeError as e:  # a library from an older build lacks a function
+        _why = f"the native library {path.name} is out of date ({e}); reinstall with pip"
+        return None
+    want = os.environ.get("MIXDESK_KERNEL_PATH", "").lower()
+    cap = {"c": 0, "portable": 0, "avx2": 1, "avx512": 2}.get(want, -1)
+    lib.mdk_select_path(cap)
+    _why = ""
+    return lib
+
+
+def _declare(lib) -> None:
+    vp, i = c_void_p, c_int
     lib.mdk_select_path.argtypes, lib.mdk_select_path.restype = [i], i
     lib.mdk_cpu_has_bf16.restype = i
     lib.mdk_q4_quantize.argtypes = [vp, i, i, i, vp, vp, vp, i]
@@ -78,11 +102,8 @@ def _load():
     lib.mdk_experts.restype = i
     lib.mdk_moe.argtypes = [vp, i, POINTER(Matrix), i, i, vp, i, i, vp, i, vp, vp, i]
     lib.mdk_moe.restype = i
-    want = os.environ.get("MIXDESK_KERNEL_PATH", "").lower()
-    cap = {"c": 0, "portable": 0, "avx2": 1, "avx512": 2}.get(want, -1)
-    lib.mdk_select_path(cap)
-    _why = ""
-    return lib
+    lib.mdk_decode.argtypes = [POINTER(Model), vp, i, vp, vp, i]
+    lib.mdk_decode.restype = i
 
 
 def lib():

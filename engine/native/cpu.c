@@ -244,7 +244,7 @@ void mdk_parallel(int ntasks, mdk_task_fn fn, void *ctx, int nthreads) {
 MDK_API int mdk_pool_threads(void) { return pool.started + 1; }
 
 /* ---------------- scratch ---------------- */
-#define SLOTS 8
+#define SLOTS 12
 static void *scratch_mem[SLOTS];
 static size_t scratch_size[SLOTS];
 

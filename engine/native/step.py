@@ -1,0 +1,61 @@
+"""The whole decode step of a CPU-resident model in one native call (engine/native/decode.c).
+
+Built from a MixtralModel whose dense weights are on the CPU. It points at the model's own tensors
+(nothing is copied) and at each MoE block's expert table, which the blocks keep current as experts
+migrate; `ready()` says whether every layer can run natively right now (a GPU expert, a calibration
+hook or an unsupported shape sends the step back to the torch forward).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from . import FMT, Layer, Matrix, Model, lib, matrix, threads
+
+
+class DecodeStep:
+    def __init__(self, model):
+        d = model.dims
+        self.model = model
+        self.layers = (Layer * d.layers)()
+        for l, (layer, block) in enumerate(zip(model.layers, model.moe)):
+            L = self.layers[l]
+            L.ln1, L.ln2 = layer.ln1.data_ptr(), layer.ln2.data_ptr()
+            L.wqkv, L.wo = matrix(layer.wqkv), matrix(layer.wo)
+            L.experts = ctypes.cast(block._table, ctypes.c_void_p)
+            L.router = block._router if block._router is not None else Matrix()
+        resid = FMT[model.residual_dtype]
+        self.desc = Model(d.layers, d.hidden, d.heads, d.kv_heads, d.head_dim, 0, d.experts, d.top_k,
+                          d.sliding_window or 0, d.rms_eps, FMT[model.dtype], resid, FMT[model.dtype],
+                          ctypes.addressof(self.layers))
+        self._cache = None
+
+    @staticmethod
+    def supported(model) -> bool:
+        d = model.dims
+        return (model.accel.type == "cpu" and model.dtype in FMT and model.attn_dtype == torch.float32
+                and d.head_dim <= 1024 and d.top_k <= 64 and d.heads % d.kv_heads == 0)
+
+    def ready(self) -> bool:
+        m = self.model
+        return m.layer_inputs is None and all(b._all_native and b._router is not None and b.record is None
+                                              for b in m.moe)
+
+    def __call__(self, ids: torch.Tensor, cache, pos: int) -> torch.Tensor:
+        """The residual stream after the last layer for one token at pos, [1, D] (residual dtype)."""
+        m = self.model
+        if cache is not self._cache:  # point every layer at this cache's keys and values
+            stride = cache.k.stride(0) * cache.k.element_size()
+            for l in range(len(self.layers)):
+                self.layers[l].k = cache.k.data_ptr() + l * stride
+                self.layers[l].v = cache.v.data_ptr() + l * stride
+            self.desc.ctx = cache.ctx
+            self._cache = cache
+        x = m.embed[ids].to(m.residual_dtype).contiguous()  # [1, D]
+        cos_t, sin_t = m._rope_tables(pos + 1)
+        rc = lib().mdk_decode(ctypes.byref(self.desc), x.data_ptr(), pos, cos_t[pos].data_ptr(),
+                              sin_t[pos].data_ptr(), threads())
+        if rc:
+            raise MemoryError(f"native decode step failed ({rc})")
+        return x
