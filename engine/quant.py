@@ -71,13 +71,13 @@ class Int4CPU:
 
 
 class Q4Native:
-    def __init__(self, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, shape: tuple[int, int]):
-        self.qs, self.d, self.m = qs, d, m  # [N, K/2] uint8 (kernel layout), [N, K/32] fp16 twice
+    def __init__(self, packed: torch.Tensor, shape: tuple[int, int]):
+        self.packed = packed  # uint8: tiles of 16 rows x blocks of 32, 320 bytes each (quant4.c)
         self.shape = shape
-        self.desc = native.Matrix(native.Q4, shape[0], shape[1], qs.data_ptr(), d.data_ptr(), m.data_ptr())
+        self.desc = native.Matrix(native.Q4, shape[0], shape[1], packed.data_ptr(), None, None)
 
     def __deepcopy__(self, memo) -> "Q4Native":  # new memory, and a descriptor pointing at it
-        return Q4Native(self.qs.clone(), self.d.clone(), self.m.clone(), self.shape)
+        return Q4Native(self.packed.clone(), self.shape)
 
     @classmethod
     def quantize(cls, w: torch.Tensor) -> "Q4Native":
@@ -87,12 +87,10 @@ class Q4Native:
         w = w.contiguous()
         if w.dtype not in native.FMT:
             w = w.float()
-        qs = torch.empty(n, k // 2, dtype=torch.uint8)
-        d = torch.empty(n, k // 32, dtype=torch.float16)
-        m = torch.empty_like(d)
-        native.lib().mdk_q4_quantize(w.data_ptr(), native.FMT[w.dtype], n, k, qs.data_ptr(), d.data_ptr(),
-                                     m.data_ptr(), native.threads())
-        return cls(qs, d, m, (n, k))
+        L = native.lib()
+        packed = torch.empty(L.mdk_q4_bytes(n, k), dtype=torch.uint8)
+        L.mdk_q4_quantize(w.data_ptr(), native.FMT[w.dtype], n, k, packed.data_ptr(), native.threads())
+        return cls(packed, (n, k))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x [T, K] -> [T, N]
         return native.matmul(self.desc, x).to(x.dtype)
@@ -101,12 +99,12 @@ class Q4Native:
         """The weight this form stands for, [N, K] fp32."""
         n, k = self.shape
         out = torch.empty(n, k, dtype=torch.float32)
-        native.lib().mdk_q4_dequantize(self.qs.data_ptr(), self.d.data_ptr(), self.m.data_ptr(), n, k, out.data_ptr())
+        native.lib().mdk_q4_dequantize(self.packed.data_ptr(), n, k, out.data_ptr())
         return out
 
     @property
     def nbytes(self) -> int:
-        return self.qs.numel() + 2 * self.d.numel() * 2
+        return self.packed.numel()
 
 
 def cpu4_format():

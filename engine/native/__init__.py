@@ -92,9 +92,10 @@ def _declare(lib) -> None:
     vp, i = c_void_p, c_int
     lib.mdk_select_path.argtypes, lib.mdk_select_path.restype = [i], i
     lib.mdk_cpu_has_bf16.restype = i
-    lib.mdk_q4_quantize.argtypes = [vp, i, i, i, vp, vp, vp, i]
+    lib.mdk_q4_bytes.argtypes, lib.mdk_q4_bytes.restype = [i, i], ctypes.c_size_t
+    lib.mdk_q4_quantize.argtypes = [vp, i, i, i, vp, i]
     lib.mdk_q4_quantize.restype = None
-    lib.mdk_q4_dequantize.argtypes = [vp, vp, vp, i, i, vp]
+    lib.mdk_q4_dequantize.argtypes = [vp, i, i, vp]
     lib.mdk_q4_dequantize.restype = None
     lib.mdk_matmul.argtypes = [POINTER(Matrix), vp, i, i, vp, i]
     lib.mdk_matmul.restype = i

@@ -3,7 +3,7 @@
  * Shapes: a weight matrix is W [N, K] (out, in), row-major; x [T, K]; y = x @ W.T [T, N].
  * Formats of one matrix:
  *   MDK_Q4   4-bit, blocks of 32 along K with an fp16 scale d and an fp16 minimum m per block:
- *            w = q * d + m, q in 0..15. Rows are repacked for the kernel (see quant4.c).
+ *            w = q * d + m, q in 0..15, in tiles of 16 rows (see quant4.c); d and m unused.
  *   MDK_F16, MDK_BF16, MDK_F32   plain row-major weights.
  * Activations and outputs are fp32, fp16 or bf16 (MDK_F32 / MDK_F16 / MDK_BF16 codes).
  *
@@ -74,7 +74,8 @@ typedef struct {          /* one token's activation, quantised for MDK_Q4 dot pr
 size_t mdk_q8_bytes(int k);
 void mdk_q8_init(mdk_q8 *a, void *mem, int k);
 void mdk_quantize_act(const float *x, int k, mdk_q8 *out);
-void mdk_q4_rows(const mdk_matrix *w, int r0, int r1, const mdk_q8 *a, float *y);  /* y[r] for r0..r1 */
+void mdk_quantize_act_range(const float *x, int k, int e0, int e1, mdk_q8 *a);
+void mdk_q4_rows(const mdk_matrix *w, int r0, int r1, const mdk_q8 *a, float *y);  /* y[r - r0], r0 % 16 == 0 */
 
 /* ---- dense.c ---- */
 void mdk_dense_rows(const mdk_matrix *w, int r0, int r1, const float *x, const uint16_t *xbf, float *y);

@@ -14,7 +14,6 @@
 #include <math.h>
 #include <string.h>
 
-void mdk_quantize_act_range(const float *x, int k, int e0, int e1, mdk_q8 *a);
 
 #define SUB 16   /* rows per inner step: these stay in cache while every token of an expert uses them */
 #define ACT_CHUNK 1024
