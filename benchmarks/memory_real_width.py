@@ -35,6 +35,7 @@ def write_checkpoint(path: Path, shape: dict | None = None) -> None:
                         num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
                         num_key_value_heads=s["kv_heads"], num_local_experts=s["experts"],
                         num_experts_per_tok=s["top_k"], max_position_embeddings=4096, bos_token_id=1,
+                        architectures=["MixtralForCausalLM"],
                         eos_token_id=2)
     path.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(0)

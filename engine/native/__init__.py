@@ -137,8 +137,40 @@ def status() -> str:
     return f"native {PATHS[p]}{extra}"
 
 
+_threads = 0
+
+
 def threads() -> int:
-    return torch.get_num_threads()
+    """Threads the native kernels use: torch's count when the library first ran (the cores torch
+    was set to use), or MIXDESK_THREADS. Fixed afterwards, because the decode step sets torch itself
+    to one thread while native calls run (see quiet_torch)."""
+    global _threads
+    if not _threads:
+        _threads = int(os.environ.get("MIXDESK_THREADS", "0")) or torch.get_num_threads()
+    return _threads
+
+
+class quiet_torch:
+    """Keeps torch at one thread while native decode steps run, and gives its threads back for the
+    torch work that needs them (a prefill's dense GEMMs). torch's OpenMP workers spin for a while after
+    each parallel op; on a 2-core machine that took the native pool's second core and doubled the
+    demo's step time (19.9 vs 11.5 ms). At one thread torch never starts them. Not re-entrant: one
+    engine thread drives the model."""
+
+    saved = 0
+
+    @classmethod
+    def enter(cls) -> None:
+        threads()  # fix the native count before torch's changes
+        if not cls.saved and torch.get_num_threads() > 1:
+            cls.saved = torch.get_num_threads()
+            torch.set_num_threads(1)
+
+    @classmethod
+    def leave(cls) -> None:
+        if cls.saved:
+            torch.set_num_threads(cls.saved)
+            cls.saved = 0
 
 
 def matrix(w: torch.Tensor) -> Matrix:

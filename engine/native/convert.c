@@ -45,14 +45,6 @@ uint16_t mdk_f2h(float f) {
     return (uint16_t)(sign | r);
 }
 
-uint16_t mdk_f2bf(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
-    u += 0x7fff + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-
 void mdk_load_row(int fmt, const void *src, float *dst, int n) {
     if (fmt == MDK_F32) {
         memcpy(dst, src, (size_t)n * 4);
@@ -75,10 +67,4 @@ void mdk_store_row(int fmt, const float *src, void *dst, int n) {
         uint16_t *d = (uint16_t *)dst;
         for (int i = 0; i < n; i++) d[i] = mdk_f2bf(src[i]);
     }
-}
-
-float mdk_round_to(int fmt, float v) {
-    if (fmt == MDK_F16) return mdk_h2f(mdk_f2h(v));
-    if (fmt == MDK_BF16) return mdk_bf2f(mdk_f2bf(v));
-    return v;
 }

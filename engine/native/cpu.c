@@ -191,7 +191,7 @@ static void pool_grow(int want) {
         pthread_cond_init(&pool.cv, NULL);
 #endif
         const char *s = getenv("MIXDESK_SPIN_US");
-        pool.spin_s = (s ? atof(s) : 200.0) * 1e-6;
+        pool.spin_s = (s ? atof(s) : 50.0) * 1e-6;
     }
     while (pool.started < want && pool.started < MAX_THREADS - 1) {
         intptr_t id = pool.started + 1;

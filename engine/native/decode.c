@@ -68,6 +68,17 @@ typedef struct {
     float *scores;       /* [H, ctx] */
 } attn_ctx;
 
+static float dot8(const float *a, const float *b, int n) {  /* eight partial sums: vectorises */
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int u = 0; u < 8; u++) acc[u] += a[i + u] * b[i + u];
+    float s = 0.f;
+    for (; i < n; i++) s += a[i] * b[i];
+    for (int u = 0; u < 8; u++) s += acc[u];
+    return s;
+}
+
 static void attn_task(void *c, int h) {
     attn_ctx *a = (attn_ctx *)c;
     const mdk_model *m = a->m;
@@ -76,10 +87,7 @@ static void attn_task(void *c, int h) {
     const float *kb = a->k + (size_t)g * m->ctx * Hd, *vb = a->v + (size_t)g * m->ctx * Hd;
     float *s = a->scores + (size_t)h * m->ctx, mx = -INFINITY, scale = 1.f / sqrtf((float)Hd);
     for (int j = a->first; j <= a->last; j++) {
-        const float *kj = kb + (size_t)j * Hd;
-        float d = 0.f;
-        for (int i = 0; i < Hd; i++) d += q[i] * kj[i];
-        s[j] = d * scale;
+        s[j] = dot8(q, kb + (size_t)j * Hd, Hd) * scale;
         if (s[j] > mx) mx = s[j];
     }
     float sum = 0.f;
@@ -97,6 +105,12 @@ static void attn_task(void *c, int h) {
  * cos, sin: [Hd] rope rows for pos (sin already signed for the rotate-half trick). Returns 0, or
  * -1 (scratch memory), -2 (a layer's expert is not a native CPU expert: nothing was changed after
  * that layer's attention, so the caller must not reuse this step). */
+#include <time.h>
+double mdk_prof[8];
+static double pnow(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+MDK_API double *mdk_prof_get(void) { return mdk_prof; }
+#define P(i) do { double _t = pnow(); mdk_prof[i] += _t - tp; tp = _t; } while (0)
+
 MDK_API int mdk_decode(const mdk_model *m, void *x, int pos, const float *cos, const float *sin, int nthreads) {
     int D = m->D, H = m->H, G = m->G, Hd = m->Hd, nq = (H + 2 * G) * Hd;
     float *xf = (float *)mdk_scratch(8, (size_t)(2 * D + nq + H * Hd + D) * 4 + (size_t)H * m->ctx * 4 + 256);
@@ -111,10 +125,13 @@ MDK_API int mdk_decode(const mdk_model *m, void *x, int pos, const float *cos, c
     mdk_load_row(m->resid_fmt, x, xf, D);
     int first = 0;
     if (m->window > 0 && pos - first + 1 > m->window) first = pos - m->window + 1;
+    double tp = pnow();
     for (int l = 0; l < m->layers; l++) {
         const mdk_layer *L = &m->layer[l];
         rmsnorm(xf, L->ln1, m->norm_fmt, D, m->eps, m->dtype, hf, use_bf ? hb : NULL);
+        P(0);
         gemv(&L->wqkv, hf, use_bf ? hb : NULL, qkv, nthreads);
+        P(1);
         for (int i = 0; i < nq; i++) qkv[i] = mdk_round_to(m->dtype, qkv[i]);
         for (int hd = 0; hd < H + G; hd++) {  /* rope on q and k heads */
             float *v = qkv + (size_t)hd * Hd, tmp[1024];
@@ -127,17 +144,21 @@ MDK_API int mdk_decode(const mdk_model *m, void *x, int pos, const float *cos, c
             memcpy(L->v + ((size_t)g * m->ctx + pos) * Hd, qkv + (size_t)(H + G + g) * Hd, (size_t)Hd * 4);
         }
         attn_ctx ac = {m, qkv, L->k, L->v, first, pos, att, scores};
-        mdk_parallel(H, attn_task, &ac, pos >= 256 ? nthreads : 1);
+        P(2);
+        mdk_parallel(H, attn_task, &ac, nthreads);
+        P(3);
         for (int i = 0; i < H * Hd; i++) {
             att[i] = mdk_round_to(m->dtype, att[i]);
             if (use_bf) attb[i] = mdk_f2bf(att[i]);
         }
         gemv(&L->wo, att, use_bf ? attb : NULL, o, nthreads);
+        P(4);
         for (int i = 0; i < D; i++) xf[i] = mdk_round_to(m->resid_fmt, xf[i] + mdk_round_to(m->dtype, o[i]));
         rmsnorm(xf, L->ln2, m->norm_fmt, D, m->eps, m->dtype, hf, NULL);
         mdk_store_row(m->dtype, hf, hin, D);
         void *hin_p = m->dtype == MDK_F32 ? (void *)hf : (void *)hin;
         int rc = mdk_moe(L->experts, m->E, &L->router, m->K, m->dtype, hin_p, m->dtype, 1, o, MDK_F32, idx, wts, nthreads);
+        P(5);
         if (rc) return rc;
         for (int i = 0; i < D; i++) xf[i] = mdk_round_to(m->resid_fmt, xf[i] + mdk_round_to(m->dtype, o[i]));
     }

@@ -160,7 +160,7 @@ void mdk_dense_rows(const mdk_matrix *w, int r0, int r1, const float *x, const u
     size_t esz = w->fmt == MDK_F32 ? 4 : 2;
     int r = r0;
 #if MDK_X86
-    for (; r + 4 <= r1 && mdk_path >= MDK_PATH_AVX2; r += 4) {
+    for (; r + 4 <= r1 && mdk_path >= MDK_PATH_AVX2 && k >= 2048; r += 4) {
         const void *row = (const char *)w->w + (size_t)r * k * esz;
         if (mdk_path == MDK_PATH_AVX512 && w->fmt == MDK_BF16 && xbf && mdk_has_bf16)
             dot4_bf16((const uint16_t *)row, (size_t)k, xbf, k, y + (r - r0));

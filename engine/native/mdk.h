@@ -60,10 +60,20 @@ void *mdk_scratch(int slot, size_t bytes);  /* per-slot growing buffer, 64-byte 
 float mdk_h2f(uint16_t h);
 uint16_t mdk_f2h(float f);
 static inline float mdk_bf2f(uint16_t b) { union { uint32_t u; float f; } v; v.u = (uint32_t)b << 16; return v.f; }
-uint16_t mdk_f2bf(float f);
+static inline uint16_t mdk_f2bf(float f) {
+    union { float f; uint32_t u; } v;
+    v.f = f;
+    if ((v.u & 0x7fffffff) > 0x7f800000) return (uint16_t)((v.u >> 16) | 0x40); /* NaN stays NaN */
+    v.u += 0x7fff + ((v.u >> 16) & 1);
+    return (uint16_t)(v.u >> 16);
+}
 void mdk_load_row(int fmt, const void *src, float *dst, int n);   /* any activation fmt -> fp32 */
 void mdk_store_row(int fmt, const float *src, void *dst, int n);  /* fp32 -> activation fmt */
-float mdk_round_to(int fmt, float v);                              /* v as stored in fmt, back in fp32 */
+static inline float mdk_round_to(int fmt, float v) {               /* v as stored in fmt, back in fp32 */
+    if (fmt == MDK_BF16) return mdk_bf2f(mdk_f2bf(v));
+    if (fmt == MDK_F16) return mdk_h2f(mdk_f2h(v));
+    return v;
+}
 
 /* ---- quant4.c ---- */
 typedef struct {          /* one token's activation, quantised for MDK_Q4 dot products */

@@ -1,0 +1,162 @@
+"""The native CPU kernels against torch references, on every code path this CPU has (portable C,
+AVX2, AVX-512), with 1 and 2 threads, odd row counts, K multiples of 32 and batches 1..64; and the
+engine with the library switched off (the torch fallback)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import native
+from engine.experts import Expert16, QuantExpert
+from engine.placement import Tier
+from engine.quant import Q4Native
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="native library not built")
+
+PATHS = [0, 1, 2]
+SHAPES = [(1, 32), (17, 64), (33, 96), (130, 576), (257, 4096), (16, 160)]
+
+
+@pytest.fixture(params=PATHS, ids=["c", "avx2", "avx512"])
+def path(request, monkeypatch):
+    active = native.lib().mdk_select_path(-1)
+    if request.param > native.lib().mdk_select_path(request.param):
+        native.lib().mdk_select_path(active)
+        pytest.skip("this CPU lacks that path")
+    yield request.param
+    native.lib().mdk_select_path(2)  # back to the best the CPU has
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request, monkeypatch):
+    monkeypatch.setattr(native, "_threads", request.param)
+    return request.param
+
+
+def q8_reference(x: torch.Tensor) -> torch.Tensor:
+    """The activation as the Q4 kernel sees it: int8 per block of 32, scale amax / 127."""
+    T, K = x.shape
+    xb = x.float().reshape(T, K // 32, 32)
+    amax = xb.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = (xb * inv).round().clamp(-127, 127)
+    return (q * (amax / 127.0)).reshape(T, K)
+
+
+def rel(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-30))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("batch", [1, 3, 64])
+def test_q4_matmul_matches_reference(path, threads, shape, batch):
+    n, k = shape
+    g = torch.Generator().manual_seed(n * k + batch)
+    w = torch.randn(n, k, generator=g)
+    q = Q4Native.quantize(w)
+    x = torch.randn(batch, k, generator=g)
+    want = q8_reference(x) @ q.dequantize().t()  # the same arithmetic, summed in another order
+    assert rel(q.matmul(x), want) < 2e-4  # fp32 rounding (a layout error would be O(1))
+    assert rel(q.dequantize(), w) < 0.12  # the 4-bit grid itself (see test_quant's bound)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES + [(5, 2048), (7, 14336)])
+@pytest.mark.parametrize("batch", [1, 2, 64])
+def test_dense_matmul_matches_reference(path, threads, dtype, shape, batch):
+    n, k = shape
+    g = torch.Generator().manual_seed(n + k + batch)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    x = torch.randn(batch, k, generator=g).to(dtype)
+    got = native.matmul(native.matrix(w), x)
+    assert got.dtype == torch.float32
+    assert rel(got, x.float() @ w.float().t()) < 1e-5  # fp32 accumulation in both
+
+
+def swiglu(x, w13, w2):
+    h = x.float() @ w13.float().t()
+    g, u = h.split(w2.shape[1], dim=-1)
+    return (F.silu(g) * u) @ w2.float().t()
+
+
+@pytest.mark.parametrize("batch", [1, 5, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_fused_expert_16bit(path, threads, batch, dtype):
+    g = torch.Generator().manual_seed(batch)
+    d, i = 96, 160
+    w13, w2 = torch.randn(2 * i, d, generator=g) * 0.1, torch.randn(d, i, generator=g) * 0.1
+    ex = Expert16(Tier.CPU16, w13.to(dtype), w2.to(dtype))
+    assert ex.desc is not None
+    x = torch.randn(batch, d, generator=g).to(dtype)
+    want = swiglu(x, ex.w13, ex.w2)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # 16-bit: only the output's rounding differs
+    assert rel(ex(x), want) < tol
+
+
+@pytest.mark.parametrize("batch", [1, 7, 64])
+def test_fused_expert_4bit(path, threads, batch):
+    g = torch.Generator().manual_seed(batch)
+    d, i = 576, 1536
+    w13, w2 = torch.randn(2 * i, d, generator=g) * d ** -0.5, torch.randn(d, i, generator=g) * i ** -0.5
+    ex = QuantExpert(Tier.CPU4, Q4Native.quantize(w13), Q4Native.quantize(w2), torch.device("cpu"))
+    x = torch.randn(batch, d, generator=g)
+    h = q8_reference(x) @ ex.w13.dequantize().t()
+    a = F.silu(h[:, :i]) * h[:, i:]
+    want = q8_reference(a) @ ex.w2.dequantize().t()
+    # the intermediate is quantised again: fp32 rounding differences flip a few int8 roundings
+    assert rel(ex(x), want) < 1e-3
+
+
+def test_results_do_not_depend_on_threads(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(1000, 576, generator=g)
+    q = Q4Native.quantize(w)
+    x = torch.randn(4, 576, generator=g)
+    outs = []
+    for n in (1, 2, 3):
+        monkeypatch.setattr(native, "_threads", n)
+        outs.append(q.matmul(x))
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_status_names_the_kernel():
+    s = native.status()
+    assert s.startswith("native ") and any(p in s for p in native.PATHS)
+
+
+FALLBACK = r"""
+import torch, sys
+from engine import native
+from engine.checkpoint import Checkpoint
+from engine.generate import Generator, SamplingParams
+from engine.model import MixtralModel
+from engine.placement import Placement, Tier
+from engine.quant import cpu4_format, Int4CPU
+assert not native.available(), native.status()
+print(native.status())
+assert cpu4_format() is Int4CPU
+ck = Checkpoint(sys.argv[1]); d = ck.dims
+m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), torch.device("cpu"), torch.float32)
+assert m.native_step is None and all(getattr(ex, "desc", None) is None for b in m.moe for ex in b.experts)
+gen = Generator(m, ck.load_tokenizer(), eos_ids=set(), ctx=128)
+fin = list(gen.stream([5, 6, 7, 8], SamplingParams(max_new_tokens=12)))[-1]
+print(" ".join(map(str, fin.token_ids)))
+"""
+
+
+def test_engine_runs_with_the_native_library_disabled(tiny, reference):
+    """MIXDESK_NATIVE=0: the torch kernels, said once, with the same greedy tokens as transformers."""
+    env = {**os.environ, "MIXDESK_NATIVE": "0"}
+    r = subprocess.run([sys.executable, "-c", FALLBACK, str(tiny)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    status, tokens = r.stdout.strip().splitlines()[-2:]
+    assert "torch (native kernels unavailable: disabled by MIXDESK_NATIVE=0)" in status
+    assert r.stderr.count("native CPU kernels unavailable") == 1
+    with torch.no_grad():
+        out = reference(tiny).generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=12, do_sample=False,
+                                       eos_token_id=None, pad_token_id=0)
+    assert [int(t) for t in tokens.split()] == out[0, 4:].tolist()
