@@ -40,6 +40,9 @@ class LivePanel(QWidget):
         sl = QVBoxLayout(speed)
         self.rate = QLabel("decode — tok/s · prefill — tok/s")
         sl.addWidget(self.rate)
+        self.kernel = QLabel("")  # which CPU expert kernel runs (native AVX-512 / AVX2 / C, or torch)
+        self.kernel.setWordWrap(True)
+        sl.addWidget(self.kernel)
         self.decode_series, self.prefill_series = QLineSeries(name="decode"), QLineSeries(name="prefill")
         chart = QChart()
         chart.addSeries(self.decode_series)
@@ -94,6 +97,7 @@ class LivePanel(QWidget):
         self.ram.setFormat(f"{s.ram_held / GIB:.2f} GiB of {s.ram_budget / GIB:.1f} GiB budget")
         self.rate.setText(f"decode {s.decode_tok_s:.1f} tok/s · prefill {s.prefill_tok_s:.0f} tok/s · "
                           f"context {s.ctx_used}/{s.ctx_max}")
+        self.kernel.setText(f"CPU experts: {s.cpu_kernel}" if s.cpu_kernel else "")
         self.tiers.setText(" · ".join(f"{n} {t}" for t, n in sorted(s.tiers.items())))
         t = time.monotonic() - self._t0
         if s.decode_tok_s:

@@ -44,6 +44,9 @@ def run() -> int:
     acc = detect()
     print(f"torch {torch.__version__}; CUDA {'available: ' + acc.name if acc.is_cuda else 'not available'}")
     print(f"NVML {_nvml()}")
+    from engine import native
+
+    print(f"CPU expert kernel: {native.status()}")
     print(f"Qt {_qt()}")
     print(acc.describe())
     events, done = [], threading.Event()

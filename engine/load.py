@@ -11,6 +11,7 @@ from .checkpoint import Checkpoint
 from .devices import Accelerator, detect
 from .errors import ModelError
 from .generate import Generator
+from . import native
 from .kernels import auto_dtype
 from .model import MixtralModel, Progress
 from .placement import Placement, Tier
@@ -30,7 +31,7 @@ class Loaded:
         d = self.ckpt.dims
         eb = self.model.expert_bytes()
         return (f"{self.ckpt.folder.name}: {d.layers} layers x {d.experts} experts (top-{d.top_k}), "
-                f"{self.model.dtype} | {self.accel.describe()} | placement: {self.model.placement.summary()} | "
+                f"{self.model.dtype} | {self.accel.describe()} | CPU kernel: {native.status()} | placement: {self.model.placement.summary()} | "
                 f"experts on accelerator {eb['accelerator'] / 2**20:,.0f} MiB, host {eb['host'] / 2**20:,.0f} MiB")
 
 

@@ -196,8 +196,7 @@ class MixtralModel:
             raise ValueError(f"position {end} exceeds the cache ({cache.ctx})")
         if T == 1 and start is None and self.native_step is not None and self.native_step.ready():
             native.quiet_torch.enter()  # torch stays at one thread until torch needs more
-            x = self.native_step(ids.to(self.accel), cache, pos)  # every layer in one native call
-            return linear(self._rms(x, self.norm), self.lm_head).float()  # [1, V]
+            return self.native_step(ids.to(self.accel), cache, pos)  # [1, V]: every layer in one native call
         native.quiet_torch.leave()
         cos_t, sin_t = self._rope_tables(end)
         cos, sin = cos_t[pos:end], sin_t[pos:end]  # [T, 1, Hd]

@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from . import native
 from .errors import MixdeskError
 from .generate import Finished, SamplingParams, Token
 from .monitor import BudgetReading, MemorySource, Monitor, SystemSource
@@ -156,6 +157,7 @@ class Stats:
     ctx_used: int = 0
     ctx_max: int = 0
     cpu_only: bool = True
+    cpu_kernel: str = ""  # the CPU expert kernel in use (engine.native.status())
 
 
 @dataclass(frozen=True)
@@ -535,4 +537,4 @@ class Session:
         self.emit(Stats(self._decode_ema, self._prefill, self.held[0], s.vram_free if s else 0,
                         s.vram_used_by_others if s else 0, b.vram, self.held[1], s.rss if s else 0, b.ram,
                         counts, len(self.loaded.generator.cache.tokens), self.loaded.generator.ctx,
-                        self.loaded.accel.cpu_only))
+                        self.loaded.accel.cpu_only, native.status()))

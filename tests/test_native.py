@@ -160,3 +160,38 @@ def test_engine_runs_with_the_native_library_disabled(tiny, reference):
         out = reference(tiny).generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=12, do_sample=False,
                                        eos_token_id=None, pad_token_id=0)
     assert [int(t) for t in tokens.split()] == out[0, 4:].tolist()
+
+
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory):
+    from engine.tiny_model import write_tiny_mixtral
+
+    return write_tiny_mixtral(tmp_path_factory.mktemp("win"), sliding_window=8, tokenizer=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tier", [Tier.CPU16, Tier.CPU4])
+@pytest.mark.parametrize("which", ["tiny", "windowed"])
+def test_native_decode_step_equals_the_layer_loop(request, which, dtype, tier):
+    """The one-call decode step gives the logits of the torch layer loop (same kernels for the
+    experts): equal in 16-bit, where both round at the same points, within fp32 rounding in fp32."""
+    from engine.checkpoint import Checkpoint
+    from engine.model import MixtralModel
+    from engine.placement import Placement
+
+    ck = Checkpoint(request.getfixturevalue(which))
+    d = ck.dims
+    m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, tier), torch.device("cpu"), dtype)
+    assert m.native_step is not None and m.native_step.ready()
+    ids = torch.randint(0, d.vocab, (30,), generator=torch.Generator().manual_seed(0))
+    outs = []
+    step = m.native_step
+    for use in (True, False):
+        m.native_step = step if use else None
+        cache = m.new_cache(64)
+        m.forward(ids[:10], cache, 0)
+        outs.append(torch.cat([m.forward(ids[i:i + 1], cache, i) for i in range(10, 30)]))
+    m.native_step = step
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert (outs[0] - outs[1]).abs().max().item() <= tol * outs[1].abs().max().item()
+    assert torch.equal(outs[0].argmax(-1), outs[1].argmax(-1))

@@ -38,6 +38,7 @@ def test_build_linux_bundle_and_self_test(tmp_path):
     print(s.stdout)
     assert s.returncode == 0, s.stdout[-2000:] + s.stderr[-2000:]
     assert "CUDA not available" in s.stdout and "NVML absent" in s.stdout and "CPU-only" in s.stdout
+    assert "CPU expert kernel: native" in s.stdout  # the bundle carries the built library
     assert snapshot(bundle) == before  # nothing written into the install folder
     size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
     print(f"bundle {size / 2**30:.2f} GiB, deb {debs[0].stat().st_size / 2**30:.2f} GiB, "

@@ -44,7 +44,8 @@ class Layer(ctypes.Structure):
 class Model(ctypes.Structure):
     _fields_ = [("layers", c_int), ("D", c_int), ("H", c_int), ("G", c_int), ("Hd", c_int), ("ctx", c_int),
                 ("E", c_int), ("K", c_int), ("window", c_int), ("eps", c_float), ("dtype", c_int),
-                ("resid_fmt", c_int), ("norm_fmt", c_int), ("layer", c_void_p)]
+                ("resid_fmt", c_int), ("norm_fmt", c_int), ("layer", c_void_p), ("norm", c_void_p),
+                ("lm_head", Matrix)]
 
 
 _lib = None
@@ -58,7 +59,7 @@ def _library_file() -> Path | None:
         p = here / f"_mdk{suffix}"
         if p.exists():
             return p
-    found = sorted(here.glob("_mdk*.so")) + sorted(here.glob("_mdk*.pyd"))
+    found = sorted(here.glob("_mdk*.so")) + sorted(here.glob("_mdk*.pyd")) + sorted(here.glob("_mdk*.dll"))
     return found[0] if found else None
 
 
@@ -103,7 +104,7 @@ def _declare(lib) -> None:
     lib.mdk_experts.restype = i
     lib.mdk_moe.argtypes = [vp, i, POINTER(Matrix), i, i, vp, i, i, vp, i, vp, vp, i]
     lib.mdk_moe.restype = i
-    lib.mdk_decode.argtypes = [POINTER(Model), vp, i, vp, vp, i]
+    lib.mdk_decode.argtypes = [POINTER(Model), vp, i, vp, vp, vp, i]
     lib.mdk_decode.restype = i
 
 

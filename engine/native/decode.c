@@ -29,6 +29,8 @@ typedef struct {
     float eps;
     int dtype, resid_fmt, norm_fmt;
     const mdk_layer *layer;
+    const void *norm;               /* final norm [D] (norm_fmt) */
+    mdk_matrix lm_head;             /* [V, D] */
 } mdk_model;
 
 typedef struct { const mdk_matrix *w; const float *x; const uint16_t *xbf; float *y; int rows; } gemv_ctx;
@@ -101,7 +103,8 @@ static void attn_task(void *c, int h) {
     }
 }
 
-/* x [D] (resid_fmt) is the embedded token at position pos; on return it is the last layer's output.
+/* x [D] (resid_fmt) is the embedded token at position pos; on return it is the last layer's output,
+ * and logits [V] (fp32, holding values of the model dtype, as torch's lm_head gives) are written.
  * cos, sin: [Hd] rope rows for pos (sin already signed for the rotate-half trick). Returns 0, or
  * -1 (scratch memory), -2 (a layer's expert is not a native CPU expert: nothing was changed after
  * that layer's attention, so the caller must not reuse this step). */
@@ -111,7 +114,8 @@ static double pnow(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t)
 MDK_API double *mdk_prof_get(void) { return mdk_prof; }
 #define P(i) do { double _t = pnow(); mdk_prof[i] += _t - tp; tp = _t; } while (0)
 
-MDK_API int mdk_decode(const mdk_model *m, void *x, int pos, const float *cos, const float *sin, int nthreads) {
+MDK_API int mdk_decode(const mdk_model *m, void *x, int pos, const float *cos, const float *sin, float *logits,
+                       int nthreads) {
     int D = m->D, H = m->H, G = m->G, Hd = m->Hd, nq = (H + 2 * G) * Hd;
     float *xf = (float *)mdk_scratch(8, (size_t)(2 * D + nq + H * Hd + D) * 4 + (size_t)H * m->ctx * 4 + 256);
     uint16_t *hb = (uint16_t *)mdk_scratch(9, (size_t)(D + H * Hd + D) * 2 + 64);
@@ -121,7 +125,6 @@ MDK_API int mdk_decode(const mdk_model *m, void *x, int pos, const float *cos, c
     float *hf = xf + D, *qkv = hf + D, *att = qkv + nq, *o = att + H * Hd, *scores = o + D;
     uint16_t *attb = hb + D, *hin = attb + H * Hd;
     int use_bf = m->dtype == MDK_BF16;
-    size_t rsz = m->resid_fmt == MDK_F32 ? 4 : 2;
     mdk_load_row(m->resid_fmt, x, xf, D);
     int first = 0;
     if (m->window > 0 && pos - first + 1 > m->window) first = pos - m->window + 1;
@@ -163,6 +166,9 @@ MDK_API int mdk_decode(const mdk_model *m, void *x, int pos, const float *cos, c
         for (int i = 0; i < D; i++) xf[i] = mdk_round_to(m->resid_fmt, xf[i] + mdk_round_to(m->dtype, o[i]));
     }
     mdk_store_row(m->resid_fmt, xf, x, D);
-    (void)rsz;
+    rmsnorm(xf, m->norm, m->norm_fmt, D, m->eps, m->dtype, hf, use_bf ? hb : NULL);
+    gemv(&m->lm_head, hf, use_bf ? hb : NULL, logits, nthreads);
+    if (m->dtype != MDK_F32)
+        for (int i = 0; i < m->lm_head.n; i++) logits[i] = mdk_round_to(m->dtype, logits[i]);
     return 0;
 }

@@ -28,7 +28,7 @@ class DecodeStep:
         resid = FMT[model.residual_dtype]
         self.desc = Model(d.layers, d.hidden, d.heads, d.kv_heads, d.head_dim, 0, d.experts, d.top_k,
                           d.sliding_window or 0, d.rms_eps, FMT[model.dtype], resid, FMT[model.dtype],
-                          ctypes.addressof(self.layers))
+                          ctypes.addressof(self.layers), model.norm.data_ptr(), matrix(model.lm_head))
         self._cache = None
 
     @staticmethod
@@ -43,7 +43,7 @@ class DecodeStep:
                                               for b in m.moe)
 
     def __call__(self, ids: torch.Tensor, cache, pos: int) -> torch.Tensor:
-        """The residual stream after the last layer for one token at pos, [1, D] (residual dtype)."""
+        """Logits [1, V] fp32 for one token at pos (the values torch's lm_head gives in the model dtype)."""
         m = self.model
         if cache is not self._cache:  # point every layer at this cache's keys and values
             stride = cache.k.stride(0) * cache.k.element_size()
@@ -54,8 +54,9 @@ class DecodeStep:
             self._cache = cache
         x = m.embed[ids].to(m.residual_dtype).contiguous()  # [1, D]
         cos_t, sin_t = m._rope_tables(pos + 1)
+        logits = torch.empty(1, m.lm_head.shape[0], dtype=torch.float32)
         rc = lib().mdk_decode(ctypes.byref(self.desc), x.data_ptr(), pos, cos_t[pos].data_ptr(),
-                              sin_t[pos].data_ptr(), threads())
+                              sin_t[pos].data_ptr(), logits.data_ptr(), threads())
         if rc:
             raise MemoryError(f"native decode step failed ({rc})")
-        return x
+        return logits

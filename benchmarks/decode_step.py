@@ -1,0 +1,88 @@
+"""The demo's decode step, before and after the native path: time per token, the bandwidth-bound
+time for the bytes a step reads, and the per-layer overhead (step time beyond that bound, per layer).
+
+    python benchmarks/decode_step.py
+
+Three variants, each in its own process (the library is chosen at load):
+- "torch": MIXDESK_NATIVE=0, the engine as it was before the native kernels (torch's int4 and
+  16-bit kernels, a Python loop over the layers);
+- "native experts": the native kernels for experts and dense GEMVs, the Python loop over layers;
+- "native step": every layer of a decode step in one native call (the default).
+Greedy decode of 64 tokens after a 32-token prompt, median step time; read bandwidth measured in the
+same process right before.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import record  # noqa: E402
+
+CHILD = r"""
+import json, sys, time, statistics, torch
+from engine import native
+from engine.bench_kernels import read_bandwidth
+from engine.checkpoint import Checkpoint
+from engine.kernels import auto_dtype
+from engine.model import MixtralModel
+from engine.placement import Placement, Tier
+from engine.demo import demo_dir
+tier, variant = sys.argv[1], sys.argv[2]
+ck = Checkpoint(demo_dir()); d = ck.dims
+m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier(tier)), torch.device("cpu"), auto_dtype(torch.device("cpu")))
+if variant == "native experts":
+    m.native_step = None
+bw = read_bandwidth()
+cache = m.new_cache(160)
+tok = int(m.forward(torch.arange(100, 132), cache, 0)[-1].argmax())
+steps = []
+for i in range(72):
+    t0 = time.perf_counter()
+    tok = int(m.forward(torch.tensor([tok]), cache, 32 + i)[-1].argmax())
+    steps.append(time.perf_counter() - t0)
+step = statistics.median(steps[8:])
+ex = m.moe[0].experts[0].nbytes
+nbytes = d.layers * d.top_k * ex + m.dense_bytes()
+print(json.dumps({"step_s": step, "bytes": nbytes, "bandwidth": bw, "kernel": native.status(),
+                  "dtype": str(m.dtype), "layers": d.layers}))
+"""
+
+
+def run(tier: str, variant: str) -> dict:
+    env = dict(os.environ)
+    if variant == "torch":
+        env["MIXDESK_NATIVE"] = "0"
+    r = subprocess.run([sys.executable, "-c", CHILD, tier, variant], capture_output=True, text=True, env=env,
+                       cwd=Path(__file__).resolve().parents[1], timeout=900)
+    if r.returncode:
+        raise SystemExit(r.stderr[-2000:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    rows = ["| tier | variant | kernel | step ms | tok/s | bytes/step MiB | bound ms | of bound | overhead per layer us |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    res = {}
+    for tier in ("cpu-4", "cpu-16"):
+        for variant in ("torch", "native experts", "native step"):
+            r = run(tier, variant)
+            bound = r["bytes"] / r["bandwidth"]
+            r["overhead_per_layer_s"] = (r["step_s"] - bound) / r["layers"]
+            res[f"{tier} {variant}"] = r
+            rows.append(f"| {tier} | {variant} | {r['kernel']} ({r['dtype'].replace('torch.', '')}) | "
+                        f"{r['step_s'] * 1e3:.2f} | {1 / r['step_s']:.1f} | {r['bytes'] / 2**20:.0f} | {bound * 1e3:.2f} | "
+                        f"{bound / r['step_s']:.0%} | {r['overhead_per_layer_s'] * 1e6:.0f} |")
+            print(rows[-1], flush=True)
+    rows += ["", "bound = bytes a step reads (top-k experts of every layer, dense weights, lm_head) / read bandwidth "
+             "measured in the same process; overhead per layer = (step - bound) / layers"]
+    table = "\n".join(rows)
+    print(table)
+    print(f"recorded {record('decode_step', res, table)}")
+
+
+if __name__ == "__main__":
+    main()
