@@ -85,15 +85,17 @@ def engine_run(path: Path, tier: str, prompt: list[int], prefill: list[int] | No
 
 
 def llama_runs(path: Path, name: str, prompt, prefill, new: int, reps: int) -> dict:
+    from engine import native
     f16 = llama_peer.convert_f16(path, CACHE / f"{name}-f16.gguf")
     files = {"Q4_0": llama_peer.quantize(f16, CACHE / f"{name}-q4_0.gguf"),
              "Q4_0 experts, F16 rest": llama_peer.experts_only_q4_0(f16, CACHE / f"{name}-q4_0-experts.gguf"),
              "F16": f16}
     out = {}
     for k, f in files.items():
-        out[k] = {"decode_tok_s": llama_peer.decode_tok_s(f, prompt, new, reps), "file_bytes": f.stat().st_size}
+        out[k] = {"decode_tok_s": llama_peer.decode_tok_s(f, prompt, new, reps, threads=native.threads()),
+                  "file_bytes": f.stat().st_size}
         if prefill:
-            out[k]["prefill_tok_s"] = llama_peer.prefill_tok_s(f, prefill, max(1, reps - 1))
+            out[k]["prefill_tok_s"] = llama_peer.prefill_tok_s(f, prefill, max(1, reps - 1), threads=native.threads())
         gc.collect()
     return out
 
@@ -133,6 +135,7 @@ def one_model(name: str, path: Path, vocab: int, new: int, reps: int, with_prefi
 
 
 def main() -> None:
+    from engine import native
     from engine.demo import demo_dir
 
     ap = argparse.ArgumentParser()
@@ -154,7 +157,7 @@ def main() -> None:
         if not (path / "config.json").exists():
             sys.exit("build the demo first: mixdesk demo-model")
         res["demo"] = one_model("demo", path, 49152, a.new_tokens, a.repeats, False, out)
-    out(f"\n{a.new_tokens} new tokens after a 32-token prompt, greedy, {torch.get_num_threads()} threads, "
+    out(f"\n{a.new_tokens} new tokens after a 32-token prompt, greedy, {native.threads()} threads on both sides, "
         f"best of {a.repeats}; targets: wide cpu-4/Q4_0 >= 1.0, cpu-16/F16 >= 1.0; demo cpu-4/Q4_0 >= 0.8")
     print(f"recorded {record('cpu_vs_llama_cpp' + ('-' + a.only if a.only else ''), res, chr(10).join(lines))}")
 

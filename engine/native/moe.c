@@ -1,12 +1,12 @@
 /* One call for a layer's CPU experts: (route ->) gate+up -> SiLU * up -> down -> weighted sum.
  *
  * Shapes: T tokens, D hidden, I ffn, S slots (token, expert) pairs, E experts, K top-k.
- * Three parallel phases over the pool, each split into row ranges so every thread streams its own
+ * Two parallel phases over the pool, each split into row ranges so every thread streams its own
  * share of every selected expert's weights:
- *   1. h[S, 2I] = w13 . x   (tasks: ranges of the 2I rows; inside, 16 rows at a time for all the
- *      tokens of an expert, so a prefill reads each weight row from RAM once)
- *   2. a[S, I] = silu(h_gate) * h_up, quantised per token for 4-bit experts
- *   3. out[T, D] = sum over slots of route weight * (w2 . a)   (tasks: ranges of the D rows, so no
+ *   1. h = w13 . x for a range of gate rows and the same range of up rows, then a = silu(gate) * up
+ *      on that range, quantised per token for 4-bit experts (tasks: ranges of the I rows; inside,
+ *      16 rows at a time for all the tokens of an expert, so a prefill reads each row from RAM once)
+ *   2. out[T, D] = sum over slots of route weight * (w2 . a)   (tasks: ranges of the D rows, so no
  *      two threads write the same output element)
  */
 #include "mdk.h"
@@ -16,7 +16,6 @@
 
 
 #define SUB 16   /* rows per inner step: these stay in cache while every token of an expert uses them */
-#define ACT_CHUNK 1024
 
 typedef struct {
     const mdk_expert *const *ex;  /* per job */
@@ -31,7 +30,7 @@ typedef struct {
     uint16_t *actbf;              /* [S, I] or NULL */
     mdk_q8 *aq;                   /* [S] or NULL */
     float *out;                   /* [T, D] */
-    int rows1, rows3, chunks2;
+    int rows1, rows3;
 } moe_ctx;
 
 static void rows_any(const mdk_matrix *w, int r0, int r1, const float *xf, const uint16_t *xbf, const mdk_q8 *xq,
@@ -40,41 +39,36 @@ static void rows_any(const mdk_matrix *w, int r0, int r1, const float *xf, const
     else mdk_dense_rows(w, r0, r1, xf, xbf, y);
 }
 
+/* Phase 1 for rows a..b-1 of the gate half and the same rows of the up half, for every slot, then
+ * a = silu(gate) * up on those rows, quantised (4-bit w2) or rounded to bf16 (bf16 w2) there too:
+ * a task owns whole 32-blocks of a, so no second pass or barrier is needed before phase 3. */
 static void phase1(void *c, int t) {
     moe_ctx *m = (moe_ctx *)c;
-    int n = 2 * m->I, a = t * m->rows1, b = a + m->rows1 < n ? a + m->rows1 : n;
+    int I = m->I, a = t * m->rows1, b = a + m->rows1 < I ? a + m->rows1 : I;
     for (int j = 0; j < m->njobs; j++) {
         const mdk_matrix *w = &m->ex[j]->w13;
         for (int r = a; r < b; r += SUB) {
             int re = r + SUB < b ? r + SUB : b;
-            for (int s = m->offs[j]; s < m->offs[j + 1]; s++) {
-                int tk = m->tok[s];
-                rows_any(w, r, re, m->xf + (size_t)tk * m->D, m->xbf ? m->xbf + (size_t)tk * m->D : NULL,
-                         m->xq ? &m->xq[tk] : NULL, m->h + (size_t)s * n + r);
+            for (int half = 0; half < 2; half++)
+                for (int s = m->offs[j]; s < m->offs[j + 1]; s++) {
+                    int tk = m->tok[s];
+                    rows_any(w, half * I + r, half * I + re, m->xf + (size_t)tk * m->D,
+                             m->xbf ? m->xbf + (size_t)tk * m->D : NULL, m->xq ? &m->xq[tk] : NULL,
+                             m->h + (size_t)s * 2 * I + half * I + r);
+                }
+        }
+        int fmt = m->ex[j]->w2.fmt;
+        for (int s = m->offs[j]; s < m->offs[j + 1]; s++) {
+            const float *h = m->h + (size_t)s * 2 * I;
+            float *act = m->act + (size_t)s * I;
+            for (int i = a; i < b; i++) {
+                float g = h[i];
+                act[i] = g / (1.f + expf(-g)) * h[I + i];
             }
+            if (fmt == MDK_Q4) mdk_quantize_act_range(act, I, a, b, &m->aq[s]);
+            else if (fmt == MDK_BF16 && m->actbf) mdk_store_row(MDK_BF16, act + a, m->actbf + (size_t)s * I + a, b - a);
         }
     }
-}
-
-static int job_of(const moe_ctx *m, int s) {
-    int j = 0;
-    while (s >= m->offs[j + 1]) j++;
-    return j;
-}
-
-static void phase2(void *c, int t) {
-    moe_ctx *m = (moe_ctx *)c;
-    int s = t / m->chunks2, ch = t % m->chunks2, I = m->I;
-    int e0 = ch * ACT_CHUNK, e1 = e0 + ACT_CHUNK < I ? e0 + ACT_CHUNK : I;
-    const float *h = m->h + (size_t)s * 2 * I;
-    float *a = m->act + (size_t)s * I;
-    for (int i = e0; i < e1; i++) {
-        float g = h[i];
-        a[i] = g / (1.f + expf(-g)) * h[I + i];
-    }
-    int fmt = m->ex[job_of(m, s)]->w2.fmt;
-    if (fmt == MDK_Q4) mdk_quantize_act_range(a, I, e0, e1, &m->aq[s]);
-    else if (fmt == MDK_BF16 && m->actbf) mdk_store_row(MDK_BF16, a + e0, m->actbf + (size_t)s * I + e0, e1 - e0);
 }
 
 static void phase3(void *c, int t) {
@@ -153,10 +147,8 @@ MDK_API int mdk_experts(const mdk_expert *const *ex, int njobs, const int32_t *o
     m.xbf = (any_bf_in && use_bf && x_fmt == MDK_BF16) ? (const uint16_t *)x : NULL;
     memset(m.out, 0, (size_t)T * D * 4);
 
-    m.rows1 = rows_per_task(2 * I, nthreads);
-    mdk_parallel((2 * I + m.rows1 - 1) / m.rows1, phase1, &m, nthreads);
-    m.chunks2 = (I + ACT_CHUNK - 1) / ACT_CHUNK;
-    mdk_parallel(S * m.chunks2, phase2, &m, nthreads);
+    m.rows1 = (rows_per_task(I, nthreads) + 31) / 32 * 32;  /* whole 32-blocks of the activation */
+    mdk_parallel((I + m.rows1 - 1) / m.rows1, phase1, &m, nthreads);
     m.rows3 = rows_per_task(D, nthreads);
     mdk_parallel((D + m.rows3 - 1) / m.rows3, phase3, &m, nthreads);
     for (int t = 0; t < T; t++)
