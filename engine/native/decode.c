@@ -42,7 +42,7 @@ static void gemv_task(void *c, int t) {
 }
 
 static void gemv(const mdk_matrix *w, const float *x, const uint16_t *xbf, float *y, int nthreads) {
-    int tasks = 4 * nthreads, rows = (w->n + tasks - 1) / tasks;
+    int tasks = 16 * nthreads, rows = (w->n + tasks - 1) / tasks;
     if (rows < 64) rows = 64;
     gemv_ctx g = {w, x, xbf, y, rows};
     mdk_parallel((w->n + rows - 1) / rows, gemv_task, &g, nthreads);

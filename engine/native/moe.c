@@ -99,7 +99,7 @@ static void prep_task(void *c, int t) {
 }
 
 static int rows_per_task(int rows, int nthreads) {
-    int per = (rows + 4 * nthreads - 1) / (4 * nthreads);
+    int per = (rows + 16 * nthreads - 1) / (16 * nthreads);  /* small tasks: a late thread delays a phase little */
     per = (per + SUB - 1) / SUB * SUB;
     return per < SUB ? SUB : per;
 }
