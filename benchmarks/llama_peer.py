@@ -104,35 +104,28 @@ def experts_only_q4_0(f16: Path, out: Path) -> Path:
     return out
 
 
-def decode_tok_s(gguf: Path, prompt: list[int], new: int, reps: int, threads: int = 2) -> float:
+def load(gguf: Path, threads: int = 2):
+    import llama_cpp
+
+    return llama_cpp.Llama(model_path=str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=1024,
+                           n_batch=512, verbose=False)
+
+
+def decode_tok_s(llm, prompt: list[int], new: int) -> float:
     """Greedy decode tokens/s after the prompt (time from the first new token to the last)."""
-    import llama_cpp
-
-    llm = llama_cpp.Llama(model_path=str(gguf), n_threads=threads, n_ctx=1024, verbose=False)
-    best = 0.0
-    for _ in range(reps):
-        llm.reset()
-        n, t_first = 0, None
-        for _tok in llm.generate(prompt, top_k=1, temp=0.0, reset=True):
-            n += 1
-            if t_first is None:
-                t_first = time.perf_counter()
-            if n == new:
-                break
-        best = max(best, (n - 1) / (time.perf_counter() - t_first))
-    del llm
-    return best
+    llm.reset()
+    n, t_first = 0, None
+    for _tok in llm.generate(prompt, top_k=1, temp=0.0, reset=True):
+        n += 1
+        if t_first is None:
+            t_first = time.perf_counter()
+        if n == new:
+            break
+    return (n - 1) / (time.perf_counter() - t_first)
 
 
-def prefill_tok_s(gguf: Path, prompt: list[int], reps: int, threads: int = 2) -> float:
-    import llama_cpp
-
-    llm = llama_cpp.Llama(model_path=str(gguf), n_threads=threads, n_ctx=1024, n_batch=512, verbose=False)
-    best = 0.0
-    for _ in range(reps):
-        llm.reset()
-        t0 = time.perf_counter()
-        llm.eval(prompt)
-        best = max(best, len(prompt) / (time.perf_counter() - t0))
-    del llm
-    return best
+def prefill_tok_s(llm, prompt: list[int]) -> float:
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    return len(prompt) / (time.perf_counter() - t0)

@@ -194,10 +194,12 @@ class MixtralModel:
         end = pos + T
         if end > cache.ctx:
             raise ValueError(f"position {end} exceeds the cache ({cache.ctx})")
-        if T == 1 and start is None and self.native_step is not None and self.native_step.ready():
-            native.quiet_torch.enter()  # torch stays at one thread until torch needs more
-            return self.native_step(ids.to(self.accel), cache, pos)  # [1, V]: every layer in one native call
-        native.quiet_torch.leave()
+        if T == 1 and native.available():
+            native.quiet_torch.enter()  # a decode step's torch ops are small: torch stays at one thread
+            if start is None and self.native_step is not None and self.native_step.ready():
+                return self.native_step(ids.to(self.accel), cache, pos)  # [1, V]: every layer in one call
+        else:
+            native.quiet_torch.leave()  # a prefill's GEMMs get torch's threads back
         cos_t, sin_t = self._rope_tables(end)
         cos, sin = cos_t[pos:end], sin_t[pos:end]  # [T, 1, Hd]
         mask, causal = self._mask(T, pos)

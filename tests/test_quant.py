@@ -9,7 +9,7 @@ from engine.evaluate import perplexity
 from engine.model import MixtralModel
 from engine.placement import ALL_TIERS, Placement, Tier
 from engine.profile import Cancelled, ModelProfile, calibrate
-from engine.quant import NF4, Int4CPU
+from engine.quant import NF4, Int4CPU, Q4Native, cpu4_format
 
 CPU = torch.device("cpu")
 # Stated bounds: relative output error of one 4-bit matrix against 16-bit, on Gaussian weights
@@ -35,6 +35,11 @@ def test_matrix_error_bounds_random_weights(shape):
     nf4 = NF4.quantize(w, CPU, torch.float32)
     assert rel(nf4.matmul(x), ref) < MATRIX_BOUND
     assert i4.nbytes <= w.numel() * 5 / 8 and nf4.nbytes <= w.numel() * 4.5 / 8  # 5 and 4.5 bits a weight
+    if cpu4_format() is Q4Native:  # the native cpu-4 form: the same bound and size, and no worse
+        q = Q4Native.quantize(w)
+        assert rel(q.matmul(x), ref) < MATRIX_BOUND and rel(q.dequantize(), w) < MATRIX_BOUND
+        assert q.nbytes <= w.numel() * 5 / 8
+        assert rel(q.dequantize(), w) <= rel(i4.dequantize(), w) * 1.01  # fp16 scale/min vs bf16
 
 
 def test_int4_matmul_agrees_with_its_dequantised_weight():
