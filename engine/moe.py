@@ -26,6 +26,7 @@ from .kernels import linear
 from .experts import Expert16, QuantExpert
 
 CPU = torch.device("cpu")
+MAX_SLOTS = 65536  # (token, expert) pairs one native routed call takes (moe.c); longer prefills route here
 
 
 class MoEBlock:
@@ -77,7 +78,7 @@ class MoEBlock:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] on accel
         T = x.shape[0]
         if (self.record is None and self._all_native and self._router is not None and x.device.type == "cpu"
-                and (T == 1 or self.costs is None)):
+                and (T == 1 or self.costs is None) and T * self.top_k <= MAX_SLOTS):
             return self._native_layer(x)
         w, idx = self.route(x)
         if self.record is not None:

@@ -16,6 +16,7 @@ import ctypes
 import importlib.machinery
 import logging
 import os
+import threading
 from ctypes import POINTER, c_float, c_int, c_void_p
 from pathlib import Path
 
@@ -46,6 +47,26 @@ class Model(ctypes.Structure):
                 ("E", c_int), ("K", c_int), ("window", c_int), ("eps", c_float), ("dtype", c_int),
                 ("resid_fmt", c_int), ("norm_fmt", c_int), ("layer", c_void_p), ("norm", c_void_p),
                 ("lm_head", Matrix)]
+
+
+class _Locked:
+    """The library's functions, each call holding one lock: the kernels share scratch buffers and
+    one thread pool, so two Python threads must not be inside them at once (the engine thread is
+    the one caller in practice; a second caller waits rather than corrupting the first)."""
+
+    def __init__(self, cdll):
+        self._cdll = cdll
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name):
+        fn, lock = getattr(self._cdll, name), self._lock
+
+        def call(*args):
+            with lock:
+                return fn(*args)
+
+        setattr(self, name, call)
+        return call
 
 
 _lib = None
@@ -86,7 +107,7 @@ def _load():
     cap = {"c": 0, "portable": 0, "avx2": 1, "avx512": 2}.get(want, -1)
     lib.mdk_select_path(cap)
     _why = ""
-    return lib
+    return _Locked(lib)
 
 
 def _declare(lib) -> None:

@@ -42,7 +42,7 @@ static void gemv_task(void *c, int t) {
 }
 
 static void gemv(const mdk_matrix *w, const float *x, const uint16_t *xbf, float *y, int nthreads) {
-    int tasks = 16 * nthreads, rows = (w->n + tasks - 1) / tasks;
+    int tasks = 4 * nthreads, rows = (w->n + tasks - 1) / tasks;  /* see rows_per_task in moe.c */
     if (rows < 64) rows = 64;
     gemv_ctx g = {w, x, xbf, y, rows};
     mdk_parallel((w->n + rows - 1) / rows, gemv_task, &g, nthreads);
@@ -108,12 +108,6 @@ static void attn_task(void *c, int h) {
  * cos, sin: [Hd] rope rows for pos (sin already signed for the rotate-half trick). Returns 0, or
  * -1 (scratch memory), -2 (a layer's expert is not a native CPU expert: nothing was changed after
  * that layer's attention, so the caller must not reuse this step). */
-#include <time.h>
-double mdk_prof[8];
-static double pnow(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
-MDK_API double *mdk_prof_get(void) { return mdk_prof; }
-#define P(i) do { double _t = pnow(); mdk_prof[i] += _t - tp; tp = _t; } while (0)
-
 MDK_API int mdk_decode(const mdk_model *m, void *x, int pos, const float *cos, const float *sin, float *logits,
                        int nthreads) {
     int D = m->D, H = m->H, G = m->G, Hd = m->Hd, nq = (H + 2 * G) * Hd;
@@ -128,13 +122,10 @@ MDK_API int mdk_decode(const mdk_model *m, void *x, int pos, const float *cos, c
     mdk_load_row(m->resid_fmt, x, xf, D);
     int first = 0;
     if (m->window > 0 && pos - first + 1 > m->window) first = pos - m->window + 1;
-    double tp = pnow();
     for (int l = 0; l < m->layers; l++) {
         const mdk_layer *L = &m->layer[l];
         rmsnorm(xf, L->ln1, m->norm_fmt, D, m->eps, m->dtype, hf, use_bf ? hb : NULL);
-        P(0);
         gemv(&L->wqkv, hf, use_bf ? hb : NULL, qkv, nthreads);
-        P(1);
         for (int i = 0; i < nq; i++) qkv[i] = mdk_round_to(m->dtype, qkv[i]);
         for (int hd = 0; hd < H + G; hd++) {  /* rope on q and k heads */
             float *v = qkv + (size_t)hd * Hd, tmp[1024];
@@ -147,21 +138,17 @@ MDK_API int mdk_decode(const mdk_model *m, void *x, int pos, const float *cos, c
             memcpy(L->v + ((size_t)g * m->ctx + pos) * Hd, qkv + (size_t)(H + G + g) * Hd, (size_t)Hd * 4);
         }
         attn_ctx ac = {m, qkv, L->k, L->v, first, pos, att, scores};
-        P(2);
         mdk_parallel(H, attn_task, &ac, nthreads);
-        P(3);
         for (int i = 0; i < H * Hd; i++) {
             att[i] = mdk_round_to(m->dtype, att[i]);
             if (use_bf) attb[i] = mdk_f2bf(att[i]);
         }
         gemv(&L->wo, att, use_bf ? attb : NULL, o, nthreads);
-        P(4);
         for (int i = 0; i < D; i++) xf[i] = mdk_round_to(m->resid_fmt, xf[i] + mdk_round_to(m->dtype, o[i]));
         rmsnorm(xf, L->ln2, m->norm_fmt, D, m->eps, m->dtype, hf, NULL);
         mdk_store_row(m->dtype, hf, hin, D);
         void *hin_p = m->dtype == MDK_F32 ? (void *)hf : (void *)hin;
         int rc = mdk_moe(L->experts, m->E, &L->router, m->K, m->dtype, hin_p, m->dtype, 1, o, MDK_F32, idx, wts, nthreads);
-        P(5);
         if (rc) return rc;
         for (int i = 0; i < D; i++) xf[i] = mdk_round_to(m->resid_fmt, xf[i] + mdk_round_to(m->dtype, o[i]));
     }
