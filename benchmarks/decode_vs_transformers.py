@@ -4,7 +4,7 @@
 
 The checkpoint is bf16. Stock transformers runs it at bf16 (the issue's baseline) and, for an honest
 comparison, at fp16 too; the engine runs its cpu-16 tier in whichever 16-bit format it measures
-faster on this CPU (see engine/kernels.py). Greedy, the same prompt, 128 new tokens. Stock transformers runs
+faster on this CPU (see engine/kernels.py), with its native kernels where built. Greedy, the same prompt, 128 new tokens. Stock transformers runs
 `MixtralForCausalLM.generate` with each of its expert implementations; the ratio is taken against
 the faster one. Read bandwidth is measured in the same run, and the engine's decode speed is
 reported as a fraction of the bandwidth bound: bytes a decode step must read / bandwidth.
@@ -87,6 +87,9 @@ def main() -> None:
     ours = fin.decode_tok_s
     our_dtype = str(loaded.model.dtype).replace("torch.", "")
     del loaded
+    from engine import native
+
+    native.quiet_torch.leave()  # give torch its threads back before the stock runs
     stock_rates = {}
     stock_tokens = {}
     for impl in ("eager", "grouped_mm"):

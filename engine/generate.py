@@ -13,6 +13,7 @@ from typing import Iterator
 
 import torch
 
+from . import native
 from .errors import ContextOverflow
 from .model import KVCache, MixtralModel
 
@@ -218,4 +219,5 @@ class Generator:
                 pieces.append(tail)
                 yield Token(-1, tail, len(out_ids), 0.0)
         total = time.perf_counter() - t0
+        native.quiet_torch.leave()  # decode steps kept torch at one thread; give its threads back
         yield Finished(reason, "".join(pieces), out_ids, len(prompt), reuse, prefill_s, total - prefill_s)
