@@ -78,7 +78,8 @@ class MoEBlock:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] on accel
         T = x.shape[0]
         if (self.record is None and self._all_native and self._router is not None and x.device.type == "cpu"
-                and (T == 1 or self.costs is None) and T * self.top_k <= MAX_SLOTS):
+                and (T == 1 or self.costs is None) and T * self.top_k <= MAX_SLOTS
+                and 0 < self.top_k <= len(self.experts) <= 1024):
             return self._native_layer(x)
         w, idx = self.route(x)
         if self.record is not None:
@@ -99,7 +100,7 @@ class MoEBlock:
                                   x.data_ptr(), fmt, T, out.data_ptr(), fmt, idx.data_ptr(), wts.data_ptr(),
                                   native.threads())
         if rc:
-            raise MemoryError(f"native MoE layer failed ({rc}): out of memory for its scratch buffers")
+            raise RuntimeError(f"native MoE layer failed: {native.ERRORS.get(rc, rc)}")
         return out
 
     def _native_jobs(self, jobs: list, x: torch.Tensor, token: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -65,16 +65,22 @@ def measure_dense_prefill_s(model: MixtralModel, hw: HardwareProfile, tokens: in
 def measure_dense_s(model: MixtralModel, hw: HardwareProfile, steps: int = 16, tries: int = 3) -> float:
     """Time per decode step outside the experts: measured steps minus the modelled time of the
     experts those steps actually ran. Best of `tries` runs after a warm-up one: on a shared machine
-    a single run was seen 20% off in either direction."""
+    a single run was seen 20% off in either direction. The timed steps run as decode runs (with the
+    native library, one native call per step, which recording would switch off); the same steps are
+    then replayed with recording to learn which experts they routed to."""
     best = float("inf")
     for _ in range(tries + 1):
         cache = model.new_cache(steps + 8)
         model.forward(torch.arange(1, 9), cache, 0)
-        with model.recording() as records:
-            t0 = time.perf_counter()
+        t0 = time.perf_counter()
+        for i in range(steps):
+            model.forward(torch.tensor([100 + i]), cache, 8 + i)
+        total = time.perf_counter() - t0
+        cache = model.new_cache(steps + 8)
+        model.forward(torch.arange(1, 9), cache, 0)
+        with model.recording() as records:  # the same steps again: the same routes
             for i in range(steps):
                 model.forward(torch.tensor([100 + i]), cache, 8 + i)
-            total = time.perf_counter() - t0
         experts_s = 0.0
         for l, (_, idx, _, _) in enumerate(records):
             for e in idx.reshape(-1).tolist():

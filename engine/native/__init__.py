@@ -25,6 +25,8 @@ import torch
 log = logging.getLogger(__name__)
 
 F32, F16, BF16, Q4 = 0, 1, 2, 3
+ERRORS = {-1: "out of memory for its scratch buffers", -2: "a selected expert is not a native CPU expert",
+          -3: "top-k outside 1..experts, or more than 1024 experts"}
 PATHS = ("portable C", "AVX2", "AVX-512 VNNI")
 FMT = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
 

@@ -160,10 +160,12 @@ MDK_API int mdk_experts(const mdk_expert *const *ex, int njobs, const int32_t *o
 
 /* Routes T tokens with the router W [E, D] (Mixtral: softmax in fp32 over logits rounded to
  * logit_fmt, top-k, renormalised), then runs the selected experts as mdk_experts does. table[e] is
- * expert e, or NULL when it is not a CPU expert: then nothing is computed and -2 is returned.
+ * expert e, or NULL when it is not a CPU expert: then nothing is computed and -2 is returned;
+ * -3: K outside 1..E or E over 1024.
  * idx [T, K] and wts [T, K] receive the routes either way. */
 MDK_API int mdk_moe(const mdk_expert *const *table, int E, const mdk_matrix *router, int K, int logit_fmt,
                     const void *x, int x_fmt, int T, void *out, int out_fmt, int32_t *idx, float *wts, int nthreads) {
+    if (K <= 0 || K > E || E > 1024) return -3;  /* bad arguments: the caller says which */
     int D = router->k;
     float *xf = (float *)mdk_scratch(6, (size_t)D * 4 + (size_t)E * 4 + 64);
     if (!xf) return -1;
@@ -193,7 +195,6 @@ MDK_API int mdk_moe(const mdk_expert *const *table, int E, const mdk_matrix *rou
     if (missing) return -2;
     /* group slots by expert (counting sort) */
     int32_t cnt[1024 + 1];
-    if (E > 1024) return -1;
     static int32_t jobs_offs[1024 + 1], slot_tok[65536];
     static float slot_w[65536];
     static const mdk_expert *jobs_ex[1024];

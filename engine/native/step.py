@@ -11,7 +11,7 @@ import ctypes
 
 import torch
 
-from . import FMT, Layer, Matrix, Model, lib, matrix, threads
+from . import ERRORS, FMT, Layer, Matrix, Model, lib, matrix, threads
 
 
 class DecodeStep:
@@ -35,7 +35,8 @@ class DecodeStep:
     def supported(model) -> bool:
         d = model.dims
         return (model.accel.type == "cpu" and model.dtype in FMT and model.attn_dtype == torch.float32
-                and d.head_dim <= 1024 and d.top_k <= 64 and d.heads % d.kv_heads == 0)
+                and d.head_dim <= 1024 and 0 < d.top_k <= min(64, d.experts) and d.experts <= 1024
+                and d.heads % d.kv_heads == 0)
 
     def ready(self) -> bool:
         m = self.model
@@ -58,5 +59,5 @@ class DecodeStep:
         rc = lib().mdk_decode(ctypes.byref(self.desc), x.data_ptr(), pos, cos_t[pos].data_ptr(),
                               sin_t[pos].data_ptr(), logits.data_ptr(), threads())
         if rc:
-            raise MemoryError(f"native decode step failed ({rc})")
+            raise RuntimeError(f"native decode step failed: {ERRORS.get(rc, rc)}")
         return logits
