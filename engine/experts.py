@@ -93,7 +93,8 @@ class QuantExpert:
 
 def _desc(w13: torch.Tensor, w2: torch.Tensor) -> "native.ExpertDesc | None":
     """The native kernel's descriptor of a host expert, or None where torch runs it."""
-    if w13.device.type != "cpu" or w13.dtype not in native.FMT or not native.available():
+    if (w13.device.type != "cpu" or w13.dtype not in native.FMT or not (w13.is_contiguous() and w2.is_contiguous())
+            or not native.available()):
         return None
     return native.ExpertDesc(native.matrix(w13), native.matrix(w2))
 

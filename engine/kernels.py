@@ -83,7 +83,8 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x @ w.T, choosing the kernel by batch: torch's fp16 CPU matmul is fast at one row (a
     dedicated GEMV) but ~5x slower than bf16 at 64 rows (measured), so for a large batch fp16
     weights are widened to bf16 for that call. That is exact for weights from a bf16 checkpoint."""
-    if w.device.type == "cpu" and x.shape[0] <= NATIVE_ROWS and w.dtype in native.FMT and native.available():
+    if (w.device.type == "cpu" and x.shape[0] <= NATIVE_ROWS and w.dtype in native.FMT and w.is_contiguous()
+            and native.available()):
         return native.matmul(native.matrix(w), x.to(w.dtype)).to(x.dtype)
     if w.dtype == torch.float16 and w.device.type == "cpu" and x.shape[0] > fp16_rows_limit():
         return F.linear(x.to(torch.bfloat16), w.to(torch.bfloat16)).to(x.dtype)
