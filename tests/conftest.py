@@ -1,4 +1,5 @@
 import os
+import time
 
 import pytest
 import torch
@@ -6,6 +7,24 @@ import torch
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def _pace(generator, per_token_s: float = 0.005) -> None:
+    """Holds each of the generator's decode steps to at least per_token_s. Tests that act while a
+    reply streams (stop it, move the slider, watch the window) need it to last: with the native
+    kernels the tiny model decodes ~6,000 tok/s and a reply can end before the test can act."""
+    inner = generator._forward
+
+    def paced(feed, pos):
+        time.sleep(per_token_s)
+        return inner(feed, pos)
+
+    generator._forward = paced
+
+
+@pytest.fixture
+def pace():
+    return _pace
 
 
 @pytest.fixture(scope="session")

@@ -41,8 +41,9 @@ def send(qtbot, w, text, max_new_tokens=24):
     qtbot.mouseClick(w.send_btn, Qt.LeftButton)
 
 
-def test_send_streams_tokens_and_saves(qtbot, window):
+def test_send_streams_tokens_and_saves(qtbot, window, pace):
     window.bridge.session.loaded.generator.eos_ids.clear()
+    pace(window.bridge.session.loaded.generator)
     send(qtbot, window, "hello world", 400)
     assert window.generating
     qtbot.waitUntil(lambda: window.chat.flushes >= 2, timeout=60_000)  # text shows while it streams
@@ -56,8 +57,9 @@ def test_send_streams_tokens_and_saves(qtbot, window):
     assert window.conv_list.count() == 1 and "hello world" in window.conv_list.item(0).text()
 
 
-def test_stop(qtbot, window):
+def test_stop(qtbot, window, pace):
     window.bridge.session.loaded.generator.eos_ids.clear()
+    pace(window.bridge.session.loaded.generator)
     send(qtbot, window, "tell me everything", 100_000)
     qtbot.waitUntil(lambda: len(window.chat.streamed) > 10, timeout=60_000)
     qtbot.mouseClick(window.stop_btn, Qt.LeftButton)

@@ -126,10 +126,11 @@ def test_budget_timeline_halves_then_restores(tiny):
     assert done.finished.token_ids == greedy_reference(tiny, PROMPT, 120)
 
 
-def test_slider_moves_20_times_during_a_generation(tiny):
+def test_slider_moves_20_times_during_a_generation(tiny, pace):
     rec = Recorder()
     s = start(tiny, rec)
     s.loaded.generator.eos_ids.clear()
+    pace(s.loaded.generator)  # 200 tokens over ~1 s: the slider moves land during the reply
     s.submit(Generate(7, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=200)))
     rec.wait(lambda e: isinstance(e, TokenOut))
     values = [(i * 7 % 20) / 19 for i in range(20)]
@@ -150,10 +151,11 @@ def test_slider_moves_20_times_during_a_generation(tiny):
     assert s.shutdown()
 
 
-def test_stop_cancels_the_reply(tiny):
+def test_stop_cancels_the_reply(tiny, pace):
     rec = Recorder()
     s = start(tiny, rec)
     s.loaded.generator.eos_ids.clear()
+    pace(s.loaded.generator)
     s.submit(Generate(3, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=5000)))
     rec.wait(lambda e: isinstance(e, TokenOut) and e.index >= 3)
     s.submit(Stop(3))
