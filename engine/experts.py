@@ -99,19 +99,30 @@ def _desc(w13: torch.Tensor, w2: torch.Tensor) -> "native.ExpertDesc | None":
     return native.ExpertDesc(native.matrix(w13), native.matrix(w2))
 
 
-def run_native(ex, x: torch.Tensor) -> torch.Tensor:
-    """One expert on every row of x [T, D] with weight 1, in one native call."""
+def run_jobs(jobs: list, x: torch.Tensor, token: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Native experts in one call: jobs are (expert, slot start, count); token and weight [slots]
+    give each slot's row of x [T, D] and its route weight. Returns sum over slots of weight x
+    expert(row), [T, D] in x's dtype."""
     x = x.contiguous()
-    T = x.shape[0]
+    toks = torch.cat([token[a:a + c] for _, a, c in jobs]).to(torch.int32)
+    rws = torch.cat([weight[a:a + c] for _, a, c in jobs]).float()
+    counts = [0]
+    for _, _, c in jobs:
+        counts.append(counts[-1] + c)
+    offs = torch.tensor(counts, dtype=torch.int32)
+    arr = (ctypes.c_void_p * len(jobs))(*[ctypes.addressof(ex.desc) for ex, _, _ in jobs])
     out = torch.empty_like(x)
-    arr = (ctypes.c_void_p * 1)(ctypes.addressof(ex.desc))
-    offs = (ctypes.c_int32 * 2)(0, T)
-    tok = (ctypes.c_int32 * T)(*range(T))
-    rw = (ctypes.c_float * T)(*([1.0] * T))
     fmt = native.FMT[x.dtype]
-    if native.lib().mdk_experts(arr, 1, offs, tok, rw, x.data_ptr(), fmt, T, out.data_ptr(), fmt, native.threads()):
+    if native.lib().mdk_experts(arr, len(jobs), offs.data_ptr(), toks.data_ptr(), rws.data_ptr(), x.data_ptr(),
+                                fmt, x.shape[0], out.data_ptr(), fmt, native.threads()):
         raise MemoryError("native experts: out of memory for scratch buffers")
     return out
+
+
+def run_native(ex, x: torch.Tensor) -> torch.Tensor:
+    """One expert on every row of x [T, D] with weight 1, in one native call."""
+    T = x.shape[0]
+    return run_jobs([(ex, 0, T)], x, torch.arange(T), torch.ones(T))
 
 
 def quantise(tier: Tier, w13: torch.Tensor, w2: torch.Tensor, accel: torch.device,

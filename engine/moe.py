@@ -23,7 +23,7 @@ import torch
 from . import native
 from .costs import ExpertCosts
 from .kernels import linear
-from .experts import Expert16, QuantExpert
+from .experts import Expert16, QuantExpert, run_jobs
 
 CPU = torch.device("cpu")
 MAX_SLOTS = 65536  # (token, expert) pairs one native routed call takes (moe.c); longer prefills route here
@@ -103,24 +103,6 @@ class MoEBlock:
             raise RuntimeError(f"native MoE layer failed: {native.ERRORS.get(rc, rc)}")
         return out
 
-    def _native_jobs(self, jobs: list, x: torch.Tensor, token: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """Sum of route weight x expert output for CPU jobs (expert, slot start, count) in one native
-        call; token/weight [slots] give each slot's token and route weight. Returns [T, D] on the CPU."""
-        x = x.contiguous()
-        toks = torch.cat([token[a:a + c] for _, a, c in jobs]).to(torch.int32)
-        rws = torch.cat([weight[a:a + c] for _, a, c in jobs]).float()
-        counts = [0]
-        for _, _, c in jobs:
-            counts.append(counts[-1] + c)
-        offs = torch.tensor(counts, dtype=torch.int32)
-        arr = (ctypes.c_void_p * len(jobs))(*[ctypes.addressof(ex.desc) for ex, _, _ in jobs])
-        out = torch.empty_like(x)
-        fmt = native.FMT[x.dtype]
-        if native.lib().mdk_experts(arr, len(jobs), offs.data_ptr(), toks.data_ptr(), rws.data_ptr(), x.data_ptr(),
-                                    fmt, x.shape[0], out.data_ptr(), fmt, native.threads()):
-            raise MemoryError("native experts: out of memory for scratch buffers")
-        return out
-
     def _decode(self, x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         ids = idx[0].tolist()  # K expert ids (one host sync, needed to dispatch)
         experts = [self.experts[e] for e in ids]
@@ -143,7 +125,7 @@ class MoEBlock:
                 y = (experts[j](x) * w[0, j]).to(x.dtype)
             out = y if out is None else out + y
         if native_jobs:
-            y = self._native_jobs(native_jobs, x_cpu, torch.zeros(len(ids), dtype=torch.int32), w_cpu[0])
+            y = run_jobs(native_jobs, x_cpu, torch.zeros(len(ids), dtype=torch.int32), w_cpu[0])
             y = y.to(self.accel, non_blocking=cuda)
             out = y if out is None else out + y
         return out
@@ -186,5 +168,5 @@ class MoEBlock:
             y = (ex(x_cpu[t]) * weight_cpu[a:a + c, None]).to(x.dtype)  # [c, D]
             out.index_add_(0, token[a:a + c], y.to(self.accel, non_blocking=cuda))
         if native_jobs:
-            out += self._native_jobs(native_jobs, x_cpu, token_cpu, weight_cpu).to(self.accel, non_blocking=cuda)
+            out += run_jobs(native_jobs, x_cpu, token_cpu, weight_cpu).to(self.accel, non_blocking=cuda)
         return out
