@@ -1,8 +1,8 @@
 """Which 16-bit format the CPU multiplies fastest, measured here rather than assumed, and the
 dense matmul of the CPU (the native GEMV at a few rows, torch's GEMM past that).
 
-With the native kernels the choice times the native GEMV (on AVX512-BF16 CPUs bf16 wins); without
-them, torch's own.
+With the native kernels the format is bf16 (measured on the whole decode step, see
+fastest_cpu_16bit); without them, torch's own GEMV is timed in both formats.
 
 torch's CPU matmul speed at batch 1 differs by format and by processor: on one AVX-512 EPYC we
 measured fp16 weights at ~46 GB/s and bf16 at ~16 GB/s for the same 14336x4096 matrix; other

@@ -57,17 +57,19 @@ class MoEBlock:
         """A whole new list of experts (calibration swaps layers this way); the table follows."""
         self._experts = experts
         for e, ex in enumerate(experts):
-            self._index(e, ex)
+            self._table[e] = self._address(ex)
+        self._all_native = all(self._table)
 
     def set_expert(self, e: int, ex: Expert16 | QuantExpert) -> None:
         """Swap expert e for a new form (a safe point: between forward passes)."""
         self.experts[e] = ex
-        self._index(e, ex)
-
-    def _index(self, e: int, ex) -> None:
-        desc = getattr(ex, "desc", None)
-        self._table[e] = ctypes.addressof(desc) if desc is not None else None
+        self._table[e] = self._address(ex)
         self._all_native = all(self._table)
+
+    @staticmethod
+    def _address(ex) -> int | None:
+        desc = getattr(ex, "desc", None)
+        return ctypes.addressof(desc) if desc is not None else None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = linear(x, self.gate)  # [T, E]
