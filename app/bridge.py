@@ -28,7 +28,8 @@ class EngineBridge(QObject):
         self._timer = QTimer(self, interval=BATCH_MS)
         self._timer.timeout.connect(self._drain)
         self._timer.start()
-        self.session = Session(self._pending.append, **(session_kwargs or {}))
+        self._kwargs = dict(session_kwargs or {})
+        self.session = Session(self._pending.append, **self._kwargs)
         self.session.start()
 
     def _drain(self) -> None:
@@ -42,6 +43,12 @@ class EngineBridge(QObject):
 
     def send(self, cmd) -> None:
         self.session.submit(cmd)
+
+    def restart(self) -> None:
+        """A new engine thread, after the old one stopped (it should never need this)."""
+        self.session.shutdown(timeout=2.0)
+        self.session = Session(self._pending.append, **self._kwargs)
+        self.session.start()
 
     def shutdown(self, timeout: float = 10.0) -> bool:
         ok = self.session.shutdown(timeout)

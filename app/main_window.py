@@ -15,8 +15,8 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QInputDialog, QLabel, Q
                                QPushButton, QSplitter, QToolButton, QVBoxLayout, QWidget)
 
 from engine.generate import SamplingParams
-from engine.session import (Done, ErrorEvent, Generate, Load, Loaded, MigrationProgress, PlacementChanged,
-                            Progress, Reprofile, SetSlider, Stats, Stop, TokenOut)
+from engine.protocol import (Done, EngineStopped, ErrorEvent, Generate, Load, Loaded, MigrationProgress, PlacementChanged,
+                             Progress, Reprofile, SetSlider, Stats, Stop, TokenOut)
 
 from . import documents
 from .bridge import EngineBridge
@@ -82,7 +82,7 @@ class MainWindow(QMainWindow):
         self.model_label.setWordWrap(True)
         cl.addWidget(self.model_label)
         self.slider = QualitySlider()
-        self.slider.changed.connect(lambda v: self.bridge.send(SetSlider(v)))
+        self.slider.changed.connect(lambda v: self.bridge.send(SetSlider(value=v)))
         cl.addWidget(self.slider)
         self.chat = ChatView()
         cl.addWidget(self.chat, 1)
@@ -146,9 +146,10 @@ class MainWindow(QMainWindow):
 
     # ---- models ----
     def load_model(self, path: str, device: str | None = None, dtype: str = "auto") -> None:
+        self.model_spec = (path, device, dtype)
         self.model_label.setText(f"loading {path}…")
         self.send_btn.setEnabled(False)
-        self.bridge.send(Load(path, device=device, dtype=dtype))
+        self.bridge.send(Load(path=path, device=device, dtype=dtype))
 
     def open_folder(self) -> None:
         d = QFileDialog.getExistingDirectory(self, "Open a Mixtral-compatible model folder")
@@ -245,11 +246,11 @@ class MainWindow(QMainWindow):
         self.send_btn.setEnabled(False)
         self.stop_btn.setEnabled(True)
         self.chat.begin_stream()
-        self.bridge.send(Generate(self.request, messages=self.history(), params=self.params))
+        self.bridge.send(Generate(request_id=self.request, messages=self.history(), params=self.params))
 
     def stop(self) -> None:
         if self.generating:
-            self.bridge.send(Stop(self.request))
+            self.bridge.send(Stop(request_id=self.request))
 
     def regenerate(self) -> None:
         if self.generating or self.cid is None:
@@ -314,18 +315,47 @@ class MainWindow(QMainWindow):
             self.panel.map.set_share(ev.share)
             self.send_btn.setEnabled(True)
             self._log(f"loaded {ev.name}: {ev.description}")
+        elif isinstance(ev, EngineStopped):
+            self._log(f"error: {ev.message}")
+            self._end_failed_reply(ev.message)
+            self.send_btn.setEnabled(False)
+            self.model_label.setText(ev.message)
+            box = self.stopped_box = QMessageBox(QMessageBox.Icon.Critical, "Mixdesk", ev.message, parent=self)
+            box.setInformativeText("Restart the engine to reload the model." + (f"\nDetails: {ev.log}" if ev.log else ""))
+            restart = box.addButton("Restart engine", QMessageBox.ButtonRole.AcceptRole)
+            box.addButton(QMessageBox.StandardButton.Close)
+            restart.clicked.connect(self.restart_engine)
+            box.setWindowModality(Qt.WindowModality.NonModal)
+            box.open()
         elif isinstance(ev, ErrorEvent):
             self._log(f"error: {ev.message}")
             self.statusBar().showMessage(ev.message.splitlines()[0], 15000)
             if ev.request_id == self.request and self.generating:
-                self.store.delete_messages_from(self.cid, self.reply_mid)
-                self.chat.show_messages(self.store.messages(self.cid))
-                self.generating = False
-                self.send_btn.setEnabled(True)
-                self.stop_btn.setEnabled(False)
+                self._end_failed_reply(ev.message)
             if self.progress.isVisible() and "cancelled" not in ev.message:
                 self.progress.hide()
                 self.model_label.setText(f"could not load: {ev.message.splitlines()[0]}")
+
+    def _end_failed_reply(self, message: str) -> None:
+        """The reply in progress ended with an error: keep what streamed (marked), or drop the empty
+        row, and leave "generating"."""
+        if not self.generating:
+            return
+        if self.chat.streamed:
+            note = f"stopped by an error: {message.splitlines()[0]}"
+            self.store.update_message(self.reply_mid, self.chat.streamed, complete=True, meta={"stats": note})
+            self.chat.end_stream(note)
+        else:
+            self.store.delete_messages_from(self.cid, self.reply_mid)
+        self.chat.show_messages(self.store.messages(self.cid))
+        self.generating = False
+        self.send_btn.setEnabled(True)
+        self.stop_btn.setEnabled(False)
+
+    def restart_engine(self) -> None:
+        self._log("restarting the engine")
+        self.bridge.restart()
+        self.load_model(*self.model_spec)
 
     # ---- documents ----
     def attach_dialog(self) -> None:

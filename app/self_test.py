@@ -38,7 +38,8 @@ def run() -> int:
 
     from engine.devices import detect
     from engine.generate import SamplingParams
-    from engine.session import Done, ErrorEvent, Generate, Load, Loaded, Session
+    from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded
+    from engine.session import Session
     from engine.tiny_model import write_tiny_mixtral
 
     acc = detect()
@@ -62,12 +63,12 @@ def run() -> int:
         os.environ.setdefault("XDG_CACHE_HOME", os.path.join(tmp, "cache"))  # keep the user's cache clean
         path = write_tiny_mixtral(os.path.join(tmp, "tiny"))
         s = Session(emit, poll_s=0.2).start()
-        s.submit(Load(str(path), dtype="fp32"))
+        s.submit(Load(path=str(path), dtype="fp32"))
         ok = done.wait(300) and not any(isinstance(e, ErrorEvent) for e in events)
         if ok:
             done.clear()
             s.loaded.generator.eos_ids.clear()
-            s.submit(Generate(1, prompt_ids=[5, 6, 7, 8], params=SamplingParams(max_new_tokens=8)))
+            s.submit(Generate(request_id=1, prompt_ids=[5, 6, 7, 8], params=SamplingParams(max_new_tokens=8)))
             ok = done.wait(120)
         s.shutdown()
     fin = next((e.finished for e in events if isinstance(e, Done)), None)

@@ -139,7 +139,8 @@ def budget_drop(rep: Report, folder: Path, cap: int, drop_to: int, new_tokens: i
 
     from engine.generate import SamplingParams
     from engine.profile import profile_path, uniform_profile
-    from engine.session import Done, ErrorEvent, Generate, Load, Loaded, SetBudgets, Session
+    from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded, SetBudgets
+    from engine.session import Session
     from engine.synthetic import SyntheticCheckpoint
 
     cuda = torch.cuda.is_available()
@@ -162,7 +163,7 @@ def budget_drop(rep: Report, folder: Path, cap: int, drop_to: int, new_tokens: i
     first = SetBudgets(vram=cap) if cuda else SetBudgets(ram=cap)
     s = Session(on_event, poll_s=0.1, slider=1.0).start()
     s.submit(first)
-    s.submit(Load(str(folder), device=None if cuda else "cpu"))
+    s.submit(Load(path=str(folder), device=None if cuda else "cpu"))
     ready.wait(1800)
     errors = [str(e.message) for e in events if isinstance(e, ErrorEvent)]
     if errors:
@@ -171,7 +172,7 @@ def budget_drop(rep: Report, folder: Path, cap: int, drop_to: int, new_tokens: i
         rep.add("budget_drop", result)
         return result
     t0 = time.perf_counter()
-    s.submit(Generate(1, prompt_ids=list(range(3, 40)), params=SamplingParams(max_new_tokens=new_tokens)))
+    s.submit(Generate(request_id=1, prompt_ids=list(range(3, 40)), params=SamplingParams(max_new_tokens=new_tokens)))
     dropped_at = None
     while not done.wait(0.05):
         held.append((time.perf_counter() - t0, s.held[pool]))

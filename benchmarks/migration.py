@@ -27,8 +27,9 @@ def main() -> None:
     from engine.experts import materialise
     from engine.generate import SamplingParams
     from engine.placement import Tier
-    from engine.session import (Done, Generate, Load, Loaded, MigrationProgress, PlacementChanged, Session,
-                                SetSlider, TokenOut)
+    from engine.protocol import (Done, Generate, Load, Loaded, MigrationProgress, PlacementChanged, SetSlider,
+                                 TokenOut)
+    from engine.session import Session
 
     events, lock = [], threading.Lock()
     done = threading.Event()
@@ -40,24 +41,24 @@ def main() -> None:
             done.set()
 
     s = Session(emit, slice_s=0.02).start()
-    s.submit(Load(str(demo_dir()), device="cpu"))
+    s.submit(Load(path=str(demo_dir()), device="cpu"))
     done.wait(600)
     done.clear()
     s.loaded.generator.eos_ids.clear()
-    s.submit(SetSlider(1.0))
+    s.submit(SetSlider(value=1.0))
     time.sleep(1.0)
-    while s.moves:
+    while s.migrator.pending:
         time.sleep(0.1)
     with lock:
         events.clear()
-    s.submit(Generate(1, prompt_ids=list(range(100, 132)), params=SamplingParams(max_new_tokens=600)))
+    s.submit(Generate(request_id=1, prompt_ids=list(range(100, 132)), params=SamplingParams(max_new_tokens=600)))
     sweep = [i / 10 for i in range(10, -1, -1)] + [i / 10 for i in range(1, 11)]
     time.sleep(0.5)
     for v in sweep:
-        s.submit(SetSlider(v))
+        s.submit(SetSlider(value=v))
         time.sleep(0.6)
     done.wait(600)
-    while s.moves:
+    while s.migrator.pending:
         time.sleep(0.1)
     # reference: build one expert in each direction, in a loop
     ck, model = s.loaded.ckpt, s.loaded.model

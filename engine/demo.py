@@ -27,7 +27,7 @@ MARKER = "mixdesk-demo.json"
 FORMAT = 2  # bump when the build changes, so old caches are rebuilt
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-Progress = Callable[[int, int, str], None]
+ProgressFn = Callable[[int, int, str], None]
 
 
 def demo_dir() -> Path:
@@ -61,7 +61,7 @@ def load_dense(gguf: Path):
 
 
 def upcycle(dense, tokenizer, out: Path, experts: int = 8, top_k: int = 2, dtype: str = "bfloat16",
-            seed: int = 0, layers_per_shard: int = 8, progress: Progress | None = None) -> None:
+            seed: int = 0, layers_per_shard: int = 8, progress: ProgressFn | None = None) -> None:
     """Write a Llama-family causal LM as a Mixtral checkpoint into `out` (which must not exist)."""
     import torch
     from safetensors.torch import save_file
@@ -153,7 +153,7 @@ def is_valid(path: Path) -> bool:
     return True
 
 
-def build(out: Path, source: Path | None = None, progress: Progress | None = None) -> float:
+def build(out: Path, source: Path | None = None, progress: ProgressFn | None = None) -> float:
     """Build the demo into `out` atomically, from the GGUF (or `source`, a Llama model folder,
     for tests). Returns the seconds it took."""
     t0 = time.perf_counter()
@@ -179,7 +179,7 @@ def build(out: Path, source: Path | None = None, progress: Progress | None = Non
     return time.perf_counter() - t0
 
 
-def ensure(out: Path | None = None, progress: Progress | None = None, log: Callable[[str], None] = print) -> Path:
+def ensure(out: Path | None = None, progress: ProgressFn | None = None, log: Callable[[str], None] = print) -> Path:
     """The demo's folder, built first if missing, partial or corrupt."""
     out = Path(out) if out else demo_dir()
     if is_valid(out):

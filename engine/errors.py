@@ -27,3 +27,12 @@ class ContextOverflow(MixdeskError):
             f"the prompt is {prompt_tokens} tokens but the context holds {context}; "
             "shorten it or remove attached documents"
         )
+
+
+class InputError(MixdeskError):
+    """A value given by the user (a command-line option, a sampling setting) that cannot be used."""
+
+    def __init__(self, what: str, problem: str):
+        self.what = what
+        self.problem = problem
+        super().__init__(f"{what}: {problem}")

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from . import native
 from .checkpoint import Checkpoint, expert_key
 from .errors import ModelError
-from .kernels import check_fits, linear
+from .kernels import linear, weight_problem
 from .placement import Tier
 from .quant import NF4, Q4Native, cpu4_format
 
@@ -126,11 +126,11 @@ def run_native(ex, x: torch.Tensor) -> torch.Tensor:
 
 
 def quantise(tier: Tier, w13: torch.Tensor, w2: torch.Tensor, accel: torch.device,
-             dtype: torch.dtype) -> QuantExpert:
+             dtype: torch.dtype, threads: int | None = None) -> QuantExpert:
     """The 4-bit form of a 16-bit expert for `tier` (cpu-4: the native Q4 kernel, or torch int4 without it; gpu-4: NF4)."""
     if tier == Tier.CPU4:
         fmt = cpu4_format()
-        return QuantExpert(tier, fmt.quantize(w13), fmt.quantize(w2), CPU)
+        return QuantExpert(tier, fmt.quantize(w13, threads), fmt.quantize(w2, threads), CPU)
     if tier == Tier.GPU4:
         return QuantExpert(tier, NF4.quantize(w13, accel, dtype), NF4.quantize(w2, accel, dtype), accel)
     raise ValueError(f"{tier} is not a 4-bit tier")
@@ -148,15 +148,17 @@ def read_expert(ckpt: Checkpoint, layer: int, expert: int) -> tuple[torch.Tensor
 
 
 def materialise(ckpt: Checkpoint, layer: int, expert: int, tier: Tier,
-                accel: torch.device, dtype: torch.dtype) -> Expert16 | QuantExpert:
+                accel: torch.device, dtype: torch.dtype, threads: int | None = None) -> Expert16 | QuantExpert:
     """Build expert (layer, expert) in `tier` from the checkpoint, the 16-bit source of truth.
     gpu-* tiers live on `accel` (the CPU device when there is no CUDA: a test seam that keeps the
     two-tier logic exercised), cpu-* on the host. Only this one expert is ever held at 16 bits."""
     w13, w2 = read_expert(ckpt, layer, expert)
+    for w, names in ((w13, ("w1", "w3")), (w2, ("w2",))):
+        why = weight_problem(w, dtype if tier.bits == 16 else torch.float32)
+        if why:
+            key = expert_key(layer, expert, names[0])
+            raise ModelError(ckpt.where[key].path, f"expert {expert} of layer {layer} ({key}) {why}")
     if tier.bits == 4:
-        return quantise(tier, w13, w2, accel, dtype)
-    if not (check_fits(w13, dtype) and check_fits(w2, dtype)):
-        raise ModelError(ckpt.where[expert_key(layer, expert, "w1")].path,
-                         f"expert {expert} of layer {layer} has weights beyond fp16's range; use --dtype bf16")
+        return quantise(tier, w13, w2, accel, dtype, threads)
     device = accel if tier.on_accelerator else torch.device("cpu")
     return Expert16(tier, w13.to(device=device, dtype=dtype), w2.to(device=device, dtype=dtype))

@@ -6,6 +6,7 @@ The session thread (or the CLI) consumes it; cancellation is a threading.Event c
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from typing import Iterator
 import torch
 
 from . import native
-from .errors import ContextOverflow
+from .errors import ContextOverflow, InputError, MixdeskError
 from .model import KVCache, MixtralModel
 
 
@@ -27,6 +28,30 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+
+    def check(self) -> "SamplingParams":
+        """Raises InputError naming the first value that cannot be used."""
+        def bad(name: str, value, want: str) -> InputError:
+            return InputError(name, f"{value!r} is not valid; it must be {want}")
+
+        def num(v) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise bad("max_new_tokens", self.max_new_tokens, "a whole number of at least 1")
+        if not num(self.temperature) or self.temperature < 0:
+            raise bad("temperature", self.temperature, "a number >= 0 (0 = greedy)")
+        if not num(self.top_p) or not 0 < self.top_p <= 1:
+            raise bad("top_p", self.top_p, "a number in (0, 1]")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise bad("top_k", self.top_k, "a whole number >= 0 (0 = off)")
+        if not num(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise bad("repetition_penalty", self.repetition_penalty, "a number > 0 (1 = off)")
+        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
+            raise bad("seed", self.seed, "a whole number >= 0")
+        if not all(isinstance(x, str) for x in self.stop):
+            raise bad("stop", self.stop, "a list of strings")
+        return self
 
 
 @dataclass(frozen=True)
@@ -134,8 +159,18 @@ class StopMatcher:
         return out
 
 
+class NonFiniteOutput(MixdeskError):
+    def __init__(self, index: int, dtype: torch.dtype):
+        where = "reading the prompt" if index == 0 else f"at new token {index}"
+        cause = ("an activation overflowed fp16's range: try --dtype bf16 or fp32" if dtype == torch.float16
+                 else "the weights may be corrupt, or the model is not one this format runs correctly")
+        super().__init__(f"the model produced NaN/Inf scores {where}; likely cause: {cause}")
+
+
 class Generator:
-    def __init__(self, model: MixtralModel, tokenizer, eos_ids: set[int], ctx: int = 4096):
+    def __init__(self, model: MixtralModel, tokenizer, eos_ids: set[int], ctx: int = 4096, template=None):
+        """template: the model's ChatTemplate (None: built from the tokenizer on first use)."""
+        self.template = template
         self.on_oom = None  # called when a step runs out of accelerator memory; the step is retried
         self.model = model
         self.tok = tokenizer
@@ -144,10 +179,13 @@ class Generator:
         self.cache: KVCache = model.new_cache(self.ctx)
 
     def chat_prompt(self, messages: list[dict]) -> list[int]:
-        out = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(out, dict) or hasattr(out, "keys"):  # transformers 5 may return a BatchEncoding
-            out = out["input_ids"]
-        return [int(i) for i in out]
+        """The prompt for a conversation: the model's chat template, rendered in a sandbox with time
+        and size limits (chat_template.py), then tokenised."""
+        if self.template is None:
+            from .chat_template import ChatTemplate
+
+            self.template = ChatTemplate.of(self.tok, self.model.ckpt.folder)
+        return self.template.ids(messages)
 
     def _forward(self, feed: list[int], pos: int) -> torch.Tensor:
         """One step; on CUDA out-of-memory, let the owner evict, then retry (the step rewrites the
@@ -194,6 +232,8 @@ class Generator:
                 break
             step0 = time.perf_counter()
             logits = self._forward(feed, pos)
+            if not bool(torch.isfinite(logits).all()):
+                raise NonFiniteOutput(i, self.model.dtype)
             cache.tokens.extend(feed)
             pos += len(feed)
             tid = sample(logits, p, history, gen)

@@ -90,7 +90,7 @@ def _batch_scale(tiers, accel: torch.device) -> dict:
     return out
 
 
-def _tier_costs(tiers, accel: torch.device) -> dict:
+def tier_costs(tiers, accel: torch.device) -> dict:
     g = torch.Generator().manual_seed(0)
     costs = {}
     for tier in tiers:
@@ -117,7 +117,7 @@ def _tier_costs(tiers, accel: torch.device) -> dict:
 
 def measure(accel: torch.device) -> HardwareProfile:
     tiers = [Tier.CPU16, Tier.CPU4] + ([Tier.GPU16, Tier.GPU4] if accel.type == "cuda" else [])
-    costs = _tier_costs(tiers, accel)
+    costs = tier_costs(tiers, accel)
     h2d = d2h = None
     gpu_total = 0
     if accel.type == "cuda":
@@ -141,10 +141,12 @@ def load_or_measure(accel: torch.device, remeasure: bool = False) -> HardwarePro
     if not remeasure:
         try:
             data = json.loads(path.read_text())
-            if data.get("format") == FORMAT and data.get("machine") == machine_id():
-                return HardwareProfile(**data)
-        except (OSError, ValueError, TypeError):
-            pass
+            if isinstance(data, dict) and data.get("format") == FORMAT and data.get("machine") == machine_id():
+                prof = HardwareProfile(**data)
+                if isinstance(prof.tier_costs, dict) and "cpu-16" in prof.tier_costs:
+                    return prof
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass  # unreadable, stale or damaged: measured anew below
     prof = measure(accel)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

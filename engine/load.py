@@ -7,20 +7,21 @@ from pathlib import Path
 
 import torch
 
+from .chat_template import ChatTemplate
 from .checkpoint import Checkpoint
 from .devices import Accelerator, detect
 from .errors import ModelError
 from .generate import Generator
 from . import native
 from .kernels import auto_dtype
-from .model import MixtralModel, Progress
+from .model import MixtralModel, ProgressFn
 from .placement import Placement, Tier
 
 DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 @dataclass
-class Loaded:
+class LoadedModel:
     ckpt: Checkpoint
     accel: Accelerator
     model: MixtralModel
@@ -88,14 +89,13 @@ def auto_placement(ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype, bud
 
 
 def load(folder: str | Path, placement: str | Placement = "auto", device: str | None = None,
-         dtype: str = "auto", ctx: int = 4096, progress: Progress | None = None, budgets=None,
-         slider: float = 1.0) -> Loaded:
+         dtype: str = "auto", ctx: int = 4096, progress: ProgressFn | None = None, budgets=None,
+         slider: float = 1.0) -> LoadedModel:
     """budgets and slider apply to placement "auto" (budgets: planner.Budgets; None: free memory)."""
-    from .synthetic import SyntheticCheckpoint, is_synthetic
-
-    ckpt = SyntheticCheckpoint(folder) if is_synthetic(folder) else Checkpoint(folder)
+    ckpt = open_checkpoint(folder)
     try:
         tokenizer = ckpt.load_tokenizer()
+        template = ChatTemplate.of(tokenizer, ckpt.folder)  # it must parse and render, before anything is built
         accel = detect(device)
         torch_dtype = DTYPES[dtype] or auto_dtype(accel.device)
         pl = placement if isinstance(placement, Placement) else parse_placement(placement, ckpt, accel, torch_dtype,
@@ -104,5 +104,12 @@ def load(folder: str | Path, placement: str | Placement = "auto", device: str | 
     except BaseException:
         ckpt.close()
         raise
-    gen = Generator(model, tokenizer, ckpt.eos_token_ids(tokenizer), ctx=ctx)
-    return Loaded(ckpt, accel, model, tokenizer, gen)
+    gen = Generator(model, tokenizer, ckpt.eos_token_ids(tokenizer), ctx=ctx, template=template)
+    return LoadedModel(ckpt, accel, model, tokenizer, gen)
+
+
+def open_checkpoint(folder: str | Path) -> Checkpoint:
+    """A model folder opened and validated (no weights read): a checkpoint or a synthetic model."""
+    from .synthetic import SyntheticCheckpoint, is_synthetic
+
+    return SyntheticCheckpoint(folder) if is_synthetic(folder) else Checkpoint(folder)

@@ -17,12 +17,12 @@ from . import native
 from .checkpoint import Checkpoint
 from .errors import ModelError
 from .experts import Expert16, materialise
-from .kernels import check_fits, linear
+from .kernels import linear, weight_problem
 from .moe import MoEBlock
 from .native import step as native_step
 from .placement import Placement, Tier
 
-Progress = Callable[[int, int, str], None]
+ProgressFn = Callable[[int, int, str], None]
 
 
 class KVCache:
@@ -47,7 +47,7 @@ class DenseLayer:
 
 class MixtralModel:
     def __init__(self, ckpt: Checkpoint, placement: Placement, accel: torch.device,
-                 dtype: torch.dtype = torch.bfloat16, progress: Progress | None = None,
+                 dtype: torch.dtype = torch.bfloat16, progress: ProgressFn | None = None,
                  costs: costs_mod.ExpertCosts | None = None, measure_costs: bool = True):
         d = self.dims = ckpt.dims
         if (placement.layers, placement.experts) != (d.layers, d.experts):
@@ -71,8 +71,9 @@ class MixtralModel:
 
         def dense(name: str) -> torch.Tensor:
             t = ckpt.read(name)
-            if not check_fits(t, dtype):
-                raise ModelError(ckpt.where[name].path, f"tensor '{name}' exceeds fp16's range; use --dtype bf16")
+            why = weight_problem(t, dtype)
+            if why:
+                raise ModelError(ckpt.where[name].path, f"tensor '{name}' {why}")
             return t.to(device=accel, dtype=dtype)
 
         self.embed = dense("model.embed_tokens.weight")  # [V, D]
@@ -105,12 +106,23 @@ class MixtralModel:
             native.available() and native_step.DecodeStep.supported(self)) else None
 
     # ---- re-placement ----
+    def build(self, layer: int, expert: int, tier: Tier, threads: int | None = None):
+        """Expert (layer, expert)'s form in `tier`, derived from the checkpoint. Touches nothing the
+        forward reads, so any thread may call it (threads=1: without the native library's lock)."""
+        return materialise(self.ckpt, layer, expert, tier, self.accel, self.dtype, threads)
+
+    def install(self, layer: int, expert: int, form) -> object:
+        """Swap a built form in; returns the old one (freed once nothing refers to it). Call between
+        forward passes (a safe point), on the thread that runs them."""
+        old = self.moe[layer].experts[expert]
+        self.moe[layer].set_expert(expert, form)
+        self.placement = self.placement.with_tier(layer, expert, form.tier)
+        return old
+
     def move(self, layer: int, expert: int, tier: Tier) -> int:
-        """Re-derive one expert in `tier` from the checkpoint and swap it in; returns the bytes of
-        the new form. Call between forward passes (a safe point)."""
-        new = materialise(self.ckpt, layer, expert, tier, self.accel, self.dtype)
-        self.moe[layer].set_expert(expert, new)  # the old form is freed once nothing refers to it
-        self.placement = self.placement.with_tier(layer, expert, tier)
+        """Build expert (layer, expert) in `tier` and swap it in; returns the bytes of the new form."""
+        new = self.build(layer, expert, tier)
+        self.install(layer, expert, new)
         return new.nbytes
 
     def apply(self, placement: Placement) -> int:

@@ -90,19 +90,23 @@ class BudgetReading:
 
 class Monitor:
     """Polls a source every `period` seconds and calls `on_reading` with the budgets.
-    `held` returns the bytes this process holds (vram, ram) for the model, to add back."""
+    `held` returns the bytes this process holds (vram, ram) for the model, to add back; `lock`, when
+    given, is held while the sample and `held` are read, so that both describe the same moment (the
+    migrator swaps experts under it: a swap is never counted in one and not the other)."""
 
     def __init__(self, source: MemorySource, on_reading: Callable[[BudgetReading], None],
                  held: Callable[[], tuple[int, int]] = lambda: (0, 0), period: float = 0.5,
-                 vram_margin: float = 0.10, ram_margin: float = 0.15):
+                 vram_margin: float = 0.10, ram_margin: float = 0.15, lock: threading.Lock | None = None):
         self.source, self.on_reading, self.held = source, on_reading, held
+        self.lock = lock or threading.Lock()
         self.period, self.vram_margin, self.ram_margin = period, vram_margin, ram_margin
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def reading(self) -> BudgetReading:
-        s = self.source.sample()
-        held_v, held_r = self.held()
+        with self.lock:
+            s = self.source.sample()
+            held_v, held_r = self.held()
         vram = int((held_v + s.vram_free) * (1 - self.vram_margin)) if s.vram_total else 0
         ram = int((held_r + s.ram_available) * (1 - self.ram_margin))
         return BudgetReading(vram, ram, s)

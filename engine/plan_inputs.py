@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from .checkpoint import _dims, dense_shapes
+from .checkpoint import dims_from_config, dense_shapes
 from .errors import ModelError
 from .hardware import HardwareProfile
 from .model import MixtralModel
@@ -42,7 +42,7 @@ def measure_dense_prefill_s(model: MixtralModel, hw: HardwareProfile, tokens: in
     """Time per prompt token outside the experts in a prefill: a measured prefill (best of 2) minus
     the modelled time of the expert batches it actually ran. Timed as a prefill runs (recording
     would take the native routed call away), then replayed with recording for the routes."""
-    from .planner import _batch_ratio
+    from .planner import batch_ratio
 
     ids = torch.randint(3, model.dims.vocab, (tokens,), generator=torch.Generator().manual_seed(0))
     best = float("inf")
@@ -59,7 +59,7 @@ def measure_dense_prefill_s(model: MixtralModel, hw: HardwareProfile, tokens: in
                 if n:
                     ex = model.moe[l].experts[e]
                     fixed, per_byte = hw.tier_costs[ex.tier.value]
-                    experts_s += (fixed + per_byte * ex.nbytes) * _batch_ratio(hw.batch_scale.get(ex.tier.value), n, ex.nbytes)
+                    experts_s += (fixed + per_byte * ex.nbytes) * batch_ratio(hw.batch_scale.get(ex.tier.value), n, ex.nbytes)
         best = min(best, max((total - experts_s) / tokens, 0.0))
     return best
 
@@ -103,6 +103,11 @@ def default_budgets(cpu_only: bool, accel: torch.device | None = None, held_ram:
     return Budgets(vram=vram, ram=ram)
 
 
+def dense_bytes_of(d, dtype: torch.dtype) -> int:
+    """Bytes of the non-expert weights at the compute dtype (what MixtralModel.dense_bytes counts)."""
+    return sum(math.prod(s) for s in dense_shapes(d).values()) * torch.empty((), dtype=dtype).element_size()
+
+
 def from_dims(d, hw: HardwareProfile, itemsize: int = 2, sensitivity: float = ASSUMED_SENSITIVITY,
               gpu_costs: dict | None = None) -> PlanInputs:
     """Planner inputs from a model's shape alone (no weights read): uniform popularity, one assumed
@@ -135,7 +140,7 @@ def from_config(config_path: Path, hw: HardwareProfile, sensitivity: float = ASS
         raise ModelError(config_path, f"cannot be read: {e}") from None
     if raw.get("model_type") != "mixtral":
         raise ModelError(config_path, f"model_type is {raw.get('model_type')!r}, not mixtral")
-    d = _dims(MixtralConfig.from_dict(raw), Path(config_path))
+    d = dims_from_config(MixtralConfig.from_dict(raw), Path(config_path))
     gpu = {"gpu-16": REFERENCE_GPU["gpu-16"], "gpu-4": REFERENCE_GPU["gpu-4"]}
     inp = from_dims(d, hw, 2, sensitivity, gpu_costs=gpu)
     note = (f"from config only: uniform popularity, ASSUMED sensitivity {sensitivity} (KL nats/token per layer "

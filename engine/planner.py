@@ -49,7 +49,7 @@ class PlanInputs:
     dense_bytes: int  # non-expert weights, on the accelerator (RAM when CPU-only)
     dense_s: float  # time per token outside the experts
     cpu_only: bool
-    batch_scale: dict = field(default_factory=dict)  # tier -> batch scaling (see _batch_ratio)
+    batch_scale: dict = field(default_factory=dict)  # tier -> batch scaling (see batch_ratio)
     dense_prefill_s: float = 0.0  # time per prompt token outside the experts, in a prefill
 
     @property
@@ -321,7 +321,7 @@ def _ratio(rows, n: float) -> float:
     return float(np.interp(n, b, r))
 
 
-def _batch_ratio(table, n: float, nbytes: float = 0.0) -> float:
+def batch_ratio(table, n: float, nbytes: float = 0.0) -> float:
     """Time for n tokens at once / time for one, for an expert of nbytes. table: a list of
     [batch, ratio], or {"small": ..., "large": ..., "bytes": [small, large]} (interpolated in
     log bytes between the two measured sizes). Below one expected token the expert runs with
@@ -343,7 +343,7 @@ def prefill_s(inp: PlanInputs, placement: Placement, tokens: int) -> float:
     for l, e, t in placement.items():
         fixed, per_byte = inp.tier_costs[t.value]
         one = fixed + per_byte * inp.expert_bytes[t.value]
-        total += one * _batch_ratio(inp.batch_scale.get(t.value), tokens * inp.top_k * inp.share[l][e],
+        total += one * batch_ratio(inp.batch_scale.get(t.value), tokens * inp.top_k * inp.share[l][e],
                                     inp.expert_bytes[t.value])
     return total
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -43,7 +43,7 @@ CORPUS = Path(__file__).resolve().parents[1] / "resources" / "corpus"
 FORMAT = 3  # 3: cpu-4 is the native Q4 format where the library is built
 MIN_TOKENS = 8  # an expert that saw fewer calibration tokens is measured on all of its layer's tokens
 
-Progress = Callable[[int, int, str], None]
+ProgressFn = Callable[[int, int, str], None]
 
 
 class Cancelled(Exception):
@@ -63,6 +63,9 @@ class ModelProfile:
     expert_bytes: dict[str, int]
     dtype: str
     format: int = FORMAT
+    # this model's time outside the experts on this machine: "<machine>|<device>|<dtype>|<kernel>"
+    # -> [decode step s, prefill s per token]; kept so a cached start plans before building experts
+    dense: dict = field(default_factory=dict)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,10 +77,13 @@ class ModelProfile:
     def load(cls, path: Path) -> "ModelProfile | None":
         try:
             data = json.loads(path.read_text())
-            if data.get("format") != FORMAT:
+            if not isinstance(data, dict) or data.get("format") != FORMAT:
                 return None
-            return cls(**data)
-        except (OSError, ValueError, TypeError):
+            prof = cls(**data)
+            if not isinstance(prof.dense, dict):
+                prof.dense = {}
+            return prof
+        except (OSError, ValueError, TypeError, AttributeError):
             return None
 
 
@@ -123,7 +129,7 @@ def _kl(ref: torch.Tensor, got: torch.Tensor) -> float:
 
 @torch.inference_mode()
 def calibrate(model: MixtralModel, ids: list[int], tiers: tuple[Tier, ...] = (Tier.CPU4, Tier.GPU4),
-              progress: Progress | None = None, cancel: threading.Event | None = None) -> ModelProfile:
+              progress: ProgressFn | None = None, cancel: threading.Event | None = None) -> ModelProfile:
     d, ckpt = model.dims, model.ckpt
     records = capture(model, ids)
     popularity = [torch.bincount(idx.reshape(-1).cpu(), minlength=d.experts).tolist() for _, idx, _, _ in records]
@@ -222,12 +228,43 @@ def uniform_profile(model: MixtralModel, sensitivity: float = ASSUMED_SENSITIVIT
                         dtype=str(model.dtype).replace("torch.", ""))
 
 
-def load_or_calibrate(model: MixtralModel, tokenizer, progress: Progress | None = None,
+def cached_profile(ckpt) -> ModelProfile | None:
+    """This checkpoint's cached profile, if one was measured (reads no weights)."""
+    prof = ModelProfile.load(profile_path(ckpt.folder))
+    if prof is not None and (prof.layers, prof.experts) == (ckpt.dims.layers, ckpt.dims.experts):
+        return prof
+    return None
+
+
+def _dense_key(device: torch.device, dtype: torch.dtype) -> str:
+    from . import native
+    from .hardware import machine_id
+
+    return f"{machine_id()}|{device.type}|{str(dtype).replace('torch.', '')}|{native.status()}"
+
+
+def dense_timings(mp: ModelProfile, device: torch.device, dtype: torch.dtype) -> tuple[float, float] | None:
+    """The cached (decode step s, prefill s per token) outside the experts, for this machine,
+    device, compute dtype and CPU kernel; None when not measured yet."""
+    t = mp.dense.get(_dense_key(device, dtype))
+    return (float(t[0]), float(t[1])) if isinstance(t, list) and len(t) == 2 else None
+
+
+def save_dense_timings(mp: ModelProfile, folder: Path, device: torch.device, dtype: torch.dtype,
+                       timings: tuple[float, float]) -> None:
+    mp.dense[_dense_key(device, dtype)] = [float(timings[0]), float(timings[1])]
+    try:
+        mp.save(profile_path(folder))
+    except OSError:
+        pass  # a read-only cache folder: measured again next time
+
+
+def load_or_calibrate(model: MixtralModel, tokenizer, progress: ProgressFn | None = None,
                       cancel: threading.Event | None = None, max_tokens: int = 1024,
                       recalibrate: bool = False) -> ModelProfile:
     path = profile_path(model.ckpt.folder)
-    prof = None if recalibrate else ModelProfile.load(path)
-    if prof is not None and (prof.layers, prof.experts) == (model.dims.layers, model.dims.experts):
+    prof = None if recalibrate else cached_profile(model.ckpt)
+    if prof is not None:
         return prof
     ids = tokenizer.encode(calibration_text(), add_special_tokens=False)[:max_tokens]
     prof = calibrate(model, ids, progress=progress, cancel=cancel)

@@ -42,7 +42,7 @@ class Int4CPU:
         self.shape = shape
 
     @classmethod
-    def quantize(cls, w: torch.Tensor) -> "Int4CPU":
+    def quantize(cls, w: torch.Tensor, threads: int | None = None) -> "Int4CPU":
         n, k = w.shape
         g = _group_size(k)
         wg = w.float().reshape(n, k // g, g)  # [N, K/g, g]
@@ -80,16 +80,18 @@ class Q4Native:
         return Q4Native(self.packed.clone(), self.shape)
 
     @classmethod
-    def quantize(cls, w: torch.Tensor) -> "Q4Native":
+    def quantize(cls, w: torch.Tensor, threads: int | None = None) -> "Q4Native":
+        """threads=1 runs on the calling thread without the library's lock (the one-thread
+        quantiser touches neither the shared pool nor the scratch buffers), so a migration worker
+        can build while the engine thread decodes."""
         n, k = w.shape
         if k % 32:
             raise ValueError(f"in-features {k} is not a multiple of 32: no 4-bit block fits")
         w = w.contiguous()
         if w.dtype not in native.FMT:
             w = w.float()
-        L = native.lib()
-        packed = torch.empty(L.mdk_q4_bytes(n, k), dtype=torch.uint8)
-        L.mdk_q4_quantize(w.data_ptr(), native.FMT[w.dtype], n, k, packed.data_ptr(), native.threads())
+        packed = torch.empty(native.lib().mdk_q4_bytes(n, k), dtype=torch.uint8)
+        native.q4_quantize(w.data_ptr(), native.FMT[w.dtype], n, k, packed.data_ptr(), threads or native.threads())
         return cls(packed, (n, k))
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x [T, K] -> [T, N]

@@ -1,14 +1,17 @@
 """The engine thread: owns the model, takes commands from a queue, publishes events.
 
-The GUI, the CLI and the tests all use this one interface. Commands: Load, Generate, Stop,
-SetSlider, SetBudgets, Shutdown. Events: Progress, Loaded, TokenOut, Done, Stats,
-PlacementChanged, MigrationProgress, ErrorEvent. `emit` is called on the engine thread; a GUI
+The window, the terminal chat, bench, eval, plan and the tests all drive the engine through this
+one interface (the messages are in `protocol`). `emit` is called on the engine thread; a GUI
 forwards events to its own thread (a queued signal), never touching widgets from here.
 
+Error boundary: any exception in a command, a decode step or a migration becomes an ErrorEvent
+(one line for the user; the traceback of an unexpected one goes to the log file, see errorlog) and
+the thread keeps serving. A request that failed ends with its own error.
+
 Re-placement: the memory monitor and the slider feed the planner; a new placement becomes a list
-of moves, applied between decode steps (safe points) a time slice at a time, so generation goes
-on while experts move. When a budget shrinks below what is held, the moves that free that memory
-run before the next decode step; memory is freed before it is allocated (the diff's order).
+of moves that the Migrator builds on a worker thread and that are swapped in between decode steps
+(safe points), so generation goes on while experts move. When a budget shrinks below what is
+held, the moves that free that memory run before the next decode step.
 """
 from __future__ import annotations
 
@@ -16,155 +19,23 @@ import gc
 import queue
 import threading
 import time
-import traceback
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Callable
 
 import torch
 
-from . import native
+from . import errorlog, native
 from .errors import MixdeskError
-from .generate import Finished, SamplingParams, Token
-from .monitor import BudgetReading, MemorySource, Monitor, SystemSource
+from .generate import Finished, Token
+from .migrator import Migrator
+from .monitor import MemorySource, Monitor, SystemSource
 from .placement import Move, Placement, Tier
-from .profile import Cancelled, uniform_profile
 from .planner import Budgets, PlanInputs, SliderScale, choose, frontier, slider_scale
-
-
-# ---- commands ---------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Load:
-    path: str
-    device: str | None = None
-    dtype: str = "auto"
-    ctx: int = 4096
-
-
-@dataclass(frozen=True)
-class Generate:
-    request_id: int
-    messages: list[dict] | None = None
-    prompt_ids: list[int] | None = None
-    params: SamplingParams = SamplingParams()
-
-
-@dataclass(frozen=True)
-class Stop:
-    request_id: int | None = None
-
-
-@dataclass(frozen=True)
-class SetSlider:
-    value: float
-
-
-@dataclass(frozen=True)
-class SetBudgets:
-    """A user cap on what the model may use (None: follow the monitor)."""
-
-    vram: int | None = None
-    ram: int | None = None
-
-
-@dataclass(frozen=True)
-class Reprofile:
-    """Measure this machine and calibrate the loaded model anew (profiles go stale: a driver or
-    BIOS change, or a profile measured while the machine was busy), then re-plan."""
-
-
-@dataclass(frozen=True)
-class Shutdown:
-    pass
-
-
-@dataclass(frozen=True)
-class _Reading:  # from the monitor thread
-    reading: BudgetReading
-
-
-# ---- events -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Progress:
-    stage: str
-    done: int
-    total: int
-    what: str = ""
-
-
-@dataclass(frozen=True)
-class Loaded:
-    name: str
-    description: str
-    cpu_only: bool
-    layers: int
-    experts: int
-    ctx: int
-    share: tuple = ()  # [L][E] routing share per expert (popularity), for the placement map
-    count_tokens: Callable[[str], int] | None = None  # thread-safe (a Rust tokenizer underneath)
-
-
-@dataclass(frozen=True)
-class TokenOut:
-    request_id: int
-    token_id: int
-    text: str
-    index: int
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Done:
-    request_id: int
-    finished: Finished
-
-
-@dataclass(frozen=True)
-class PlacementChanged:
-    placement: Placement
-    moves: int
-    reason: str
-    predicted_tok_s: float
-    predicted_loss: float
-    frontier: tuple = ()  # ((loss, tok_s), ...) best quality first
-    slider_scale: SliderScale | None = None  # what each slider position asks for (planner.SliderScale)
-    limited_by_budget: bool = False  # the slider asks for more quality than the budget allows
-
-
-@dataclass(frozen=True)
-class MigrationProgress:
-    done: int
-    total: int
-    bytes_moved: int
-    seconds: float
-    last_tier: str = ""  # the tier the last moved expert went to
-    last_bytes: int = 0
-    last_seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class Stats:
-    decode_tok_s: float
-    prefill_tok_s: float
-    vram_held: int
-    vram_free: int
-    vram_others: int
-    vram_budget: int
-    ram_held: int
-    rss: int
-    ram_budget: int
-    tiers: dict = field(default_factory=dict)
-    ctx_used: int = 0
-    ctx_max: int = 0
-    cpu_only: bool = True
-    cpu_kernel: str = ""  # the CPU expert kernel in use (engine.native.status())
-
-
-@dataclass(frozen=True)
-class ErrorEvent:
-    message: str
-    request_id: int | None = None
-
+from .profile import Cancelled, uniform_profile
+from .protocol import (Done, EngineStopped, ErrorEvent, Generate, Load, Loaded, MigrationProgress,
+                       PlacementChanged, Progress, Reading, Reprofile, SetBudgets, SetSlider, Shutdown, Stats,
+                       Stop, Task, TaskDone, TokenOut)
 
 def _token_counter(tokenizer) -> Callable[[str], int]:
     """Counts tokens without holding a reference to the model (so shutting down frees it)."""
@@ -174,34 +45,36 @@ def _token_counter(tokenizer) -> Callable[[str], int]:
 class Session:
     def __init__(self, emit: Callable[[object], None], source: MemorySource | None = None,
                  poll_s: float = 0.5, tiers: tuple[Tier, ...] | None = None, seam: bool = False,
-                 hysteresis: float = 0.05, slice_s: float = 0.05, slider: float = 0.5,
-                 costs: dict | None = None):
+                 hysteresis: float = 0.05, slice_s: float = 0.002, slider: float = 0.5,
+                 tier_costs: dict | None = None, background_moves: bool = True):
         self.emit = emit
         self._source = source
         self.poll_s = poll_s
         self.tiers = tiers  # restrict the planner to these tiers (None: all the machine has)
         self.seam = seam  # plan gpu-* tiers on the CPU device (tests and experiments only)
-        self.costs = costs  # tier -> (fixed_s, s_per_byte), replacing measured ones (tests only)
+        self.tier_costs = tier_costs  # tier -> (fixed_s, s_per_byte), replacing measured ones (tests only)
         self.hysteresis = hysteresis
-        self.slice_s = slice_s
+        self.slice_s = slice_s  # longest time spent swapping built experts in between two steps
+        self.background_moves = background_moves  # build new expert forms on a worker thread
         self.commands: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="mixdesk-engine", daemon=True)
         self.cancel = threading.Event()
         # engine-thread state
         self.loaded = None
+        self.pinned = False  # a placement given by the user: no planning, no re-placement
         self.inputs: PlanInputs | None = None
         self.scale: SliderScale | None = None  # slider_scale(self.inputs), computed once per inputs
         self.slider = slider
         self.cap = SetBudgets()
-        self.reading: BudgetReading | None = None
+        self.reading = None
         self.budgets: Budgets | None = None
-        self.moves: deque[Move] = deque()
-        self.migration = [0, 0, 0, 0.0]  # done, total, bytes, seconds
-        self.held = (0, 0)  # (vram, ram) bytes the model holds, read by the monitor thread
+        self.migrator: Migrator | None = None
         self.monitor: Monitor | None = None
+        self.target: Placement | None = None
+        self._frontier: tuple | None = None  # (inputs, budgets, points): slider moves reuse it
         self._gen = None
         self._request: int | None = None
-        self._queued: deque[Generate] = deque()
+        self._queued: deque = deque()
         self._quit = False
         self._decode_ema = 0.0
         self._prefill = 0.0
@@ -224,37 +97,74 @@ class Session:
         self.thread.join(timeout)
         return not self.thread.is_alive()
 
+    @property
+    def held(self) -> tuple[int, int]:
+        """(vram, ram) bytes the model holds, as the planner counts them."""
+        return self.migrator.held if self.migrator is not None else (0, 0)
+
     # ---- engine thread ----
     def _run(self) -> None:
+        why = ""
         try:
             while not self._quit:
-                if self._gen is not None:
-                    self._drain(block=False)
-                    if self._quit:
-                        break
-                    self._migrate(self.slice_s)
-                    self._step()
-                elif self.moves:
-                    self._drain(block=False)
-                    self._migrate(self.slice_s)
-                else:
-                    self._drain(block=True)
-                    if self._gen is None and self._queued:
-                        self._begin(self._queued.popleft())
-        except Exception as e:  # last resort: say it, never die silently
-            self.emit(ErrorEvent(f"engine stopped: {e}\n{traceback.format_exc()}"))
+                self._guard("engine", self._iteration, self._request)
+        except BaseException as e:  # noqa: BLE001 - not even this may pass silently
+            why = f"{errorlog.one_line(e)}"
+            log = errorlog.record(e, "engine thread")
+            self.emit(EngineStopped(message=f"the engine stopped: {why}", log=log))
         finally:
             self._teardown()
 
+    def _iteration(self) -> None:
+        if self._gen is not None:
+            self._drain(block=False)
+            if self._quit:
+                return
+            self._swap()
+            if self._gen is not None:
+                self._step()
+        elif self.migrator is not None and self.migrator.pending:
+            self._drain(block=False)
+            if not self._quit:
+                self.migrator.wait_ready(0.02)
+                self._swap()
+        else:
+            self._drain(block=True)
+        if self._gen is None and self._queued and not self._quit:
+            cmd = self._queued.popleft()
+            self._guard(_describe(cmd), lambda: self._begin(cmd), cmd.request_id)
+
+    def _guard(self, what: str, fn, request_id: int | None = None) -> bool:
+        """Run fn; any exception becomes an ErrorEvent and the engine carries on. True if it ran."""
+        try:
+            fn()
+            return True
+        except MixdeskError as e:
+            self._failed(request_id)
+            self.emit(ErrorEvent(message=str(e), request_id=request_id, kind=type(e).__name__))
+        except Exception as e:  # noqa: BLE001 - the error boundary: report, log, keep serving
+            self._failed(request_id)
+            log = errorlog.record(e, what)
+            where = f" (details in {log})" if log else ""
+            self.emit(ErrorEvent(message=f"{what} failed: {errorlog.one_line(e)}{where}", request_id=request_id,
+                                 log=log, kind=type(e).__name__))
+        return False
+
+    def _failed(self, request_id: int | None) -> None:
+        """After an error: the request it belonged to is over, and the KV cache may hold a step
+        that did not finish, so the next request starts from a clean cache."""
+        if request_id is not None and request_id == self._request and self._gen is not None:
+            self._gen = None
+            self._request = None
+            if self.loaded is not None:
+                self.loaded.generator.cache.tokens = []
+            native.quiet_torch.leave()
+            self.cancel.clear()
+
     def _teardown(self) -> None:
-        if self.monitor is not None:
-            self.monitor.stop()
         self._gen = None
-        self.moves.clear()
-        if self.loaded is not None:
-            self.loaded.ckpt.close()
-        self.loaded = None
-        gc.collect()
+        self._queued.clear()
+        self._unload()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -264,58 +174,72 @@ class Session:
         except queue.Empty:
             return
         while True:
-            self._handle(cmd)
+            self._guard(_describe(cmd), lambda c=cmd: self._handle(c), getattr(cmd, "request_id", None))
+            if self._quit:
+                return
             try:
                 cmd = self.commands.get_nowait()
             except queue.Empty:
                 return
 
     def _handle(self, cmd) -> None:
-        try:
-            if isinstance(cmd, Shutdown):
-                self._quit = True
-            elif isinstance(cmd, Load):
-                self._load(cmd)
-            elif isinstance(cmd, Generate):
-                if self._gen is None:
-                    self._begin(cmd)
-                else:
-                    self._queued.append(cmd)
-            elif isinstance(cmd, Stop):
-                if self._gen is None:
-                    self.cancel.clear()
-            elif isinstance(cmd, SetSlider):
-                if abs(cmd.value - self.slider) > 1e-9:
-                    self.slider = min(max(cmd.value, 0.0), 1.0)
-                    self._replan("slider")
-            elif isinstance(cmd, Reprofile):
-                if self.loaded is not None and self._gen is None:
-                    self.cancel.clear()
-                    try:
-                        self._profile(remeasure=True)
-                    finally:
-                        self._emit_loaded()  # ready again, with whichever profile holds now
-                    self._replan("profile")
-                elif self.loaded is not None:
-                    self.emit(ErrorEvent("re-measuring waits for the reply to finish: try again then"))
-            elif isinstance(cmd, SetBudgets):
-                self.cap = cmd
-                self._set_budgets(force=True)
-            elif isinstance(cmd, _Reading):
-                self.reading = cmd.reading
-                self._set_budgets(force=False)
-        except MixdeskError as e:
-            self.emit(ErrorEvent(str(e), getattr(cmd, "request_id", None)))
+        if isinstance(cmd, Shutdown):
+            self._quit = True
+        elif isinstance(cmd, Load):
+            self._load(cmd)
+        elif isinstance(cmd, Generate):
+            if self._gen is None:
+                self._begin(cmd)
+            else:
+                self._queued.append(cmd)
+        elif isinstance(cmd, Task):
+            if self._gen is None:
+                self._begin(cmd)
+            else:
+                self._queued.append(cmd)
+        elif isinstance(cmd, Stop):
+            if self._gen is None:
+                self.cancel.clear()
+        elif isinstance(cmd, SetSlider):
+            if abs(cmd.value - self.slider) > 1e-9:
+                self.slider = min(max(cmd.value, 0.0), 1.0)
+                self._replan("slider")
+        elif isinstance(cmd, Reprofile):
+            if self.loaded is not None and self._gen is None:
+                self.cancel.clear()
+                try:
+                    self._profile(remeasure=True)
+                finally:
+                    self._emit_loaded()  # ready again, with whichever profile holds now
+                self._replan("profile")
+            elif self.loaded is not None:
+                self.emit(ErrorEvent(message="re-measuring waits for the reply to finish: try again then"))
+        elif isinstance(cmd, SetBudgets):
+            self.cap = cmd
+            self._set_budgets(force=True)
+        elif isinstance(cmd, Reading):
+            self.reading = cmd.reading
+            self._set_budgets(force=False)
 
     # ---- loading ----
-    def _load(self, cmd: Load) -> None:
-        from .load import load
-
+    def _unload(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.monitor = None
+        if self.migrator is not None:
+            self.migrator.stop()
+            self.migrator = None
         if self.loaded is not None:
             self.loaded.ckpt.close()
             self.loaded = None
-            gc.collect()
-        prog = lambda stage: (lambda d, t, w="": self.emit(Progress(stage, d, t, w)))  # noqa: E731
+        self.inputs = self.scale = self.budgets = self.target = self._frontier = None
+        gc.collect()
+
+    def _load(self, cmd: Load) -> None:
+        from .load import load, open_checkpoint
+
+        self._unload()
+        prog = lambda stage: (lambda d, t, w="": self.emit(Progress(stage=stage, done=d, total=t, what=w)))  # noqa: E731
         path = cmd.path
         if path == "demo":
             from . import demo
@@ -326,34 +250,88 @@ class Session:
 
             path = str(resolve(path))
         self.cancel.clear()
-        self.loaded = loaded = load(path, "auto", cmd.device, cmd.dtype, cmd.ctx, progress=prog("load"),
+        self.pinned = cmd.placement != "auto"
+        placement = cmd.placement
+        if not self.pinned:  # a cached profile: plan from it before any expert is built
+            placement = self._plan_from_cache(open_checkpoint(path), cmd) or "auto"
+        self.loaded = loaded = load(path, placement, cmd.device, cmd.dtype, cmd.ctx, progress=prog("load"),
                                     budgets=self._first_budgets(cmd.device), slider=self.slider)
         loaded.generator.on_oom = self._on_oom
-        self._update_held()
-        self._profile(remeasure=False)
+        self.migrator = Migrator(loaded.model, self._moved, background=self.background_moves,
+                                 dense_on_accelerator=not loaded.accel.cpu_only)
+        if not self.pinned:
+            self._profile(remeasure=False)
         self._emit_loaded()
         source = self._source or SystemSource(loaded.accel.device.index if loaded.accel.is_cuda else None)
-        self.monitor = Monitor(source, lambda r: self.commands.put(_Reading(r)), lambda: self.held,
-                               period=self.poll_s)
+        self.monitor = Monitor(source, lambda r: self.commands.put(Reading(reading=r)), lambda: self.held,
+                               period=self.poll_s, lock=self.migrator.lock)
         self.reading = self.monitor.reading()
         self._set_budgets(force=True)
         self.monitor.start()
 
+    def _plan_from_cache(self, ckpt, cmd: Load) -> Placement | None:
+        """The placement planned from this model's cached profile and dense timings, before the
+        model is built (None: no usable cache; load plans from the model's shape)."""
+        from .devices import detect
+        from .kernels import auto_dtype
+        from .load import DTYPES
+        from .plan_inputs import default_budgets, dense_bytes_of
+        from .planner import plan
+        from .profile import cached_profile, dense_timings
+
+        try:
+            if self.tiers is not None or self.tier_costs is not None or self.seam:
+                return None  # test seams change the inputs after the profile: plan after loading
+            mp = cached_profile(ckpt)
+            if mp is None:
+                return None
+            accel = detect(cmd.device)
+            dtype = DTYPES[cmd.dtype] or auto_dtype(accel.device)
+            timings = dense_timings(mp, accel.device, dtype)
+            if timings is None:
+                return None
+            inp = self._inputs(mp, accel, ckpt.dims, dense_bytes_of(ckpt.dims, dtype), timings)
+            budgets = self._first_budgets(cmd.device) or default_budgets(inp.cpu_only, accel.device)
+            p = plan(inp, budgets, self.slider)
+            return p.placement if p.fits else None
+        finally:
+            ckpt.close()
+
+    def _inputs(self, mp, accel, dims, dense_bytes: int, timings: tuple[float, float]) -> PlanInputs:
+        from .hardware import load_or_measure, tier_costs
+        from .plan_inputs import from_profiles
+
+        hw = load_or_measure(accel.device)
+        inp = from_profiles(mp, hw, dims.top_k, dense_bytes, timings[0], dense_prefill_s=timings[1])
+        if accel.cpu_only and not inp.cpu_only:
+            inp = replace(inp, cpu_only=True)
+        if self.seam and accel.cpu_only:
+            inp = replace(inp, cpu_only=False, tier_costs={
+                **inp.tier_costs, **tier_costs([Tier.GPU16, Tier.GPU4], torch.device("cpu"))})
+        if self.tier_costs is not None:
+            inp = replace(inp, tier_costs={**inp.tier_costs, **self.tier_costs})
+        if self.tiers is not None:
+            inp = replace(inp, tier_costs={t: c for t, c in inp.tier_costs.items() if Tier(t) in self.tiers})
+        return inp
+
     def _emit_loaded(self) -> None:
         """The model is ready (sent again after a re-profile: the popularity it carries may change)."""
         ld = self.loaded
-        self.emit(Loaded(ld.ckpt.folder.name, ld.describe(), ld.accel.cpu_only, ld.ckpt.dims.layers,
-                         ld.ckpt.dims.experts, ld.generator.ctx, self.inputs.share, _token_counter(ld.tokenizer)))
+        d = ld.ckpt.dims
+        share = self.inputs.share if self.inputs is not None else ()
+        self.emit(Loaded(name=ld.ckpt.folder.name, description=ld.describe(), cpu_only=ld.accel.cpu_only,
+                         layers=d.layers, experts=d.experts, ctx=ld.generator.ctx, share=share,
+                         count_tokens=_token_counter(ld.tokenizer)))
 
     def _profile(self, remeasure: bool) -> None:
         """Both profiles (cached, or measured anew) -> the planner's inputs and the slider's scale."""
-        from .hardware import _tier_costs, load_or_measure
-        from .plan_inputs import from_profiles, measure_dense_prefill_s, measure_dense_s
-        from .profile import load_or_calibrate
+        from .hardware import load_or_measure
+        from .plan_inputs import measure_dense_prefill_s, measure_dense_s
+        from .profile import dense_timings, load_or_calibrate, save_dense_timings
 
         loaded = self.loaded
-        prog = lambda stage: (lambda d, t, w="": self.emit(Progress(stage, d, t, w)))  # noqa: E731
-        self.emit(Progress("profile", 0, 1, "measuring this machine"))
+        prog = lambda stage: (lambda d, t, w="": self.emit(Progress(stage=stage, done=d, total=t, what=w)))  # noqa: E731
+        self.emit(Progress(stage="profile", done=0, total=1, what="measuring this machine"))
         hw = load_or_measure(loaded.accel.device, remeasure=remeasure)
         try:
             mp = load_or_calibrate(loaded.model, loaded.tokenizer, progress=prog("calibrate"), cancel=self.cancel,
@@ -361,24 +339,20 @@ class Session:
         except Cancelled:
             self.cancel.clear()
             if remeasure and self.inputs is not None:
-                self.emit(ErrorEvent("calibration cancelled: keeping the profile measured before"))
+                self.emit(ErrorEvent(message="calibration cancelled: keeping the profile measured before"))
                 return
             mp = uniform_profile(loaded.model)
-            self.emit(ErrorEvent("calibration cancelled: planning with uniform popularity and an assumed "
+            self.emit(ErrorEvent(message="calibration cancelled: planning with uniform popularity and an assumed "
                                  "4-bit sensitivity until it runs"))
-        dense_s = measure_dense_s(loaded.model, hw)
-        inp = from_profiles(mp, hw, loaded.ckpt.dims.top_k, loaded.model.dense_bytes(), dense_s,
-                            dense_prefill_s=measure_dense_prefill_s(loaded.model, hw))
-        if self.seam and loaded.accel.cpu_only:
-            inp = replace(inp, cpu_only=False, tier_costs={
-                **inp.tier_costs, **_tier_costs([Tier.GPU16, Tier.GPU4], torch.device("cpu"))})
-        if self.costs is not None:
-            inp = replace(inp, tier_costs={**inp.tier_costs, **self.costs})
-        if self.tiers is not None:
-            inp = replace(inp, tier_costs={t: c for t, c in inp.tier_costs.items() if Tier(t) in self.tiers})
-        self.inputs = inp
-        self.scale = slider_scale(inp)
-        self._update_held()
+        timings = None if remeasure else dense_timings(mp, loaded.accel.device, loaded.model.dtype)
+        if timings is None:
+            timings = (measure_dense_s(loaded.model, hw), measure_dense_prefill_s(loaded.model, hw))
+            if mp.calibration_tokens:
+                save_dense_timings(mp, loaded.ckpt.folder, loaded.accel.device, loaded.model.dtype, timings)
+        self.inputs = self._inputs(mp, loaded.accel, loaded.ckpt.dims, loaded.model.dense_bytes(), timings)
+        self.scale = slider_scale(self.inputs)
+        self._frontier = None
+        self.migrator.dense_on_accelerator = not self.inputs.cpu_only
 
     def _first_budgets(self, device: str | None) -> Budgets | None:
         """The budgets the first placement is planned under: free memory within the user's caps
@@ -394,15 +368,6 @@ class Session:
                        ram=free.ram if self.cap.ram is None else min(free.ram, self.cap.ram))
 
     # ---- planning and migration ----
-    def _update_held(self) -> None:
-        """Bytes held against each budget, counted as the planner counts them: the dense part is
-        on the accelerator unless the plan is CPU-only."""
-        m = self.loaded.model
-        eb = m.expert_bytes()
-        cpu_only = self.inputs.cpu_only if self.inputs is not None else self.loaded.accel.cpu_only
-        dense = m.dense_bytes()
-        self.held = (eb["accelerator"] + (0 if cpu_only else dense), eb["host"] + (dense if cpu_only else 0))
-
     def _set_budgets(self, force: bool) -> None:
         if self.reading is None or self.inputs is None:
             return
@@ -413,66 +378,61 @@ class Session:
             ram = min(ram, self.cap.ram)
         new = Budgets(vram=vram, ram=ram)
         old = self.budgets
-        shrunk_below_held = new.vram < self.held[0] or new.ram < self.held[1]
+        held = self.held
+        shrunk_below_held = new.vram < held[0] or new.ram < held[1]
         changed = old is None or any(abs(a - b) > self.hysteresis * max(b, 1)
                                      for a, b in ((new.vram, old.vram), (new.ram, old.ram)))
         if force or changed or shrunk_below_held:
             self.budgets = new
             self._replan("budget")
 
+    def _points(self) -> list:
+        """The frontier under the current budgets; a slider move reuses it (the planner's costliest
+        part: tens of ms that would otherwise stall a decode step)."""
+        f = self._frontier
+        if f is None or f[0] is not self.inputs or f[1] != self.budgets:
+            f = self._frontier = (self.inputs, self.budgets, frontier(self.inputs, self.budgets))
+        return f[2]
+
     def _replan(self, reason: str) -> None:
-        if self.inputs is None or self.budgets is None:
+        if self.inputs is None or self.budgets is None or self.pinned or self.loaded is None:
             return
-        pts = frontier(self.inputs, self.budgets)
+        pts = self._points()
         scale = self.scale or slider_scale(self.inputs)
         p = choose(pts, self.slider, self.inputs, scale)
         limited = p.loss > scale.target(self.slider) + 1e-12 or not p.fits
-        current = self.loaded.model.placement
         target = p.placement
-        moves = current.diff(target)
-        self.moves = deque(moves)
-        self.migration = [0, len(moves), 0, 0.0]
+        moves = self.loaded.model.placement.diff(target)
+        self.migrator.retarget(moves)
         self.target = target
-        self.emit(PlacementChanged(target, len(moves), reason, p.tok_s, p.loss,
-                                   tuple((q.loss, q.tok_s) for q in pts), scale, limited))
+        self.emit(PlacementChanged(placement=target, moves=len(moves), reason=reason, predicted_tok_s=p.tok_s,
+                                   predicted_loss=p.loss, frontier=tuple((q.loss, q.tok_s) for q in pts),
+                                   slider_scale=scale, limited_by_budget=limited))
         self._enforce()
         if not moves:
             self._stats(force=True)
 
     def _over(self) -> tuple[bool, bool]:
-        return self.held[0] > self.budgets.vram, self.held[1] > self.budgets.ram
+        held = self.held
+        return held[0] > self.budgets.vram, held[1] > self.budgets.ram
 
     def _enforce(self) -> None:
-        """Before the next decode step, run the queued moves that free memory in a pool that is
-        over its budget (evictions are first in the queue)."""
-        over_v, over_r = self._over()
-        while (over_v or over_r) and self.moves:
-            frees = [m for m in self.moves if (over_v and m.old.on_accelerator and not m.new.on_accelerator)
-                     or (over_r and not m.old.on_accelerator and (m.new.on_accelerator or m.new.bits < m.old.bits))
-                     or (over_v and m.old.on_accelerator and m.new.bits < m.old.bits)]
-            if not frees:
-                break
-            self.moves.remove(frees[0])
-            self._apply(frees[0])
-            over_v, over_r = self._over()
+        """Before the next decode step, run the planned moves that free memory in a pool that is
+        over its budget."""
+        if self.migrator is not None and self.budgets is not None:
+            self.migrator.enforce(self._over)
 
-    def _apply(self, m: Move) -> None:
-        t0 = time.perf_counter()
-        nbytes = self.loaded.model.move(m.layer, m.expert, m.new)
-        dt = time.perf_counter() - t0
-        self._update_held()
-        self.migration[0] += 1
-        self.migration[2] += nbytes
-        self.migration[3] += dt
-        self.emit(MigrationProgress(*self.migration, m.new.value, nbytes, dt))
+    def _moved(self, m: Move, nbytes: int, seconds: float) -> None:
+        c = self.migrator.counters
+        self.emit(MigrationProgress(done=c.done, total=c.total, bytes_moved=c.bytes_moved, seconds=c.seconds,
+                                    last_tier=m.new.value, last_bytes=nbytes, last_seconds=seconds))
 
-    def _migrate(self, budget_s: float) -> None:
-        if not self.moves:
+    def _swap(self) -> None:
+        """Swap built experts in (a safe point: between two decode steps)."""
+        m = self.migrator
+        if m is None:
             return
-        t0 = time.perf_counter()
-        while self.moves and time.perf_counter() - t0 < budget_s:
-            self._apply(self.moves.popleft())
-        if not self.moves:
+        if m.install_ready(self.slice_s) and not m.pending:
             self._stats(force=True)  # the migration just finished
 
     def _on_oom(self) -> None:
@@ -486,29 +446,33 @@ class Session:
             torch.cuda.empty_cache()
 
     # ---- generation ----
-    def _begin(self, cmd: Generate) -> None:
+    def _begin(self, cmd) -> None:
+        if isinstance(cmd, Task):
+            self.emit(TaskDone(request_id=cmd.request_id, value=cmd.fn(self)))
+            return
         if self.loaded is None:
-            self.emit(ErrorEvent("no model is loaded", cmd.request_id))
+            self.emit(ErrorEvent(message="no model is loaded", request_id=cmd.request_id))
             return
         self.cancel.clear()
         gen = self.loaded.generator
-        try:
-            ids = cmd.prompt_ids if cmd.prompt_ids is not None else gen.chat_prompt(cmd.messages or [])
-            self._gen = gen.stream(ids, cmd.params, self.cancel)
-            self._request = cmd.request_id
-        except MixdeskError as e:
-            self.emit(ErrorEvent(str(e), cmd.request_id))
+        cmd.params.check()
+        ids = cmd.prompt_ids if cmd.prompt_ids is not None else gen.chat_prompt(cmd.messages or [])
+        if cmd.fresh:
+            gen.cache.tokens = []
+        self._gen = gen.stream(ids, cmd.params, self.cancel)
+        self._request = cmd.request_id
 
     def _step(self) -> None:
-        t0 = time.perf_counter()
+        request = self._request
+        ok = self._guard("generating", self._next, request)
+        if not ok and self._gen is not None:  # _failed only clears a request it recognises
+            self._gen = None
+
+    def _next(self) -> None:
         try:
             ev = next(self._gen)
         except StopIteration:
             self._gen = None
-            return
-        except MixdeskError as e:
-            self._gen = None
-            self.emit(ErrorEvent(str(e), self._request))
             return
         if isinstance(ev, Token):
             if ev.index == 0:
@@ -516,14 +480,15 @@ class Session:
             else:
                 rate = 1.0 / max(ev.seconds, 1e-9)
                 self._decode_ema = rate if self._decode_ema == 0 else 0.8 * self._decode_ema + 0.2 * rate
-            self.emit(TokenOut(self._request, ev.id, ev.text, ev.index, ev.seconds))
+            self.emit(TokenOut(request_id=self._request, token_id=ev.id, text=ev.text, index=ev.index,
+                               seconds=ev.seconds))
             self._stats()
         elif isinstance(ev, Finished):
             self._prefill = ev.prefill_tok_s
             if ev.decode_tok_s:
                 self._decode_ema = ev.decode_tok_s
             self._gen = None
-            self.emit(Done(self._request, ev))
+            self.emit(Done(request_id=self._request, finished=ev))
             self._stats(force=True)
 
     def _stats(self, force: bool = False) -> None:
@@ -533,8 +498,18 @@ class Session:
         self._last_stats = now
         s = self.reading.sample if self.reading else None
         b = self.budgets or Budgets(0, 0)
+        held = self.held
         counts = {t.value: n for t, n in self.loaded.model.placement.counts().items() if n}
-        self.emit(Stats(self._decode_ema, self._prefill, self.held[0], s.vram_free if s else 0,
-                        s.vram_used_by_others if s else 0, b.vram, self.held[1], s.rss if s else 0, b.ram,
-                        counts, len(self.loaded.generator.cache.tokens), self.loaded.generator.ctx,
-                        self.loaded.accel.cpu_only, native.status()))
+        self.emit(Stats(decode_tok_s=self._decode_ema, prefill_tok_s=self._prefill, vram_held=held[0],
+                        vram_free=s.vram_free if s else 0, vram_others=s.vram_used_by_others if s else 0,
+                        vram_budget=b.vram, ram_held=held[1], rss=s.rss if s else 0, ram_budget=b.ram,
+                        tiers=counts, ctx_used=len(self.loaded.generator.cache.tokens),
+                        ctx_max=self.loaded.generator.ctx, cpu_only=self.loaded.accel.cpu_only,
+                        cpu_kernel=native.status()))
+
+
+def _describe(cmd) -> str:
+    """What a command was doing, for an error message: 'loading the model', ..."""
+    return {"Load": "loading the model", "Generate": "starting the reply", "Task": "the task",
+            "SetSlider": "re-planning", "SetBudgets": "re-planning", "Reading": "re-planning",
+            "Reprofile": "re-measuring"}.get(type(cmd).__name__, type(cmd).__name__)

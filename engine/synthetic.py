@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import Checkpoint, _dims, dense_shapes, expert_shapes
+from .checkpoint import Checkpoint, dims_from_config, dense_shapes, expert_shapes
 from .errors import ModelError
 
 MARKER = "mixdesk-synthetic.json"
@@ -62,7 +62,7 @@ class SyntheticCheckpoint:
         self.dtype = getattr(torch, meta.get("dtype", "bfloat16"))
         self.raw_config = json.loads(self.config_path.read_text())
         self.config = MixtralConfig.from_dict(self.raw_config)
-        self.dims = _dims(self.config, self.config_path)
+        self.dims = dims_from_config(self.config, self.config_path)
         self.expected = {**dense_shapes(self.dims), **expert_shapes(self.dims)}
         self.where = {name: _Where(self.folder / MARKER) for name in self.expected}
         self.gen_device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")

@@ -6,6 +6,10 @@ import torch
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if "XDG_STATE_HOME" not in os.environ:  # the engine's error log (engine/errorlog.py) stays out of $HOME
+    import tempfile
+
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="mixdesk-test-state-")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 

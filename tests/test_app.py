@@ -72,7 +72,7 @@ def test_slider_replans_and_map_repaints(qtbot, tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     # the tiny model's experts are so small that call overhead hides the 4-bit speed-up on this
     # CPU; give the planner costs where 4-bit pays, so the frontier has more than one point
-    window = open_window(qtbot, tiny, tmp_path, costs={"cpu-16": (1e-4, 1e-9), "cpu-4": (1e-5, 1e-10)})
+    window = open_window(qtbot, tiny, tmp_path, tier_costs={"cpu-16": (1e-4, 1e-9), "cpu-4": (1e-5, 1e-10)})
     qtbot.waitUntil(lambda: bool(window.panel.map.tiers), timeout=30_000)
     before, paints = window.panel.map.tiers, window.panel.map.paints
     target = 0.0 if any("16" in t for row in before for t in row) else 1.0
@@ -168,7 +168,7 @@ KILL_SCRIPT = textwrap.dedent("""
     from app.main_window import MainWindow
     from app.store import Store
     from engine.generate import SamplingParams
-    from engine.session import TokenOut
+    from engine.protocol import TokenOut
     app = QApplication([])
     w = MainWindow(Store(sys.argv[1]), model=sys.argv[2], device="cpu", dtype="fp32")
     state = {"turn": 0}
@@ -240,3 +240,65 @@ def test_remeasure_from_the_tools_menu(window, qtbot):
     assert any("re-measuring" in line for line in window.log_lines)
     assert sum("loaded " in line for line in window.log_lines) == loaded_before + 1
     assert not any(line.startswith("error") for line in (x[9:] for x in window.log_lines))
+
+
+def test_errors_in_a_step_and_in_the_template_leave_generating_and_the_engine_serves_on(qtbot, window):
+    """Must show 2 (issue 14): a decode step raising a non-Mixdesk exception, then a chat template
+    that raises: each reply ends with its error in the window, "generating" ends, and the next
+    message gets a reply from the same engine thread."""
+    from engine.chat_template import ChatTemplate
+    from engine.protocol import ErrorEvent
+
+    session = window.bridge.session
+    thread = session.thread
+    gen = session.loaded.generator
+    seen = []
+    window.bridge.events.connect(lambda batch: seen.extend(e for e in batch if isinstance(e, ErrorEvent)))
+    inner, calls = gen._forward, []
+
+    def broken(feed, pos):  # the second step of the reply fails with an error nobody expected
+        calls.append(pos)
+        if len(calls) == 2:
+            raise IndexError("injected failure in a decode step")
+        return inner(feed, pos)
+
+    gen.eos_ids.clear()
+    gen._forward = broken
+    send(qtbot, window, "first", 20)
+    qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
+    assert seen and "IndexError: injected failure" in seen[-1].message and seen[-1].log
+    assert "injected failure" in window.statusBar().currentMessage()
+    gen._forward = inner
+
+    gen.template = ChatTemplate("{% if 'boom' in messages[-1]['content'] %}{{ raise_exception('no booms here') }}"
+                                "{% endif %}{% for m in messages %}{{ m['content'] }}\n{% endfor %}", gen.tok,
+                                window.bridge.session.loaded.ckpt.folder)
+    send(qtbot, window, "boom", 20)
+    qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
+    assert "no booms here" in seen[-1].message
+    assert window.send_btn.isEnabled()
+
+    send(qtbot, window, "and now a normal message", 8)
+    qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
+    last = window.store.messages(window.cid)[-1]
+    assert last.role == "assistant" and last.complete and "tok/s" in last.meta["stats"]
+    assert session.thread is thread and thread.is_alive()  # the same engine thread served all three
+
+
+def test_a_dead_engine_thread_is_said_and_can_be_restarted(qtbot, window):
+    """If the engine thread ever ends anyway, the window says so and offers a restart."""
+    session = window.bridge.session
+
+    def die():
+        raise SystemExit("simulated end of the engine thread")  # passes the error boundary on purpose
+
+    session._iteration = die
+    session.commands.put(object())
+    qtbot.waitUntil(lambda: getattr(window, "stopped_box", None) is not None, timeout=30_000)
+    assert "engine stopped" in window.model_label.text() and not window.send_btn.isEnabled()
+    window.restart_engine()
+    qtbot.waitUntil(lambda: window.send_btn.isEnabled(), timeout=120_000)
+    assert window.bridge.session is not session and window.bridge.session.thread.is_alive()
+    send(qtbot, window, "hello again", 4)
+    qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
+    assert window.store.messages(window.cid)[-1].complete

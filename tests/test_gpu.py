@@ -92,7 +92,8 @@ def test_engine_shrinks_when_another_process_takes_vram(tmp_path, monkeypatch):
     import threading
     import time as _time
 
-    from engine.session import Done, ErrorEvent, Generate, Load, Loaded, Session, Stats
+    from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded, Stats
+    from engine.session import Session
     from engine.tiny_model import write_tiny_mixtral
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -101,7 +102,7 @@ def test_engine_shrinks_when_another_process_takes_vram(tmp_path, monkeypatch):
     events, loaded = [], threading.Event()
     s = Session(lambda e: (events.append(e), isinstance(e, (Loaded, ErrorEvent)) and loaded.set()),
                 poll_s=0.1, slider=1.0).start()
-    s.submit(Load(str(path)))
+    s.submit(Load(path=str(path)))
     assert loaded.wait(300) and not [e for e in events if isinstance(e, ErrorEvent)]
     _time.sleep(1.0)
     held_before = s.held[0]
@@ -112,7 +113,7 @@ def test_engine_shrinks_when_another_process_takes_vram(tmp_path, monkeypatch):
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "ok"
-        s.submit(Generate(1, prompt_ids=list(range(1, 20)), params=SamplingParams(max_new_tokens=50)))
+        s.submit(Generate(request_id=1, prompt_ids=list(range(1, 20)), params=SamplingParams(max_new_tokens=50)))
         deadline = _time.time() + 15
         while s.held[0] >= held_before * 0.9 and _time.time() < deadline:
             _time.sleep(0.1)

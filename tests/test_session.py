@@ -10,8 +10,9 @@ from engine.generate import SamplingParams
 from engine.monitor import MemorySample, ScriptedSource
 from engine.placement import Tier
 from engine.planner import plan
-from engine.session import (Done, ErrorEvent, Generate, Load, Loaded, PlacementChanged, Reprofile, SetSlider,
-                            Session, Shutdown, Stats, Stop, TokenOut)
+from engine.protocol import (Done, ErrorEvent, Generate, Load, Loaded, PlacementChanged, Reprofile, SetSlider,
+                             Shutdown, Stats, Stop, TokenOut)
+from engine.session import Session
 
 GB = 10**9
 
@@ -46,7 +47,7 @@ class Recorder:
 
 def start(tiny, rec, source=None, **kw):
     s = Session(rec, source=source, poll_s=0.02, **kw).start()
-    s.submit(Load(str(tiny), device="cpu", dtype="fp32"))
+    s.submit(Load(path=str(tiny), device="cpu", dtype="fp32"))
     rec.wait(lambda e: isinstance(e, Loaded) or isinstance(e, ErrorEvent))
     assert not rec.of(ErrorEvent), rec.of(ErrorEvent)
     return s
@@ -87,10 +88,10 @@ def test_budget_timeline_halves_then_restores(tiny):
     src = ScriptedSource(timeline)
     fast_gpu = {"gpu-16": (1e-6, 1e-12), "cpu-16": (1e-5, 1e-10)}  # so the plan wants the "GPU"
     s = Session(rec, source=src, poll_s=0.01, tiers=(Tier.GPU16, Tier.CPU16), seam=True, slider=1.0,
-                costs=fast_gpu)
+                tier_costs=fast_gpu)
     holder["s"] = s
     s.start()
-    s.submit(Load(str(tiny), device="cpu", dtype="fp32"))
+    s.submit(Load(path=str(tiny), device="cpu", dtype="fp32"))
     rec.wait(lambda e: isinstance(e, Loaded))
     d = s.inputs
     per = d.expert_bytes["gpu-16"]
@@ -111,7 +112,7 @@ def test_budget_timeline_halves_then_restores(tiny):
 
     s.emit = check
     src.n = 0
-    s.submit(Generate(1, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=120)))
+    s.submit(Generate(request_id=1, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=120)))
     done = rec.wait(lambda e: isinstance(e, Done))
     assert s.shutdown()
     before = [c for i, c in gpu_counts if i < 20]
@@ -131,15 +132,15 @@ def test_slider_moves_20_times_during_a_generation(tiny, pace):
     s = start(tiny, rec)
     s.loaded.generator.eos_ids.clear()
     pace(s.loaded.generator)  # 200 tokens over ~1 s: the slider moves land during the reply
-    s.submit(Generate(7, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=200)))
+    s.submit(Generate(request_id=7, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=200)))
     rec.wait(lambda e: isinstance(e, TokenOut))
     values = [(i * 7 % 20) / 19 for i in range(20)]
     for v in values:
-        s.submit(SetSlider(v))
+        s.submit(SetSlider(value=v))
         time.sleep(0.01)
     done = rec.wait(lambda e: isinstance(e, Done))
     deadline = time.time() + 30
-    while s.moves and time.time() < deadline:
+    while s.migrator.pending and time.time() < deadline:
         time.sleep(0.05)
     final = plan(s.inputs, s.budgets, values[-1]).placement
     assert s.loaded.model.placement == final
@@ -156,12 +157,12 @@ def test_stop_cancels_the_reply(tiny, pace):
     s = start(tiny, rec)
     s.loaded.generator.eos_ids.clear()
     pace(s.loaded.generator)
-    s.submit(Generate(3, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=5000)))
+    s.submit(Generate(request_id=3, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=5000)))
     rec.wait(lambda e: isinstance(e, TokenOut) and e.index >= 3)
-    s.submit(Stop(3))
+    s.submit(Stop(request_id=3))
     done = rec.wait(lambda e: isinstance(e, Done))
     assert done.finished.reason == "cancelled"
-    s.submit(Generate(4, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=3)))
+    s.submit(Generate(request_id=4, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=3)))
     rec.wait(lambda e: isinstance(e, Done) and e.request_id == 4)  # a stop does not stick
     assert s.shutdown()
 
@@ -173,11 +174,11 @@ def test_shutdown_leaves_no_thread_and_frees_the_model(tiny, when):
     model = weakref.ref(s.loaded.model)
     if when == "generating":
         s.loaded.generator.eos_ids.clear()
-        s.submit(Generate(1, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=100000)))
+        s.submit(Generate(request_id=1, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=100000)))
         rec.wait(lambda e: isinstance(e, TokenOut))
     else:
         for v in (0.0, 1.0, 0.0, 1.0):
-            s.submit(SetSlider(v))
+            s.submit(SetSlider(value=v))
     assert s.shutdown(timeout=30)
     assert not [t for t in threading.enumerate() if t.name.startswith("mixdesk-")]
     import gc

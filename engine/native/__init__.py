@@ -142,6 +142,16 @@ def lib():
     return _lib
 
 
+def q4_quantize(src: int, fmt: int, n: int, k: int, out: int, threads: int) -> None:
+    """Quantise [n, k] to the Q4 tiles. With one thread the call bypasses the lock: that path runs
+    inline on the caller's thread and uses neither the pool nor the scratch buffers."""
+    L = lib()
+    if threads == 1:
+        L._cdll.mdk_q4_quantize(src, fmt, n, k, out, 1)
+    else:
+        L.mdk_q4_quantize(src, fmt, n, k, out, threads)
+
+
 def available() -> bool:
     return lib() is not None
 

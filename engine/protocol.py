@@ -1,0 +1,190 @@
+"""What the clients of the engine thread (the window, the terminal chat, bench, eval, plan, the
+tests) send it, and what it sends back. Every message is built with keywords.
+
+Commands go in through `Session.submit`; events come out through the `emit` callable the client
+gave the session, on the engine thread (a GUI forwards them to its own thread).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .generate import Finished, SamplingParams
+from .monitor import BudgetReading
+from .placement import Placement
+
+# ---- commands ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Load:
+    """Open a model: a folder, a hub id, or "demo". placement: "auto" lets the planner place and
+    re-place experts; anything else ("cpu", "gpu", "random:SEED", a JSON file) pins the placement."""
+
+    path: str
+    device: str | None = None
+    dtype: str = "auto"
+    ctx: int = 4096
+    placement: str = "auto"
+    request_id: int | None = None  # an error while loading comes back with it
+
+
+@dataclass(frozen=True, kw_only=True)
+class Generate:
+    request_id: int
+    messages: list[dict] | None = None
+    prompt_ids: list[int] | None = None
+    params: SamplingParams = SamplingParams()
+    fresh: bool = False  # ignore keys/values cached from the previous request (a cold prefill)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stop:
+    request_id: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetSlider:
+    value: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetBudgets:
+    """A user cap on what the model may use (None: follow the monitor)."""
+
+    vram: int | None = None
+    ram: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reprofile:
+    """Measure this machine and calibrate the loaded model anew (profiles go stale: a driver or
+    BIOS change, or a profile measured while the machine was busy), then re-plan."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Task:
+    """Run fn(engine) on the engine thread between requests, with the loaded model, its planner
+    inputs and the current budgets (`engine.Engine`); the result comes back as TaskDone. Used by
+    `mixdesk plan` and `mixdesk eval`, whose measurements need the model the engine holds."""
+
+    request_id: int
+    fn: Callable[[Any], Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shutdown:
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reading:
+    """From the memory monitor's thread: a new budget reading."""
+
+    reading: BudgetReading
+
+
+# ---- events -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    stage: str
+    done: int
+    total: int
+    what: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Loaded:
+    """The model is ready to chat (sent again after a re-profile: the popularity may change)."""
+
+    name: str
+    description: str
+    cpu_only: bool
+    layers: int
+    experts: int
+    ctx: int
+    share: tuple = ()  # [L][E] routing share per expert (popularity), for the placement map
+    count_tokens: Callable[[str], int] | None = None  # thread-safe (a Rust tokenizer underneath)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenOut:
+    request_id: int
+    token_id: int
+    text: str
+    index: int
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Done:
+    request_id: int
+    finished: Finished
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskDone:
+    request_id: int
+    value: Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementChanged:
+    placement: Placement
+    moves: int
+    reason: str
+    predicted_tok_s: float
+    predicted_loss: float
+    frontier: tuple = ()  # ((loss, tok_s), ...) best quality first
+    slider_scale: Any = None  # what each slider position asks for (planner.SliderScale)
+    limited_by_budget: bool = False  # the slider asks for more quality than the budget allows
+
+
+@dataclass(frozen=True, kw_only=True)
+class MigrationProgress:
+    done: int
+    total: int
+    bytes_moved: int
+    seconds: float
+    last_tier: str = ""  # the tier the last moved expert went to
+    last_bytes: int = 0
+    last_seconds: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stats:
+    decode_tok_s: float
+    prefill_tok_s: float
+    vram_held: int
+    vram_free: int
+    vram_others: int
+    vram_budget: int
+    ram_held: int
+    rss: int
+    ram_budget: int
+    tiers: dict = field(default_factory=dict)
+    ctx_used: int = 0
+    ctx_max: int = 0
+    cpu_only: bool = True
+    cpu_kernel: str = ""  # the CPU expert kernel in use (engine.native.status())
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorEvent:
+    """One line for the user. request_id: the request it ended (None: not tied to one). log: the
+    file holding the traceback when the error was not one the engine expected."""
+
+    message: str
+    request_id: int | None = None
+    log: str = ""
+    kind: str = ""  # the error's class (ContextOverflow, ModelError, ...): what a client may react to
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineStopped:
+    """The engine thread ended without being asked to (it should not; the client may restart it)."""
+
+    message: str
+    log: str = ""
