@@ -1,5 +1,6 @@
-"""The `mixdesk` command. With no arguments it opens the desktop app on the demo model (or on
---model PATH); with a command (chat, bench, plan, eval, demo-model, ...) it runs the engine's CLI."""
+"""The `mixdesk` command. With no command it opens the desktop app on the demo model (or on
+--model PATH), or the terminal chat where there is no display; with a command (chat, bench, plan,
+eval, demo-model, ...) it runs it. One parser (engine.cli.build_parser) reads the command line."""
 from __future__ import annotations
 
 import os
@@ -7,21 +8,15 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--self-test"]:
+    from engine.cli import build_parser, chat_args, run as run_command
+
+    a = build_parser().parse_args(sys.argv[1:] if argv is None else argv)  # unknown input: exit code 2
+    if a.self_test:
         from app.self_test import run as self_test
 
         return self_test()
-    from engine.cli import build_parser
-
-    commands = set(build_parser()._subparsers._group_actions[0].choices)
-    if argv and (argv[0] in commands or argv[0] in ("-h", "--help")):
-        from engine.cli import main as cli_main
-
-        return cli_main(argv)
-    model = "demo"
-    if len(argv) >= 2 and argv[0] == "--model":
-        model = argv[1]
+    if getattr(a, "fn", None):
+        return run_command(a)
     reason = None
     if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
                                                  or os.environ.get("QT_QPA_PLATFORM")):
@@ -33,10 +28,8 @@ def main(argv: list[str] | None = None) -> int:
             reason = f"the GUI libraries are missing ({e})"
     if reason:  # a terminal or a server: the same engine, in the terminal chat
         print(f"mixdesk: {reason}; starting the terminal chat instead of the window", file=sys.stderr)
-        from engine.cli import main as cli_main
-
-        return cli_main(["chat"] + (["--model", model] if model != "demo" else []))
-    return run(model)
+        return run_command(chat_args(a.window_model, a.window_device))
+    return run(a.window_model, a.window_device)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,14 @@ Every problem becomes one ModelError naming the file and what is wrong with it.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .errors import ModelError
-from .safetensors_file import DTYPES, SafetensorsFile
+from .safetensors_file import DTYPES, SafetensorsFile, regular_file
 
 # Families whose checkpoints use Mixtral's layout (the one we read).
 SUPPORTED_MODEL_TYPES = ("mixtral",)
@@ -85,7 +86,62 @@ def expert_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
     return s
 
 
+# The largest model Mixdesk accepts, checked before anything is allocated: a config past these is
+# refused with the field named. Generous for 2026's open MoE models (DeepSeek-V3/Kimi K2: 61 layers,
+# 256-384 experts, ~1T parameters; Qwen3-235B: 94 layers, 128 experts).
+LIMITS = {
+    "num_hidden_layers": 512, "num_local_experts": 1024, "hidden_size": 65536, "intermediate_size": 262144,
+    "num_attention_heads": 1024, "num_key_value_heads": 1024, "head_dim": 2048, "vocab_size": 4_000_000,
+    "max_position_embeddings": 1 << 24, "sliding_window": 1 << 24,
+}
+MAX_PARAMS = 3 * 10**12  # about three times the largest open MoE model (Kimi K2, ~1T)
+MAX_JSON_BYTES = 64 << 20
+
+
+def check_config(raw: dict, path: Path) -> None:
+    """Range-check the fields Mixdesk sizes things from, before any of them is used."""
+    def field(name: str, required: bool = True, lo: int = 1):
+        v = raw.get(name)
+        if v is None:
+            if required:
+                raise ModelError(path, f"lacks the field '{name}'")
+            return None
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ModelError(path, f"'{name}' is {v!r}; it must be a whole number")
+        if not lo <= v <= LIMITS[name]:
+            raise ModelError(path, f"'{name}' is {v:,}; Mixdesk accepts {lo} to {LIMITS[name]:,}")
+        return v
+
+    layers, experts = field("num_hidden_layers"), field("num_local_experts")
+    hidden, ffn = field("hidden_size"), field("intermediate_size")
+    heads = field("num_attention_heads")
+    kv = field("num_key_value_heads", required=False) or heads
+    head_dim = field("head_dim", required=False) or hidden // heads
+    vocab = field("vocab_size")
+    field("max_position_embeddings")
+    field("sliding_window", required=False)
+    k = raw.get("num_experts_per_tok")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= experts:
+        raise ModelError(path, f"'num_experts_per_tok' is {k!r}; it must be a whole number from 1 to "
+                         f"num_local_experts ({experts})")
+    if kv > heads or heads % kv:
+        raise ModelError(path, f"'num_key_value_heads' ({kv}) must divide 'num_attention_heads' ({heads})")
+    if head_dim < 1:
+        raise ModelError(path, f"'hidden_size' ({hidden}) is smaller than 'num_attention_heads' ({heads})")
+    for name in ("rms_norm_eps", "rope_theta"):
+        v = raw.get(name)
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0):
+            raise ModelError(path, f"'{name}' is {v!r}; it must be a positive number")
+    params = layers * (experts * 3 * hidden * ffn + hidden * (heads + 2 * kv) * head_dim * 2) + 2 * vocab * hidden
+    if params > MAX_PARAMS:
+        raise ModelError(path, f"describes a model of {params / 1e12:,.1f} trillion parameters; the largest "
+                         f"Mixdesk accepts is {MAX_PARAMS / 1e12:.0f} trillion")
+
+
 def _read_json(path: Path) -> dict:
+    regular_file(path)
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise ModelError(path, f"is larger than {MAX_JSON_BYTES >> 20} MB; it is not a model's JSON file")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -109,10 +165,12 @@ class Checkpoint:
         if not self.folder.is_dir():
             raise ModelError(self.folder, "does not exist or is not a folder")
         self.config_path = self.folder / "config.json"
+        self._check_files()
         self.raw_config = _read_json(self.config_path)
         self._check_model_type()
+        check_config(self.raw_config, self.config_path)
         self.config = self._hf_config()
-        self.dims = _dims(self.config, self.config_path)
+        self.dims = dims_from_config(self.config, self.config_path)
         self.files = self._open_weights()
         self.where: dict[str, SafetensorsFile] = {}
         for f in self.files:
@@ -124,6 +182,27 @@ class Checkpoint:
         self.dtype = DTYPES[self.info(expert_key(0, 0, "w1")).dtype]
 
     # ---- validation -------------------------------------------------------------------------
+    def _check_files(self) -> None:
+        """Every file the engine or the tokenizer may open is a regular file."""
+        for p in self.folder.iterdir():
+            if p.suffix in (".json", ".safetensors", ".jinja", ".model", ".txt") or p.name.startswith("tokenizer"):
+                if not p.is_dir():
+                    regular_file(p)
+
+    def _inside(self, p: Path, listed_in: Path | None = None) -> Path:
+        """p, if it resolves inside the model folder (or, for a hub download, inside that repo's
+        blob store in the Hugging Face cache, where the snapshot's files link to)."""
+        root = self.folder.resolve()
+        real = p.resolve()
+        allowed = [root]
+        if root.parent.name == "snapshots":
+            allowed.append(root.parents[1] / "blobs")
+        if not any(real == a or a in real.parents for a in allowed):
+            where = f" (listed in {listed_in.name})" if listed_in else ""
+            raise ModelError(p, f"resolves outside the model folder{where}; Mixdesk reads weights only from "
+                             "inside it")
+        return p
+
     def _check_model_type(self) -> None:
         mt = self.raw_config.get("model_type")
         if mt not in SUPPORTED_MODEL_TYPES:
@@ -153,18 +232,23 @@ class Checkpoint:
             weight_map = _read_json(index).get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
                 raise ModelError(index, "has no weight_map")
+            bad = next((k for k, v in weight_map.items() if not isinstance(v, str) or not v), None)
+            if bad is not None:
+                raise ModelError(index, f"maps tensor '{bad}' to {weight_map[bad]!r}, not to a file name")
             names = sorted(set(weight_map.values()))
             for n in names:
-                if not (self.folder / n).is_file():
+                self._inside(self.folder / n, index)
+                if not (self.folder / n).exists():
                     raise ModelError(self.folder / n, f"is missing (listed in {index.name})")
+                regular_file(self.folder / n)
             self.index_map = weight_map
             return [SafetensorsFile(self.folder / n) for n in names]
         self.index_map = None
         if single.exists():
-            return [SafetensorsFile(single)]
+            return [SafetensorsFile(self._inside(single))]
         shards = sorted(self.folder.glob("*.safetensors"))
         if shards:
-            return [SafetensorsFile(p) for p in shards]
+            return [SafetensorsFile(self._inside(p)) for p in shards]
         pickles = [p for p in self.folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
         if pickles:
             raise ModelError(pickles[0], _pickle_refusal())
@@ -238,7 +322,7 @@ class Checkpoint:
             f.close()
 
 
-def _dims(cfg, path: Path) -> Dims:
+def dims_from_config(cfg, path: Path) -> Dims:
     try:
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads

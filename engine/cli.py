@@ -2,38 +2,74 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
+from .client import for_terminal, progress_bar
 from .errors import MixdeskError
 
 
-def _progress(quiet: bool):
-    def show(done: int, total: int, what: str) -> None:
-        if quiet:
-            return
-        width = 30
-        fill = int(width * done / total)
-        sys.stderr.write(f"\rloading [{'#' * fill}{'.' * (width - fill)}] {done}/{total} {what[:28]:<28}")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-    return show
+def _int(lo: int, hi: int = 10**9):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{v} is out of range: it must be between {lo:,} and {hi:,}")
+        return v
+    return parse
+
+
+def _float(lo: float, hi: float, lo_open: bool = False):
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo):
+            raise argparse.ArgumentTypeError(f"{text} is out of range: it must be {'above' if lo_open else 'at least'} "
+                                             f"{lo:g} and at most {hi:g}")
+        return v
+    return parse
+
+
+def _placement(text: str) -> str:
+    if text in ("auto", "gpu", "cpu"):
+        return text
+    if text.startswith("random:"):
+        seed = text.split(":", 1)[1]
+        if not seed.isdigit():
+            raise argparse.ArgumentTypeError(f"{text!r}: the seed after 'random:' must be a whole number")
+        return text
+    if text.endswith(".json"):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not a placement: use auto, gpu, cpu, random:SEED or a .json file")
+
+
+def _device(text: str) -> str:
+    if text in ("cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not a device: use cpu, cuda or cuda:N")
+
+
+MAX_CTX = 1 << 20
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="a Mixtral-compatible model folder (safetensors), or a Hugging Face repo id "
                    "(owner/name, downloaded into the HF cache); default: the built-in demo")
-    p.add_argument("--placement", default="auto",
-                   help="auto | gpu | cpu | random:SEED | a JSON placement file (default: auto)")
-    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: CUDA when available)")
+    p.add_argument("--placement", default="auto", type=_placement,
+                   help="auto (planned, re-placed live) | gpu | cpu | random:SEED | a JSON placement file; "
+                   "anything but auto is kept as given (default: auto)")
+    p.add_argument("--device", default=None, type=_device, help="cpu | cuda | cuda:N (default: CUDA when available)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
                    help="16-bit compute format; auto = bf16 on GPUs, the faster of bf16/fp16 measured on CPUs")
-    p.add_argument("--ctx", type=int, default=4096, help="context length in tokens")
+    p.add_argument("--ctx", type=_int(16, MAX_CTX), default=4096, help="context length in tokens")
 
 
 def _params(a):
@@ -41,67 +77,73 @@ def _params(a):
 
     return SamplingParams(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
                           top_k=a.top_k, repetition_penalty=a.repetition_penalty, seed=a.seed,
-                          stop=tuple(a.stop or ()))
+                          stop=tuple(a.stop or ())).check()
 
 
-def _model_path(a) -> str:
-    if a.model:
-        from .hub import resolve
-
-        return str(resolve(a.model))
-    from . import demo
-
-    log = (lambda s: None) if getattr(a, "quiet", False) else (lambda s: print(s, file=sys.stderr))
-    return str(demo.ensure(progress=_progress(getattr(a, "quiet", False)), log=log))
+def _load(client, a, placement: str | None = None):
+    return client.load(a.model or "demo", placement or a.placement, a.device, a.dtype, a.ctx)
 
 
-def cmd_chat(a) -> int:
-    from .load import load
+def cmd_chat(a, on_event=None) -> int:
+    """The terminal chat: a client of the engine thread, like the window."""
+    from .client import EngineError
 
-    a.model = _model_path(a)
-    loaded = load(a.model, a.placement, a.device, a.dtype, a.ctx, progress=_progress(a.quiet))
-    if not a.quiet:
-        print(loaded.describe(), file=sys.stderr)
-    messages: list[dict] = []
-    if a.system:
-        messages.append({"role": "system", "content": a.system})
-    prompts = [a.prompt] if a.prompt is not None else None
-    while True:
-        if prompts is not None:
-            if not prompts:
-                return 0
-            user = prompts.pop(0)
-        else:
-            try:
-                user = input("\nyou> ")
-            except EOFError:
-                return 0
-            if user.strip() in ("/quit", "/exit"):
-                return 0
-            if not user.strip():
-                continue
-        messages.append({"role": "user", "content": user})
-        ids = loaded.generator.chat_prompt(messages)
-        cancel = threading.Event()
-        if prompts is None:
-            print("mixdesk> ", end="", flush=True)
-        fin = None
-        try:
-            for ev in loaded.generator.stream(ids, _params(a), cancel):
-                if hasattr(ev, "reason"):
-                    fin = ev
-                else:
-                    print(ev.text, end="", flush=True)
-        except KeyboardInterrupt:  # Ctrl-C stops this reply, not the program
-            cancel.set()
-            print(" [stopped]")
-            messages.pop()
-            continue
-        print()
-        messages.append({"role": "assistant", "content": fin.text})
+    params = _params(a)
+    client = for_terminal(a.quiet, on_event=on_event)
+    try:
+        loaded = _load(client, a)
         if not a.quiet:
-            print(f"[{fin.reason}; prefill {fin.prompt_tokens - fin.reused_tokens} tok in {fin.prefill_s:.2f}s, "
-                  f"decode {fin.decode_tok_s:.1f} tok/s]", file=sys.stderr)
+            print(loaded.description, file=sys.stderr)
+        system = [{"role": "system", "content": a.system}] if a.system else []
+        turns: list[dict] = []
+        prompts = [a.prompt] if a.prompt is not None else None
+        while True:
+            if prompts is not None:
+                if not prompts:
+                    return 0
+                user = prompts.pop(0)
+            else:
+                try:
+                    user = input("\nyou> ")
+                except EOFError:
+                    return 0
+                if user.strip() in ("/quit", "/exit"):
+                    return 0
+                if not user.strip():
+                    continue
+            turns.append({"role": "user", "content": user})
+            if prompts is None:
+                print("mixdesk> ", end="", flush=True)
+            while True:
+                try:
+                    fin = client.generate(system + turns, params=params,
+                                          on_text=lambda t: print(t, end="", flush=True))
+                    break
+                except EngineError as e:
+                    if e.kind != "ContextOverflow" or prompts is not None:
+                        raise
+                    if len(turns) <= 1:  # this message alone does not fit: say so, carry on
+                        print(f"\n[{e}]", file=sys.stderr)
+                        turns.pop()
+                        fin = None
+                        break
+                    turns = turns[2:]  # drop the oldest exchange and try again
+                    print(f"\n[the conversation no longer fits the {loaded.ctx}-token context: "
+                          "the oldest exchange was dropped]", file=sys.stderr)
+            if fin is None:
+                continue
+            print()
+            if fin.reason == "cancelled":
+                print("[stopped]")
+            turns.append({"role": "assistant", "content": fin.text})
+            if fin.reason == "context":
+                print(f"[the reply filled the {loaded.ctx}-token context; the oldest turns will be dropped "
+                      "to make room]", file=sys.stderr)
+            if not a.quiet:
+                print(f"[{fin.reason}; prefill {fin.prompt_tokens - fin.reused_tokens} tok in {fin.prefill_s:.2f}s, "
+                      f"decode {fin.decode_tok_s:.1f} tok/s]", file=sys.stderr)
+    finally:
+        client.close()
 
 
 def cmd_bench(a) -> int:
@@ -114,33 +156,33 @@ def cmd_bench(a) -> int:
     import torch
 
     from .generate import SamplingParams
-    from .load import load
     from .memory import PeakRSS
 
-    a.model = _model_path(a)
+    a.quiet = True
     with PeakRSS() as peak:
-        t0 = time.perf_counter()
-        loaded = load(a.model, a.placement, a.device, a.dtype, a.ctx, progress=_progress(True))
-        load_s = time.perf_counter() - t0
-        print(loaded.describe())
-        gen = loaded.generator
-        vocab = loaded.ckpt.dims.vocab
-        g = torch.Generator().manual_seed(0)
-        prompt = torch.randint(10, vocab, (a.prompt_tokens,), generator=g).tolist()
-        results = []
-        for rep in range(a.repeats):
-            gen.cache.tokens = []  # measure a cold prefill every time
-            fin = None
-            for ev in gen.stream(prompt, SamplingParams(max_new_tokens=a.new_tokens)):
-                fin = ev
-            results.append(fin)
+        client = for_terminal(True)
+        try:
+            t0 = time.perf_counter()
+            loaded = _load(client, a)
+            load_s = time.perf_counter() - t0
+            print(loaded.description)
+            g = torch.Generator().manual_seed(0)
+            vocab = client.task(lambda s: s.loaded.ckpt.dims.vocab)
+            prompt = torch.randint(10, vocab, (a.prompt_tokens,), generator=g).tolist()
+            results = [client.generate(prompt_ids=prompt, params=SamplingParams(max_new_tokens=a.new_tokens),
+                                       fresh=True)  # a cold prefill every time
+                       for _ in range(a.repeats)]
+            cuda_peak = client.task(lambda s: torch.cuda.max_memory_allocated(s.loaded.accel.device)
+                                    if s.loaded.accel.is_cuda else None)
+        finally:
+            client.close()
     best = max(results, key=lambda f: f.decode_tok_s)
     print(f"load            {load_s:8.2f} s")
-    print(f"prefill         {a.prompt_tokens / best.prefill_s:8.1f} tok/s ({a.prompt_tokens} tokens)")
+    print(f"prefill         {a.prompt_tokens / max(best.prefill_s, 1e-9):8.1f} tok/s ({a.prompt_tokens} tokens)")
     print(f"decode          {best.decode_tok_s:8.2f} tok/s ({len(best.token_ids)} tokens, best of {a.repeats})")
     print(f"peak RSS        {peak.peak / 2**20:8.0f} MiB (now {psutil.Process().memory_info().rss / 2**20:.0f} MiB)")
-    if loaded.accel.is_cuda:
-        print(f"peak VRAM       {torch.cuda.max_memory_allocated(loaded.accel.device) / 2**20:8.0f} MiB")
+    if cuda_peak is not None:
+        print(f"peak VRAM       {cuda_peak / 2**20:8.0f} MiB")
     else:
         print("peak VRAM       n/a (CPU-only)")
     return 0
@@ -166,25 +208,32 @@ def cmd_synthetic_model(a) -> int:
 def cmd_demo_model(a) -> int:
     from . import demo
 
-    out = demo.ensure(a.out, progress=_progress(False), log=lambda s: print(s, file=sys.stderr))
+    out = demo.ensure(a.out, progress=progress_bar(False), log=lambda s: print(s, file=sys.stderr))
     print(out)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The one parser of the `mixdesk` command. With no command it opens the window (app/entry.py),
+    or the terminal chat where there is no display; anything unknown is an error (exit code 2)."""
     ap = argparse.ArgumentParser(prog="mixdesk", description="Chat with Mixture-of-Experts models "
-                                 "that do not fit in your GPU, with per-expert CPU/GPU placement.")
-    sub = ap.add_subparsers(dest="cmd")
+                                 "that do not fit in your GPU, with per-expert CPU/GPU placement. "
+                                 "With no command: the desktop app.")
+    ap.add_argument("--model", dest="window_model", default="demo",
+                    help="the model the app opens: a folder, a hub id (owner/name) or demo (default)")
+    ap.add_argument("--device", dest="window_device", default=None, type=_device, help="cpu | cuda | cuda:N")
+    ap.add_argument("--self-test", action="store_true", help="check the installation and exit")
+    sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
     c = sub.add_parser("chat", help="interactive terminal chat with streaming")
     _add_model_args(c)
     c.add_argument("--prompt", help="send one message, print the reply and exit (non-interactive)")
     c.add_argument("--system", help="system prompt")
-    c.add_argument("--max-new-tokens", type=int, default=512)
-    c.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    c.add_argument("--top-p", type=float, default=1.0)
-    c.add_argument("--top-k", type=int, default=0)
-    c.add_argument("--repetition-penalty", type=float, default=1.0)
-    c.add_argument("--seed", type=int, default=None)
+    c.add_argument("--max-new-tokens", type=_int(1), default=512)
+    c.add_argument("--temperature", type=_float(0, 100), default=0.0, help="0 = greedy (default)")
+    c.add_argument("--top-p", type=_float(0, 1, lo_open=True), default=1.0)
+    c.add_argument("--top-k", type=_int(0), default=0)
+    c.add_argument("--repetition-penalty", type=_float(0, 100, lo_open=True), default=1.0)
+    c.add_argument("--seed", type=_int(0, 2**63 - 1), default=None)
     c.add_argument("--stop", action="append", help="stop string (repeatable)")
     c.add_argument("--quiet", action="store_true", help="print only the reply")
     c.set_defaults(fn=cmd_chat)
@@ -192,16 +241,16 @@ def build_parser() -> argparse.ArgumentParser:
                        "kernels: one Mixtral-size expert in every tier, vs read bandwidth")
     b.add_argument("what", nargs="?", choices=["model", "kernels"], default="model")
     _add_model_args(b)
-    b.add_argument("--prompt-tokens", type=int, default=64)
-    b.add_argument("--new-tokens", type=int, default=128)
-    b.add_argument("--repeats", type=int, default=2)
+    b.add_argument("--prompt-tokens", type=_int(1, MAX_CTX), default=64)
+    b.add_argument("--new-tokens", type=_int(1, MAX_CTX), default=128)
+    b.add_argument("--repeats", type=_int(1, 1000), default=2)
     b.set_defaults(fn=cmd_bench)
     m = sub.add_parser("demo-model", help="build the demo model (SmolLM2-135M upcycled to 8 experts)")
     m.add_argument("--out", default=None, help="folder to build into (default: the user data folder)")
     m.set_defaults(fn=cmd_demo_model)
     from .cli_plan import add_parsers
 
-    add_parsers(sub, _add_model_args)
+    add_parsers(sub, _add_model_args, _float)
     t = sub.add_parser("tiny-model", help="write a tiny random Mixtral (for tests and self-checks)")
     t.add_argument("--out", required=True)
     t.add_argument("--shard-size", default=None)
@@ -210,17 +259,14 @@ def build_parser() -> argparse.ArgumentParser:
                        "demand (speed and memory at real size, e.g. Mixtral-8x7B, with nothing downloaded)")
     y.add_argument("--out", required=True)
     y.add_argument("--config", default=None, help="a Mixtral config.json (default: Mixtral-8x7B's)")
-    y.add_argument("--seed", type=int, default=0)
+    y.add_argument("--seed", type=_int(0, 2**63 - 1), default=0)
     y.set_defaults(fn=cmd_synthetic_model)
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(a) -> int:
+    """Run a parsed command; a MixdeskError is one line on stderr and exit code 2."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    ap = build_parser()
-    a = ap.parse_args(argv)
-    if not getattr(a, "fn", None):  # no command: the terminal chat (the app's entry starts the window)
-        a = ap.parse_args(["chat"])
     try:
         return a.fn(a) or 0
     except MixdeskError as e:
@@ -228,6 +274,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def chat_args(model: str | None = None, device: str | None = None) -> argparse.Namespace:
+    """The arguments of a plain `mixdesk chat` (the headless fallback of the window)."""
+    argv = ["chat"] + (["--model", model] if model and model != "demo" else []) + (["--device", device] if device else [])
+    return build_parser().parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    if not getattr(a, "fn", None):  # no command: the terminal chat here (app/entry.py opens the window)
+        a = chat_args(a.window_model, a.window_device)
+    return run(a)
 
 
 if __name__ == "__main__":

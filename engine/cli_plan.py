@@ -16,21 +16,20 @@ def _budgets(a, default):
                    ram=int(a.ram_budget * GB) if a.ram_budget is not None else default.ram)
 
 
-def prepare(model_path: str, placement: str = "auto", device: str | None = None, progress=None,
-            remeasure: bool = False, dtype: str = "auto"):
-    """Load the model and both profiles (measured anew with remeasure); returns (loaded, PlanInputs)."""
-    from .hardware import load_or_measure
-    from .load import load
-    from .plan_inputs import from_profiles, measure_dense_prefill_s, measure_dense_s
-    from .profile import load_or_calibrate
+def prepare(a):
+    """An engine thread with the model loaded and both profiles (measured anew with --remeasure);
+    returns the client (the caller closes it)."""
+    from .client import for_terminal
 
-    loaded = load(model_path, placement, device, dtype, progress=progress)
-    hw = load_or_measure(loaded.accel.device, remeasure=remeasure)
-    mp = load_or_calibrate(loaded.model, loaded.tokenizer, progress=progress, recalibrate=remeasure)
-    dense_s = measure_dense_s(loaded.model, hw)
-    inp = from_profiles(mp, hw, loaded.ckpt.dims.top_k, loaded.model.dense_bytes(), dense_s,
-                        dense_prefill_s=measure_dense_prefill_s(loaded.model, hw))
-    return loaded, inp
+    client = for_terminal(False)
+    try:
+        client.load(a.model or "demo", "auto", a.device, a.dtype, a.ctx)
+        if a.remeasure:
+            client.reprofile()
+    except BaseException:
+        client.close()
+        raise
+    return client
 
 
 PREFILL_TOKENS = 512
@@ -78,30 +77,32 @@ def plot(points, path: Path, title: str) -> bool:
 def cmd_plan(a) -> int:
     import torch
 
-    from .devices import detect
     from .hardware import load_or_measure
     from .plan_inputs import default_budgets, from_config
     from .planner import frontier
 
     t_start = time.perf_counter()
     if a.config_only:
-        cfg = Path(a.model)
+        cfg = Path(a.model or "")
         cfg = cfg / "config.json" if cfg.is_dir() else cfg
         hw = load_or_measure(torch.device("cpu"))
         inp, note = from_config(cfg, hw)
         b = _budgets(a, default_budgets(False))
         title = f"{cfg.parent.name or cfg.name}, VRAM {b.vram / GB:.0f} GB, RAM {b.ram / GB:.0f} GB (config only)"
     else:
-        from .cli import _model_path
-
-        a.model = _model_path(a)
-        loaded, inp = prepare(a.model, a.placement, a.device, remeasure=a.remeasure, dtype=a.dtype)
-        acc = detect(a.device)
-        held = loaded.model.expert_bytes()
-        b = _budgets(a, default_budgets(acc.cpu_only, acc.device, held_ram=held["host"],
-                                        held_vram=held["accelerator"]))
-        note = f"profiles measured on this machine; {acc.describe()}"
-        title = f"{Path(a.model).name}, VRAM {b.vram / GB:.1f} GB, RAM {b.ram / GB:.1f} GB"
+        client = prepare(a)
+        try:
+            def inputs(s):
+                held = s.loaded.model.expert_bytes()
+                acc = s.loaded.accel
+                return (s.inputs, s.loaded.ckpt.folder.name, acc.describe(),
+                        default_budgets(acc.cpu_only, acc.device, held_ram=held["host"], held_vram=held["accelerator"]))
+            inp, name, where, free = client.task(inputs)
+        finally:
+            client.close()
+        b = _budgets(a, free)
+        note = f"profiles measured on this machine; {where}"
+        title = f"{name}, VRAM {b.vram / GB:.1f} GB, RAM {b.ram / GB:.1f} GB"
     t0 = time.perf_counter()
     points = frontier(inp, b)
     ms = (time.perf_counter() - t0) * 1e3
@@ -115,41 +116,49 @@ def cmd_plan(a) -> int:
 
 
 def cmd_eval(a) -> int:
-    from .cli import _model_path
     from .evaluate import compare, corpus_ids, logprobs
     from .generate import SamplingParams
+    from .placement import Placement, Tier
     from .plan_inputs import default_budgets
     from .planner import plan
-    from .placement import Placement, Tier
 
-    a.model = _model_path(a)
-    loaded, inp = prepare(a.model, a.placement, a.device, remeasure=a.remeasure, dtype=a.dtype)
-    m, d = loaded.model, loaded.ckpt.dims
-    ids = corpus_ids(loaded.tokenizer, a.text, a.tokens)
-    full16 = Tier.CPU16 if loaded.accel.cpu_only else Tier.GPU16
-    m.apply(Placement.uniform(d.layers, d.experts, full16))
-    ref = logprobs(m, ids)
-    held = m.expert_bytes()
-    b = _budgets(a, default_budgets(loaded.accel.cpu_only, loaded.accel.device, held["host"], held["accelerator"]))
-    p = plan(inp, b, a.slider)
-    m.apply(p.placement)
-    q = compare(ref, logprobs(m, ids), ids)
-    gen = loaded.generator
-    gen.cache.tokens = []
-    fin = list(gen.stream(ids[:16], SamplingParams(max_new_tokens=a.new_tokens)))[-1]
+    def evaluate(s):
+        """On the engine thread: perplexity all 16-bit, then at the slider's plan, and decode speed."""
+        loaded, inp = s.loaded, s.inputs
+        m, d = loaded.model, loaded.ckpt.dims
+        ids = corpus_ids(loaded.tokenizer, a.text, a.tokens)
+        full16 = Tier.CPU16 if loaded.accel.cpu_only else Tier.GPU16
+        m.apply(Placement.uniform(d.layers, d.experts, full16))
+        ref = logprobs(m, ids)
+        held = m.expert_bytes()
+        b = _budgets(a, default_budgets(loaded.accel.cpu_only, loaded.accel.device, held["host"], held["accelerator"]))
+        p = plan(inp, b, a.slider)
+        m.apply(p.placement)
+        s.migrator.recount()
+        q = compare(ref, logprobs(m, ids), ids)
+        gen = loaded.generator
+        gen.cache.tokens = []
+        fin = list(gen.stream(ids[:16], SamplingParams(max_new_tokens=a.new_tokens)))[-1]
+        return p, q, len(ids), fin
+
+    client = prepare(a)
+    try:
+        p, q, n, fin = client.task(evaluate)
+    finally:
+        client.close()
     print(f"slider {a.slider}: {', '.join(f'{n} {t}' for t, n in sorted(p.counts().items()))}")
     print(f"perplexity {q['ppl']:.3f} (all 16-bit {q['ref_ppl']:.3f}), KL {q['kl']:.5f} nats/token, "
-          f"{len(ids)} tokens")
+          f"{n} tokens")
     print(f"decode {fin.decode_tok_s:.2f} tok/s measured, {p.tok_s:.2f} predicted; "
           f"predicted quality loss {p.loss:.4f}")
     return 0
 
 
-def add_parsers(sub, add_model_args) -> None:
+def add_parsers(sub, add_model_args, number) -> None:
     p = sub.add_parser("plan", help="the speed/quality frontier under memory budgets")
     add_model_args(p)
-    p.add_argument("--gpu-budget", type=float, default=None, help="GB of VRAM for the model")
-    p.add_argument("--ram-budget", type=float, default=None, help="GB of RAM for the model")
+    p.add_argument("--gpu-budget", type=number(0, 1e6), default=None, help="GB of VRAM for the model")
+    p.add_argument("--ram-budget", type=number(0, 1e6), default=None, help="GB of RAM for the model")
     p.add_argument("--config-only", action="store_true", help="plan from config.json alone (no weights)")
     p.add_argument("--png", default="frontier.png", help="where to write the plot ('' for none)")
     p.add_argument("--remeasure", action="store_true",
@@ -157,12 +166,12 @@ def add_parsers(sub, add_model_args) -> None:
     p.set_defaults(fn=cmd_plan)
     e = sub.add_parser("eval", help="perplexity, KL vs all-16-bit, and tok/s at a slider value")
     add_model_args(e)
-    e.add_argument("--slider", type=float, default=0.5)
+    e.add_argument("--slider", type=number(0, 1), default=0.5)
     e.add_argument("--text", default=None, help="a text file (default: Python's pydoc topics)")
-    e.add_argument("--tokens", type=int, default=1024)
-    e.add_argument("--new-tokens", type=int, default=64)
-    e.add_argument("--gpu-budget", type=float, default=None)
-    e.add_argument("--ram-budget", type=float, default=None)
+    e.add_argument("--tokens", type=lambda t: max(2, int(t)), default=1024)
+    e.add_argument("--new-tokens", type=lambda t: max(1, int(t)), default=64)
+    e.add_argument("--gpu-budget", type=number(0, 1e6), default=None)
+    e.add_argument("--ram-budget", type=number(0, 1e6), default=None)
     e.add_argument("--remeasure", action="store_true",
                    help="measure this machine and calibrate the model anew (replacing the cached profiles)")
     e.set_defaults(fn=cmd_eval)

@@ -36,9 +36,18 @@ def detect(prefer: str | None = None) -> Accelerator:
         ok = False
     if not ok:
         if prefer and prefer.startswith("cuda"):
-            raise RuntimeError("CUDA was requested but no CUDA device is usable")
+            from .errors import InputError
+
+            build = f"torch {torch.__version__}" + (" (a CPU-only build)" if torch.version.cuda is None else "")
+            raise InputError(f"--device {prefer}", f"no CUDA GPU is usable on this machine ({build}); "
+                             "use --device cpu, or install a CUDA build of torch")
         return Accelerator(torch.device("cpu"), "CPU")
     dev = torch.device(prefer if prefer and prefer.startswith("cuda") else "cuda")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        from .errors import InputError
+
+        raise InputError(f"--device {prefer}", f"this machine has {torch.cuda.device_count()} CUDA device(s), "
+                         f"numbered from 0")
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return Accelerator(dev, torch.cuda.get_device_name(dev))

@@ -18,7 +18,19 @@ def resolve(spec: str, endpoint: str | None = None, cache_dir: str | Path | None
     path = Path(spec).expanduser()
     if path.exists() or not REPO_ID.fullmatch(spec):
         return path  # Checkpoint names the problem if it is not a model folder
+    check_repo_id(spec)
     return download(spec, endpoint=endpoint, cache_dir=cache_dir)
+
+
+def check_repo_id(repo_id: str) -> None:
+    """Refuse an id the hub would reject, before any request (huggingface_hub's own rules)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise ModelError(repo_id, "is neither a model folder nor a valid Hugging Face repo id (owner/name: "
+                         "letters, digits, '-', '_', '.'; no '--' or '..')") from None
 
 
 def download(repo_id: str, revision: str | None = None, endpoint: str | None = None,
@@ -40,5 +52,5 @@ def download(repo_id: str, revision: str | None = None, endpoint: str | None = N
         raise ModelError(repo_id, f"has no revision {revision!r}") from None
     except LocalEntryNotFoundError:
         raise ModelError(repo_id, "could not be downloaded and is not in the local cache (offline?)") from None
-    except OSError as e:
+    except (OSError, ValueError) as e:
         raise ModelError(repo_id, f"could not be downloaded: {e}") from None

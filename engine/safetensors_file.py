@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import struct
 import threading
 from dataclasses import dataclass
@@ -25,6 +26,18 @@ from .errors import ModelError
 
 DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 MAX_HEADER = 100 * 1024 * 1024  # the spec caps the header at 100 MB
+
+
+def regular_file(path: Path) -> None:
+    """Refuse anything but a regular file (a FIFO or a device would block or never end a read)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise ModelError(path, "is missing") from None
+    except OSError as e:
+        raise ModelError(path, f"cannot be read: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        raise ModelError(path, "is not a regular file")
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,7 @@ class SafetensorsFile:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._lock = threading.Lock()
+        regular_file(self.path)
         try:
             self._fh = open(self.path, "rb")
         except OSError as e:
@@ -72,13 +86,24 @@ class SafetensorsFile:
         base = 8 + n
         out: dict[str, TensorInfo] = {}
         data_end = 0
+        def whole(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
         for name, meta in header.items():
             if name == "__metadata__":
                 continue
-            try:
-                dtype, shape, (a, b) = meta["dtype"], tuple(int(s) for s in meta["shape"]), meta["data_offsets"]
-            except (KeyError, TypeError, ValueError):
-                raise ModelError(self.path, f"is corrupt: bad header entry for tensor '{name}'") from None
+            if not isinstance(meta, dict):
+                raise ModelError(self.path, f"is corrupt: the header entry for tensor '{name}' is not an object")
+            dtype, shape, offsets = meta.get("dtype"), meta.get("shape"), meta.get("data_offsets")
+            if not isinstance(dtype, str):
+                raise ModelError(self.path, f"is corrupt: tensor '{name}' has dtype {dtype!r}, not a type name")
+            if not isinstance(shape, list) or not all(whole(s) for s in shape) or len(shape) > 8:
+                raise ModelError(self.path, f"is corrupt: tensor '{name}' has shape {shape!r}, not a list of sizes")
+            if not (isinstance(offsets, list) and len(offsets) == 2 and all(whole(o) for o in offsets)
+                    and offsets[0] <= offsets[1]):
+                raise ModelError(self.path, f"is corrupt: tensor '{name}' has data_offsets {offsets!r}, not two "
+                                 "whole numbers [begin, end]")
+            shape, (a, b) = tuple(shape), offsets
             if dtype not in DTYPES:
                 raise ModelError(
                     self.path,
@@ -90,6 +115,10 @@ class SafetensorsFile:
                 raise ModelError(self.path, f"is corrupt: tensor '{name}' has a size that does not match its shape")
             out[name] = TensorInfo(dtype, shape, base + a, base + b)
             data_end = max(data_end, b)
+        spans = sorted((t.start, t.end, n) for n, t in out.items() if t.end > t.start)
+        for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
+            if b0 < a1:
+                raise ModelError(self.path, f"is corrupt: tensors '{an}' and '{bn}' overlap in the file")
         if base + data_end > size:
             raise ModelError(
                 self.path,

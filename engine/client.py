@@ -1,0 +1,127 @@
+"""A blocking client of the engine thread, for the command line: it submits commands and waits
+for their events, exactly as the window does through its bridge. The terminal chat, bench, plan and
+eval all run through it, so the engine thread is the one place that loads, calibrates, plans,
+re-places and generates."""
+from __future__ import annotations
+
+import itertools
+import queue
+import sys
+from typing import Any, Callable
+
+from .errors import MixdeskError
+from .generate import Finished, SamplingParams
+from .protocol import (Done, EngineStopped, ErrorEvent, Generate, Load, Loaded, Progress, Reprofile, Stop, Task,
+                       TaskDone, TokenOut)
+from .session import Session
+
+
+class EngineError(MixdeskError):
+    """An error the engine reported (its message is already one line for the user)."""
+
+    def __init__(self, message: str, kind: str = ""):
+        self.kind = kind
+        super().__init__(message)
+
+
+class Client:
+    def __init__(self, on_event: Callable[[object], None] | None = None,
+                 on_progress: Callable[[Progress], None] | None = None, **session_kwargs):
+        """on_event sees every event (the terminal chat's --verbose, tests); on_progress the
+        Progress ones."""
+        self.events: queue.Queue = queue.Queue()
+        self.on_event = on_event
+        self.on_progress = on_progress
+        self.ids = itertools.count(1)
+        self.loaded: Loaded | None = None
+        self.session = Session(self.events.put, **session_kwargs).start()
+
+    def _next(self, timeout: float | None = None):
+        ev = self.events.get(timeout=timeout)
+        if self.on_event is not None:
+            self.on_event(ev)
+        if isinstance(ev, Progress) and self.on_progress is not None:
+            self.on_progress(ev)
+        if isinstance(ev, EngineStopped):
+            raise EngineError(ev.message)
+        if isinstance(ev, Loaded):
+            self.loaded = ev
+        return ev
+
+    def _error(self, ev: ErrorEvent, rid: int) -> None:
+        if ev.request_id == rid:
+            raise EngineError(ev.message, ev.kind)
+
+    def load(self, path: str, placement: str = "auto", device: str | None = None, dtype: str = "auto",
+             ctx: int = 4096) -> Loaded:
+        rid = next(self.ids)
+        self.session.submit(Load(path=path, placement=placement, device=device, dtype=dtype, ctx=ctx, request_id=rid))
+        while True:
+            ev = self._next()
+            if isinstance(ev, ErrorEvent):
+                self._error(ev, rid)
+            elif isinstance(ev, Loaded):
+                return ev
+
+    def reprofile(self) -> Loaded:
+        self.session.submit(Reprofile())
+        while True:
+            ev = self._next()
+            if isinstance(ev, Loaded):
+                return ev
+
+    def generate(self, messages: list[dict] | None = None, prompt_ids: list[int] | None = None,
+                 params: SamplingParams = SamplingParams(), on_text: Callable[[str], None] | None = None,
+                 fresh: bool = False) -> Finished:
+        """One reply, its text passed to on_text as it streams. Ctrl-C stops the reply (the
+        partial reply comes back, reason 'cancelled')."""
+        rid = next(self.ids)
+        self.session.submit(Generate(request_id=rid, messages=messages, prompt_ids=prompt_ids, params=params,
+                                     fresh=fresh))
+        while True:
+            try:
+                ev = self._next()
+            except KeyboardInterrupt:
+                self.session.submit(Stop(request_id=rid))
+                continue
+            if isinstance(ev, ErrorEvent):
+                self._error(ev, rid)
+            elif isinstance(ev, TokenOut) and ev.request_id == rid and on_text is not None and ev.text:
+                on_text(ev.text)
+            elif isinstance(ev, Done) and ev.request_id == rid:
+                return ev.finished
+
+    def task(self, fn: Callable[[Any], Any]) -> Any:
+        """fn(session) run on the engine thread; its result."""
+        rid = next(self.ids)
+        self.session.submit(Task(request_id=rid, fn=fn))
+        while True:
+            ev = self._next()
+            if isinstance(ev, ErrorEvent):
+                self._error(ev, rid)
+            elif isinstance(ev, TaskDone) and ev.request_id == rid:
+                return ev.value
+
+    def close(self) -> None:
+        self.session.shutdown()
+
+
+def progress_bar(quiet: bool) -> Callable[[int, int, str], None]:
+    """A progress bar on stderr (nothing when quiet)."""
+    def show(done: int, total: int, what: str) -> None:
+        if quiet:
+            return
+        width = 30
+        total = max(total, 1)
+        fill = int(width * min(done, total) / total)
+        sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {what[:36]:<36}")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+    return show
+
+
+def for_terminal(quiet: bool, **kw) -> Client:
+    """An engine thread for a command-line command, its progress drawn on stderr unless quiet."""
+    bar = progress_bar(quiet)
+    return Client(on_progress=lambda p: bar(p.done, p.total, f"{p.stage} {p.what}".strip()), **kw)
