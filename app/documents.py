@@ -143,6 +143,11 @@ def _docx(path: Path, size: int) -> Document:
 _pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="doc-parse")
 
 
+def parse_later(path) -> concurrent.futures.Future:
+    """parse(path) on the parsing threads; a Future of the Document."""
+    return _pool.submit(parse, path)
+
+
 def prompt_with_documents(text: str, docs: list[Document]) -> str:
     """The user's message with the attached documents' text before it."""
     parts = [f"<document name=\"{d.name}\">\n{d.text}\n</document>" for d in docs]

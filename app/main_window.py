@@ -380,7 +380,7 @@ class MainWindow(QMainWindow):
             except Exception as e:  # never a crash: name the file and the problem
                 self._parsed.done.emit(path, None, f"{Path(path).name}: could not be read ({type(e).__name__})")
 
-        documents._pool.submit(documents.parse, path).add_done_callback(finished)
+        documents.parse_later(path).add_done_callback(finished)
 
     def _on_parsed(self, path, doc, error) -> None:
         t = getattr(self, "_pending_timers", {}).pop(path, None)

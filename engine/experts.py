@@ -152,12 +152,30 @@ def materialise(ckpt: Checkpoint, layer: int, expert: int, tier: Tier,
     """Build expert (layer, expert) in `tier` from the checkpoint, the 16-bit source of truth.
     gpu-* tiers live on `accel` (the CPU device when there is no CUDA: a test seam that keeps the
     two-tier logic exercised), cpu-* on the host. Only this one expert is ever held at 16 bits."""
+    steps = build_steps(ckpt, layer, expert, tier, accel, dtype, threads)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def build_steps(ckpt: Checkpoint, layer: int, expert: int, tier: Tier, accel: torch.device, dtype: torch.dtype,
+                threads: int | None = None):
+    """materialise as a generator: it yields between short steps (a read, a check, a slice of
+    quantisation) and returns the form, so a build can be spread between decode steps."""
     w13, w2 = read_expert(ckpt, layer, expert)
+    yield
     for w, names in ((w13, ("w1", "w3")), (w2, ("w2",))):
         why = weight_problem(w, dtype if tier.bits == 16 else torch.float32)
         if why:
             key = expert_key(layer, expert, names[0])
             raise ModelError(ckpt.where[key].path, f"expert {expert} of layer {layer} ({key}) {why}")
+    if tier == Tier.CPU4 and cpu4_format() is Q4Native and threads != 1:
+        yield
+        q13 = yield from Q4Native.quantize_steps(w13)
+        q2 = yield from Q4Native.quantize_steps(w2)
+        return QuantExpert(tier, q13, q2, CPU)
     if tier.bits == 4:
         return quantise(tier, w13, w2, accel, dtype, threads)
     device = accel if tier.on_accelerator else torch.device("cpu")

@@ -55,6 +55,8 @@ class Migrator:
         self._experts = [eb["accelerator"], eb["host"]]
         self._dense = model.dense_bytes()
         self.dense_on_accelerator = dense_on_accelerator
+        self._current: list | None = None  # [move, build steps, seconds so far]: the engine thread's build
+        self._step_s = 0.0  # how long one build step takes (an average), to stop before the budget ends
         self.worker: threading.Thread | None = None
         if background:
             self.worker = threading.Thread(target=self._work, name="mixdesk-migrate", daemon=True)
@@ -78,11 +80,12 @@ class Migrator:
     @property
     def pending(self) -> bool:
         with self._cv:
-            return bool(self._queue or self._ready or self._building)
+            return bool(self._queue or self._ready or self._building or self._current)
 
     def remaining(self) -> list[Move]:
         with self._cv:
-            return [m for m, _, _ in self._ready] + ([self._building] if self._building else []) + list(self._queue)
+            return ([m for m, _, _ in self._ready] + [b for b in (self._building, (self._current or [None])[0]) if b]
+                    + list(self._queue))
 
     # ---- planning side (engine thread) ----
     def retarget(self, moves: list[Move]) -> None:
@@ -92,38 +95,68 @@ class Migrator:
             self._want = {(m.layer, m.expert): m.new for m in moves}
             self._ready = deque(r for r in self._ready if self._want.get((r[0].layer, r[0].expert)) == r[0].new)
             have = {(r[0].layer, r[0].expert) for r in self._ready}
-            if self._building is not None and self._want.get((self._building.layer, self._building.expert)) \
-                    == self._building.new:
-                have.add((self._building.layer, self._building.expert))
+            for m in (self._building, (self._current or [None])[0]):
+                if m is not None and self._want.get((m.layer, m.expert)) == m.new:
+                    have.add((m.layer, m.expert))
+            if self._current is not None and (self._current[0].layer, self._current[0].expert) not in have:
+                self._current = None  # a build for a target given up
             self._queue = deque(m for m in moves if (m.layer, m.expert) not in have)
             self.counters = Counters(total=len(moves))
             self._cv.notify_all()
 
     # ---- engine thread: swaps ----
-    def install_ready(self, budget_s: float = 0.005) -> int:
-        """Swap in built forms (in plan order) for up to budget_s; returns how many. Without a
-        worker, builds here instead, within the same budget."""
+    def install_ready(self, budget_s: float = 0.005, build_s: float | None = None) -> int:
+        """Swap in the forms the worker built (in plan order) for up to budget_s; then build here,
+        in short steps (a read, a check, a slice of quantisation: experts.build_steps), until
+        build_s is spent (None: no limit). Returns how many moves were installed. The engine thread
+        builds with every native thread, so on a machine whose cores the decode steps keep busy
+        (no room for a worker) moves still go at full speed, in bounded slices between steps."""
         n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < budget_s or n == 0:
+        while True:
             with self._cv:
-                if self._ready:
+                if self._ready and (time.perf_counter() - t0 < budget_s or n == 0):
                     move, form, secs = self._ready.popleft()
                     self._cv.notify_all()
-                elif self.worker is None and self._queue:
-                    move, form, secs = self._queue.popleft(), None, 0.0
                 else:
-                    return n
-            if isinstance(form, BaseException):  # the worker's build failed: report it here
-                with self._cv:
-                    self._want.pop((move.layer, move.expert), None)
-                raise form
-            if form is None:
-                t1 = time.perf_counter()
-                form = self.model.build(move.layer, move.expert, move.new)
-                secs = time.perf_counter() - t1
-            self._install(move, form, secs)
+                    break
+            self._install_built(move, form, secs)
             n += 1
-        return n
+        steps = 0
+        while True:
+            left = float("inf") if build_s is None else build_s - (time.perf_counter() - t0)
+            if left <= 0 or (steps and self._step_s > left):
+                return n
+            with self._cv:
+                if self._current is None:
+                    if not self._queue:
+                        return n
+                    move = self._queue.popleft()
+                    self._current = [move, self.model.build_steps(move.layer, move.expert, move.new), 0.0]
+                cur = self._current
+            t1 = time.perf_counter()
+            try:
+                next(cur[1])
+                form = None
+            except StopIteration as done:
+                form = done.value
+            except BaseException:
+                self._current = None
+                raise
+            dt = time.perf_counter() - t1
+            cur[2] += dt
+            self._step_s = dt if not self._step_s else 0.8 * self._step_s + 0.2 * dt
+            steps += 1
+            if form is not None:
+                self._current = None
+                self._install(cur[0], form, cur[2])
+                n += 1
+
+    def _install_built(self, move: Move, form, secs: float) -> None:
+        if isinstance(form, BaseException):  # the worker's build failed: report it here
+            with self._cv:
+                self._want.pop((move.layer, move.expert), None)
+            raise form
+        self._install(move, form, secs)
 
     def _install(self, move: Move, form, secs: float) -> None:
         with self.lock:
@@ -152,6 +185,8 @@ class Migrator:
                 item = next((r for r in self._ready if frees(r[0])), None)
                 if item is not None:
                     self._ready.remove(item)
+                elif self._current is not None and frees(self._current[0]):
+                    item, self._current = (self._current[0], _finish(self._current[1]), 0.0), None
                 else:
                     m = next((m for m in self._queue if frees(m)), None)
                     if m is None:
@@ -167,7 +202,7 @@ class Migrator:
                 t1 = time.perf_counter()
                 form = self.model.build(move.layer, move.expert, move.new)
                 secs = time.perf_counter() - t1
-            self._install(move, form, secs)
+            self._install_built(move, form, secs)
             over_v, over_r = over()
 
     def wait_ready(self, timeout: float) -> bool:
@@ -207,6 +242,15 @@ class Migrator:
             self._cv.notify_all()
         if self.worker is not None:
             self.worker.join(5)
+
+
+def _finish(steps):
+    """Run a build generator to its end; its form."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 def _lower_priority() -> None:

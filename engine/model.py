@@ -16,7 +16,7 @@ from . import costs as costs_mod
 from . import native
 from .checkpoint import Checkpoint
 from .errors import ModelError
-from .experts import Expert16, materialise
+from .experts import Expert16, build_steps, materialise
 from .kernels import linear, weight_problem
 from .moe import MoEBlock
 from .native import step as native_step
@@ -111,6 +111,10 @@ class MixtralModel:
         forward reads, so any thread may call it (threads=1: without the native library's lock)."""
         return materialise(self.ckpt, layer, expert, tier, self.accel, self.dtype, threads)
 
+    def build_steps(self, layer: int, expert: int, tier: Tier):
+        """build as a generator of short steps (experts.build_steps), for the engine thread."""
+        return build_steps(self.ckpt, layer, expert, tier, self.accel, self.dtype)
+
     def install(self, layer: int, expert: int, form) -> object:
         """Swap a built form in; returns the old one (freed once nothing refers to it). Call between
         forward passes (a safe point), on the thread that runs them."""
@@ -175,7 +179,7 @@ class MixtralModel:
         return KVCache(d.layers, d.kv_heads, ctx, d.head_dim, self.attn_dtype, self.accel)
 
     # ---- forward ----
-    def _rope_tables(self, upto: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_tables(self, upto: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rope_cache is None or self._rope_cache[0] < upto:
             n = max(upto, 256, 2 * (self._rope_cache[0] if self._rope_cache else 0))
             pos = torch.arange(n, dtype=torch.float32)
@@ -212,7 +216,7 @@ class MixtralModel:
                 return self.native_step(ids.to(self.accel), cache, pos)  # [1, V]: every layer in one call
         else:
             native.quiet_torch.leave()  # a prefill's GEMMs get torch's threads back
-        cos_t, sin_t = self._rope_tables(end)
+        cos_t, sin_t = self.rope_tables(end)
         cos, sin = cos_t[pos:end], sin_t[pos:end]  # [T, 1, Hd]
         mask, causal = self._mask(T, pos)
         if start is None:

@@ -42,9 +42,9 @@ class MoEBlock:
         self.record: list | None = None
         self.residual: torch.Tensor | None = None
         # the native kernel's table of this layer's experts (a null entry: not a native CPU expert)
-        self._table = (ctypes.c_void_p * len(experts))()
-        self._router = (native.matrix(gate) if native.available() and gate.device.type == "cpu"
-                        and gate.dtype in native.FMT else None)
+        self.table = (ctypes.c_void_p * len(experts))()
+        self.router = (native.matrix(gate) if native.available() and gate.device.type == "cpu"
+                       and gate.dtype in native.FMT else None)
         self.experts = experts
 
     # ---- the expert table ----
@@ -57,14 +57,14 @@ class MoEBlock:
         """A whole new list of experts (calibration swaps layers this way); the table follows."""
         self._experts = experts
         for e, ex in enumerate(experts):
-            self._table[e] = self._address(ex)
-        self._all_native = all(self._table)
+            self.table[e] = self._address(ex)
+        self.all_native = all(self.table)
 
     def set_expert(self, e: int, ex: Expert16 | QuantExpert) -> None:
         """Swap expert e for a new form (a safe point: between forward passes)."""
         self.experts[e] = ex
-        self._table[e] = self._address(ex)
-        self._all_native = all(self._table)
+        self.table[e] = self._address(ex)
+        self.all_native = all(self.table)
 
     @staticmethod
     def _address(ex) -> int | None:
@@ -79,7 +79,7 @@ class MoEBlock:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] on accel
         T = x.shape[0]
-        if (self.record is None and self._all_native and self._router is not None and x.device.type == "cpu"
+        if (self.record is None and self.all_native and self.router is not None and x.device.type == "cpu"
                 and (T == 1 or self.costs is None) and T * self.top_k <= MAX_SLOTS
                 and 0 < self.top_k <= len(self.experts) <= 1024):
             return self._native_layer(x)
@@ -98,7 +98,7 @@ class MoEBlock:
         idx = torch.empty(T, K, dtype=torch.int32)
         wts = torch.empty(T, K, dtype=torch.float32)
         fmt = native.FMT[x.dtype]
-        rc = native.lib().mdk_moe(self._table, len(self.experts), ctypes.byref(self._router), K, fmt,
+        rc = native.lib().mdk_moe(self.table, len(self.experts), ctypes.byref(self.router), K, fmt,
                                   x.data_ptr(), fmt, T, out.data_ptr(), fmt, idx.data_ptr(), wts.data_ptr(),
                                   native.threads())
         if rc:

@@ -94,6 +94,27 @@ class Q4Native:
         native.q4_quantize(w.data_ptr(), native.FMT[w.dtype], n, k, packed.data_ptr(), threads or native.threads())
         return cls(packed, (n, k))
 
+    @classmethod
+    def quantize_steps(cls, w: torch.Tensor, step_bytes: int = 512 << 10):
+        """The same as quantize, a slice of rows at a time (a generator that yields after each
+        slice of about step_bytes of source and returns the Q4Native): tiles of 16 rows are
+        independent, so a build can be spread over the gaps between decode steps."""
+        n, k = w.shape
+        if k % 32:
+            raise ValueError(f"in-features {k} is not a multiple of 32: no 4-bit block fits")
+        w = w.contiguous()
+        if w.dtype not in native.FMT:
+            w = w.float()
+        packed = torch.empty(native.lib().mdk_q4_bytes(n, k), dtype=torch.uint8)
+        rows = max(16, step_bytes // (k * w.element_size()) // 16 * 16)
+        tile = native.lib().mdk_q4_bytes(16, k)
+        for a in range(0, n, rows):
+            b = min(n, a + rows)
+            native.q4_quantize(w[a:b].data_ptr(), native.FMT[w.dtype], b - a, k,
+                               packed.data_ptr() + (a // 16) * tile, native.threads())
+            yield
+        return cls(packed, (n, k))
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x [T, K] -> [T, N]
         return native.matmul(self.desc, x).to(x.dtype)
 

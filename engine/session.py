@@ -16,7 +16,9 @@ held, the moves that free that memory run before the next decode step.
 from __future__ import annotations
 
 import gc
+import os
 import queue
+import statistics
 import threading
 import time
 from collections import deque
@@ -46,7 +48,7 @@ class Session:
     def __init__(self, emit: Callable[[object], None], source: MemorySource | None = None,
                  poll_s: float = 0.5, tiers: tuple[Tier, ...] | None = None, seam: bool = False,
                  hysteresis: float = 0.05, slice_s: float = 0.002, slider: float = 0.5,
-                 tier_costs: dict | None = None, background_moves: bool = True):
+                 tier_costs: dict | None = None, background_moves: bool | None = None):
         self.emit = emit
         self._source = source
         self.poll_s = poll_s
@@ -55,7 +57,9 @@ class Session:
         self.tier_costs = tier_costs  # tier -> (fixed_s, s_per_byte), replacing measured ones (tests only)
         self.hysteresis = hysteresis
         self.slice_s = slice_s  # longest time spent swapping built experts in between two steps
-        self.background_moves = background_moves  # build new expert forms on a worker thread
+        # build new expert forms on a worker thread too (None: where the decode threads leave two
+        # cores free; on a machine they keep busy, a worker only slows the steps: see migrator.py)
+        self.background_moves = background_moves
         self.commands: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="mixdesk-engine", daemon=True)
         self.cancel = threading.Event()
@@ -77,6 +81,7 @@ class Session:
         self._queued: deque = deque()
         self._quit = False
         self._decode_ema = 0.0
+        self._steps: deque = deque(maxlen=32)  # the last decode steps' seconds (the build budget)
         self._prefill = 0.0
         self._last_stats = 0.0
 
@@ -125,9 +130,8 @@ class Session:
                 self._step()
         elif self.migrator is not None and self.migrator.pending:
             self._drain(block=False)
-            if not self._quit:
-                self.migrator.wait_ready(0.02)
-                self._swap()
+            if not self._quit and not self._swap():
+                self.migrator.wait_ready(0.02)  # the worker is building what is left
         else:
             self._drain(block=True)
         if self._gen is None and self._queued and not self._quit:
@@ -257,7 +261,10 @@ class Session:
         self.loaded = loaded = load(path, placement, cmd.device, cmd.dtype, cmd.ctx, progress=prog("load"),
                                     budgets=self._first_budgets(cmd.device), slider=self.slider)
         loaded.generator.on_oom = self._on_oom
-        self.migrator = Migrator(loaded.model, self._moved, background=self.background_moves,
+        background = self.background_moves
+        if background is None:
+            background = (os.cpu_count() or 1) >= native.threads() + 2
+        self.migrator = Migrator(loaded.model, self._moved, background=background,
                                  dense_on_accelerator=not loaded.accel.cpu_only)
         if not self.pinned:
             self._profile(remeasure=False)
@@ -427,13 +434,20 @@ class Session:
         self.emit(MigrationProgress(done=c.done, total=c.total, bytes_moved=c.bytes_moved, seconds=c.seconds,
                                     last_tier=m.new.value, last_bytes=nbytes, last_seconds=seconds))
 
-    def _swap(self) -> None:
-        """Swap built experts in (a safe point: between two decode steps)."""
+    def _swap(self) -> int:
+        """A safe point between two decode steps: swap built experts in, and build more here within
+        a budget that keeps the gap between two tokens under twice a decode step (while nothing
+        generates, without a limit)."""
         m = self.migrator
         if m is None:
             return
-        if m.install_ready(self.slice_s) and not m.pending:
+        build_s = IDLE_BUILD_S
+        if self._gen is not None:
+            build_s = BUILD_SHARE * statistics.median(self._steps) if self._steps else 0.0
+        n = m.install_ready(self.slice_s, build_s)
+        if n and not m.pending:
             self._stats(force=True)  # the migration just finished
+        return n
 
     def _on_oom(self) -> None:
         """CUDA ran out of memory mid-step: shrink the VRAM budget below what is held, evict, retry."""
@@ -478,6 +492,7 @@ class Session:
             if ev.index == 0:
                 self._prefill = 0.0
             else:
+                self._steps.append(ev.seconds)
                 rate = 1.0 / max(ev.seconds, 1e-9)
                 self._decode_ema = rate if self._decode_ema == 0 else 0.8 * self._decode_ema + 0.2 * rate
             self.emit(TokenOut(request_id=self._request, token_id=ev.id, text=ev.text, index=ev.index,
@@ -506,6 +521,14 @@ class Session:
                         tiers=counts, ctx_used=len(self.loaded.generator.cache.tokens),
                         ctx_max=self.loaded.generator.ctx, cpu_only=self.loaded.accel.cpu_only,
                         cpu_kernel=native.status()))
+
+
+# Between two decode steps the engine thread builds expert forms for this share of the median of
+# the last steps, so that the longest gap between two tokens stays under 2 steps. Measured on the
+# demo (benchmarks/migration.py): a step that follows a build runs ~1.3x slower (caches the build
+# went through), so a share of 0.7 gave gaps of 2.3x and 0.5 of 2.0-2.1x.
+BUILD_SHARE = 0.35
+IDLE_BUILD_S = 0.05  # while nothing generates: build in slices this long, then look at the queue
 
 
 def _describe(cmd) -> str:

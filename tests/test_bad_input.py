@@ -105,15 +105,20 @@ def run_child(argv: list[str], env: dict, timeout: float = 60) -> dict:
     """mixdesk argv in a child process; returns its exit code, stderr, the seconds main() took and
     its peak RSS."""
     code = textwrap.dedent(f"""
-        import json, resource, sys, time
+        import json, sys, time
         from engine.cli import main
+
+        def peak_mb():  # VmHWM: this process's own peak (ru_maxrss would include the forking parent's)
+            for line in open("/proc/self/status"):
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
         t0 = time.perf_counter()
         try:
             rc = main({argv!r})
         except SystemExit as e:
             rc = e.code
         print(json.dumps({{"rc": rc, "s": time.perf_counter() - t0,
-                          "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+                          "peak_mb": peak_mb()}}))
     """)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
                        env=env, cwd=Path(__file__).resolve().parents[1])

@@ -67,3 +67,45 @@ def test_eval_measures_quality_and_speed(tiny, tmp_path):
     assert r.returncode == 0, r.stderr
     out = r.stdout.lower()
     assert "perplexity" in out and "kl" in out and "tok/s" in out
+
+
+def test_terminal_chat_is_a_client_of_the_engine_thread(tiny, tmp_path, monkeypatch, capsys):
+    """Issue 14, must show 3: `mixdesk chat` runs through Session. The terminal chat receives the
+    engine thread's events (placement, tokens, done), sent from that thread."""
+    import threading
+
+    from engine.cli import build_parser, cmd_chat
+    from engine.protocol import Done, Loaded, PlacementChanged, Stats, TokenOut
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    seen = []
+    a = build_parser().parse_args(["chat", "--model", str(tiny), "--prompt", "hello", "--max-new-tokens", "6",
+                                   "--dtype", "fp32", "--device", "cpu"])
+    assert cmd_chat(a, on_event=lambda e: seen.append((type(e), threading.current_thread().name))) == 0
+    kinds = {k for k, _ in seen}
+    assert {Loaded, PlacementChanged, TokenOut, Done, Stats} <= kinds
+    assert {name for _, name in seen} == {"MainThread"}  # handed over from the engine thread's queue
+    assert capsys.readouterr().out.strip()  # the reply was printed
+
+
+def test_interactive_chat_that_outgrows_the_context_says_so_and_carries_on(tiny, tmp_path, monkeypatch, capsys):
+    from engine.cli import build_parser, cmd_chat
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    lines = iter(["a" * 40, "b" * 40, "c" * 300, "hi"])
+
+    def fake_input(prompt=""):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    a = build_parser().parse_args(["chat", "--model", str(tiny), "--ctx", "96", "--max-new-tokens", "8",
+                                   "--dtype", "fp32", "--device", "cpu", "--placement", "cpu"])
+    assert cmd_chat(a) == 0
+    out = capsys.readouterr()
+    assert "oldest exchange was dropped" in out.err
+    assert "the prompt is" in out.err and "context holds" in out.err  # the 300-character message alone
+    assert out.out.count("mixdesk> ") == 4
+    assert out.err.count("decode") == 3  # three replies: before, after the drop, and after the refusal

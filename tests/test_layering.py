@@ -25,3 +25,59 @@ def test_no_pickle_loading_in_product_code():
         for f in (root / folder).rglob("*.py"):
             src = f.read_text()
             assert "torch.load(" not in src and "pickle.load" not in src and "trust_remote_code=True" not in src, f
+
+
+def _imports(f: Path, package: str):
+    """(module imported, names imported) for each import in f, resolved to dotted names."""
+    here = f.relative_to(f.parents[len(f.relative_to(Path(__file__).resolve().parents[1]).parts) - 1]).with_suffix("")
+    parts = list(here.parts)
+    for node in ast.walk(ast.parse(f.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = parts[: len(parts) - node.level]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            yield mod, [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name, []
+
+
+def test_no_module_imports_another_modules_private_names():
+    root = Path(__file__).resolve().parents[1]
+    bad = []
+    for folder in ("engine", "app"):
+        for f in (root / folder).rglob("*.py"):
+            for mod, names in _imports(f, folder):
+                bad += [f"{f.relative_to(root)}: {mod}.{n}" for n in names if n.startswith("_") and not n.startswith("__")]
+    assert not bad, bad
+
+
+def test_engine_modules_import_no_cycle():
+    """Lazy imports included: a cycle (cli <-> cli_plan was one) makes the layers unreadable."""
+    root = Path(__file__).resolve().parents[1]
+    graph = {}
+    for f in (root / "engine").rglob("*.py"):
+        name = ".".join(f.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        graph[name] = set()
+        for mod, names in _imports(f, "engine"):
+            for target in [mod] + [f"{mod}.{n}" for n in names]:
+                if target.startswith("engine.") and target != name:
+                    graph[name].add(target)
+    graph = {k: {t for t in v if t in graph and t != "engine"} for k, v in graph.items()}
+    state, cycles = {}, []
+
+    def visit(n, path):
+        state[n] = 1
+        for m in graph[n]:
+            if state.get(m) == 1:
+                cycles.append(path[path.index(m):] + [m] if m in path else [n, m])
+            elif not state.get(m):
+                visit(m, path + [m])
+        state[n] = 2
+
+    for n in graph:
+        if not state.get(n):
+            visit(n, [n])
+    assert not cycles, cycles

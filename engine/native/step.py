@@ -23,8 +23,8 @@ class DecodeStep:
             L = self.layers[l]
             L.ln1, L.ln2 = layer.ln1.data_ptr(), layer.ln2.data_ptr()
             L.wqkv, L.wo = matrix(layer.wqkv), matrix(layer.wo)
-            L.experts = ctypes.cast(block._table, ctypes.c_void_p)
-            L.router = block._router if block._router is not None else Matrix()
+            L.experts = ctypes.cast(block.table, ctypes.c_void_p)
+            L.router = block.router if block.router is not None else Matrix()
         resid = FMT[model.residual_dtype]
         self.desc = Model(d.layers, d.hidden, d.heads, d.kv_heads, d.head_dim, 0, d.experts, d.top_k,
                           d.sliding_window or 0, d.rms_eps, FMT[model.dtype], resid, FMT[model.dtype],
@@ -40,7 +40,7 @@ class DecodeStep:
 
     def ready(self) -> bool:
         m = self.model
-        return m.layer_inputs is None and all(b._all_native and b._router is not None and b.record is None
+        return m.layer_inputs is None and all(b.all_native and b.router is not None and b.record is None
                                               for b in m.moe)
 
     def __call__(self, ids: torch.Tensor, cache, pos: int) -> torch.Tensor:
@@ -54,7 +54,7 @@ class DecodeStep:
             self.desc.ctx = cache.ctx
             self._cache = cache
         x = m.embed[ids].to(m.residual_dtype).contiguous()  # [1, D]
-        cos_t, sin_t = m._rope_tables(pos + 1)
+        cos_t, sin_t = m.rope_tables(pos + 1)
         logits = torch.empty(1, m.lm_head.shape[0], dtype=torch.float32)
         rc = lib().mdk_decode(ctypes.byref(self.desc), x.data_ptr(), pos, cos_t[pos].data_ptr(),
                               sin_t[pos].data_ptr(), logits.data_ptr(), threads())
