@@ -1,6 +1,6 @@
 """The `mixdesk` command. With no command it opens the desktop app on the demo model (or on
 --model PATH), or the terminal chat where there is no display; with a command (chat, bench, plan,
-eval, demo-model, ...) it runs it. One parser (engine.cli.build_parser) reads the command line."""
+eval, demo-model, ...) it runs it. One parser (engine.tools.cli.build_parser) reads the command line."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine.cli import build_parser, chat_args, run as run_command
+    from engine.tools.cli import build_parser, chat_args, run as run_command
 
     a = build_parser().parse_args(sys.argv[1:] if argv is None else argv)  # unknown input: exit code 2
     if a.self_test:

@@ -40,7 +40,7 @@ def run() -> int:
     from engine.generate import SamplingParams
     from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded
     from engine.session import Session
-    from engine.tiny_model import write_tiny_mixtral
+    from engine.sources.tiny_model import write_tiny_mixtral
 
     acc = detect()
     print(f"torch {torch.__version__}; CUDA {'available: ' + acc.name if acc.is_cuda else 'not available'}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from engine.bench_kernels import read_bandwidth  # noqa: F401  (one definition, shared)
+from engine.tools.bench_kernels import read_bandwidth  # noqa: F401  (one definition, shared)
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -25,7 +25,7 @@ def demo_shaped_model() -> Path:
     """The built demo model when present; else a random-weight checkpoint of the same shapes (bf16),
     written once under .bench/. Speed depends on shapes, not on the weights' values."""
     try:
-        from engine.demo import demo_dir
+        from engine.sources.demo import demo_dir
 
         d = demo_dir()
         if (d / "config.json").exists():
@@ -34,7 +34,7 @@ def demo_shaped_model() -> Path:
         pass
     path = CACHE / "demo-shaped-random"
     if not (path / "config.json").exists():
-        from engine.tiny_model import write_tiny_mixtral
+        from engine.sources.tiny_model import write_tiny_mixtral
 
         print(f"writing a random checkpoint with the demo model's shapes to {path} ...", flush=True)
         write_tiny_mixtral(path, dtype="bfloat16", **DEMO_SHAPE)

@@ -39,7 +39,7 @@ def wide_checkpoint() -> Path:
         import sentencepiece as spm
 
         from benchmarks.memory_real_width import write_checkpoint
-        from engine.profile import calibration_text
+        from engine.planning.profile import calibration_text
 
         print(f"writing {path} (5.9 GB, once) ...", flush=True)
         write_checkpoint(path, WIDE)
@@ -161,7 +161,7 @@ def one_model(name: str, path: Path, vocab: int, new: int, reps: int, with_prefi
 
 def main() -> None:
     from engine import native
-    from engine.demo import demo_dir
+    from engine.sources.demo import demo_dir
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--new-tokens", type=int, default=64)

@@ -25,12 +25,12 @@ from benchmarks.common import record  # noqa: E402
 CHILD = r"""
 import json, sys, time, statistics, torch
 from engine import native
-from engine.bench_kernels import read_bandwidth
+from engine.tools.bench_kernels import read_bandwidth
 from engine.checkpoint import Checkpoint
 from engine.kernels import auto_dtype
 from engine.model import MixtralModel
 from engine.placement import Placement, Tier
-from engine.demo import demo_dir
+from engine.sources.demo import demo_dir
 tier, variant = sys.argv[1], sys.argv[2]
 ck = Checkpoint(demo_dir()); d = ck.dims
 m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier(tier)), torch.device("cpu"), auto_dtype(torch.device("cpu")))

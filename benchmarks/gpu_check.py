@@ -79,11 +79,11 @@ def accel_bandwidth(dev: torch.device) -> float:
 
 def sweep(rep: Report, folder: Path, cap: int, settings: int, new_tokens: int, prompt: int) -> list:
     from engine.generate import SamplingParams
-    from engine.hardware import load_or_measure
+    from engine.planning.hardware import load_or_measure
     from engine.load import load
-    from engine.plan_inputs import default_budgets, from_dims, measure_dense_s
-    from engine.planner import Budgets, choose, frontier
-    from engine.profile import capture
+    from engine.planning.inputs import default_budgets, from_dims, measure_dense_s
+    from engine.planning.planner import Budgets, choose, frontier
+    from engine.planning.profile import capture
     from dataclasses import replace
 
     t0 = time.time()
@@ -138,10 +138,10 @@ def budget_drop(rep: Report, folder: Path, cap: int, drop_to: int, new_tokens: i
     from types import SimpleNamespace
 
     from engine.generate import SamplingParams
-    from engine.profile import profile_path, uniform_profile
+    from engine.planning.profile import profile_path, uniform_profile
     from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded, SetBudgets
     from engine.session import Session
-    from engine.synthetic import SyntheticCheckpoint
+    from engine.sources.synthetic import SyntheticCheckpoint
 
     cuda = torch.cuda.is_available()
     ck = SyntheticCheckpoint(folder)
@@ -237,7 +237,7 @@ def main() -> None:
     rep = Report(out)
     if not a.skip_tests:
         gpu_tests(rep, a.tests_timeout)
-    from engine.synthetic import write_synthetic
+    from engine.sources.synthetic import write_synthetic
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = ROOT / "resources" / "mixtral-8x7b-config.json"
@@ -247,7 +247,7 @@ def main() -> None:
         folder = write_synthetic(Path(tmp) / "model", cfg)
         cap, drop_to = int(a.vram_cap * GB), int(a.drop_to * GB)
         if a.small and not torch.cuda.is_available():  # rehearse the drop on RAM: half of what the model holds
-            from engine.synthetic import SyntheticCheckpoint
+            from engine.sources.synthetic import SyntheticCheckpoint
 
             ck = SyntheticCheckpoint(folder)
             cap = 4 * (ck.dense_nbytes() + ck.dims.layers * ck.dims.experts * ck.expert_nbytes())

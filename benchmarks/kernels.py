@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import record  # noqa: E402
-from engine import bench_kernels  # noqa: E402
+from engine.tools import bench_kernels
 
 
 def main() -> None:

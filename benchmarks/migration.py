@@ -23,7 +23,7 @@ from benchmarks.common import record  # noqa: E402
 def main() -> None:
     import torch
 
-    from engine.demo import demo_dir
+    from engine.sources.demo import demo_dir
     from engine.experts import materialise
     from engine.generate import SamplingParams
     from engine.placement import Tier

@@ -49,7 +49,7 @@ def quality_with_nf4(inp, m, ref, ids, compare, logprobs, d) -> tuple[list[str],
     from dataclasses import replace
 
     from engine.placement import Placement, Tier
-    from engine.planner import Budgets, choose, frontier
+    from engine.planning.planner import Budgets, choose, frontier
 
     q_inp = replace(inp, tier_costs={"cpu-16": inp.tier_costs["cpu-16"], "gpu-4": inp.tier_costs["cpu-4"]},
                     cpu_only=False)
@@ -111,12 +111,12 @@ def quality_with_nf4(inp, m, ref, ids, compare, logprobs, d) -> tuple[list[str],
 def main() -> None:
     import torch
 
-    from engine.cli_plan import prepare
-    from engine.demo import demo_dir
-    from engine.evaluate import compare, corpus_ids, logprobs
+    from engine.tools.cli_plan import prepare
+    from engine.sources.demo import demo_dir
+    from engine.tools.evaluate import compare, corpus_ids, logprobs
     from engine.generate import SamplingParams
     from engine.placement import Placement, Tier
-    from engine.planner import Budgets, choose, frontier, prefill_s
+    from engine.planning.planner import Budgets, choose, frontier, prefill_s
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--settings", type=int, default=9)
@@ -132,9 +132,9 @@ def main() -> None:
     # This machine's read bandwidth drifts 2x over minutes (other tenants): the hardware profile and
     # the dense-part timings are measured anew here, just before the speed rounds, so predictions
     # and measurements see the same machine (a profile from minutes earlier was seen 32-66% off).
-    from engine.hardware import load_or_measure
-    from engine.plan_inputs import from_profiles, measure_dense_prefill_s, measure_dense_s
-    from engine.profile import load_or_calibrate
+    from engine.planning.hardware import load_or_measure
+    from engine.planning.inputs import from_profiles, measure_dense_prefill_s, measure_dense_s
+    from engine.planning.profile import load_or_calibrate
 
     hw = load_or_measure(torch.device("cpu"), remeasure=True)
     mp = load_or_calibrate(m, loaded.tokenizer)  # cached by prepare()

@@ -44,7 +44,7 @@ def main() -> None:
              "Gaussian + per-row offset": torch.randn(4096, 4096, generator=g) + 0.5 * torch.randn(4096, 1, generator=g)}
     try:
         from engine.checkpoint import Checkpoint
-        from engine.demo import demo_dir
+        from engine.sources.demo import demo_dir
         from engine.experts import read_expert
 
         w13, w2 = read_expert(Checkpoint(demo_dir()), 5, 0)

@@ -67,9 +67,9 @@ def auto_placement(ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype, bud
     its free memory, at the given slider. A model bigger than RAM + VRAM at 16 bits therefore loads
     straight into 4-bit where it must, instead of materialising every expert at 16 bits first; one
     that cannot fit even at 4 bits is refused with the figures, before anything is read."""
-    from .hardware import load_or_measure
-    from .plan_inputs import default_budgets, from_dims
-    from .planner import plan
+    from .planning.hardware import load_or_measure
+    from .planning.inputs import default_budgets, from_dims
+    from .planning.planner import plan
 
     hw = load_or_measure(accel.device)
     inp = from_dims(ckpt.dims, hw, torch.empty((), dtype=dtype).element_size())
@@ -110,6 +110,6 @@ def load(folder: str | Path, placement: str | Placement = "auto", device: str | 
 
 def open_checkpoint(folder: str | Path) -> Checkpoint:
     """A model folder opened and validated (no weights read): a checkpoint or a synthetic model."""
-    from .synthetic import SyntheticCheckpoint, is_synthetic
+    from .sources.synthetic import SyntheticCheckpoint, is_synthetic
 
     return SyntheticCheckpoint(folder) if is_synthetic(folder) else Checkpoint(folder)

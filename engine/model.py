@@ -12,8 +12,7 @@ from typing import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from . import costs as costs_mod
-from . import native
+from . import native, offload
 from .checkpoint import Checkpoint
 from .errors import ModelError
 from .experts import Expert16, build_steps, materialise
@@ -48,7 +47,7 @@ class DenseLayer:
 class MixtralModel:
     def __init__(self, ckpt: Checkpoint, placement: Placement, accel: torch.device,
                  dtype: torch.dtype = torch.bfloat16, progress: ProgressFn | None = None,
-                 costs: costs_mod.ExpertCosts | None = None, measure_costs: bool = True):
+                 offload_costs: offload.OffloadCosts | None = None, measure_offload: bool = True):
         d = self.dims = ckpt.dims
         if (placement.layers, placement.experts) != (d.layers, d.experts):
             raise ValueError(f"placement is {placement.layers}x{placement.experts}, model {d.layers}x{d.experts}")
@@ -94,10 +93,10 @@ class MixtralModel:
                 experts.append(materialise(ckpt, l, e, placement[l, e], accel, dtype))
                 tick(f"layer {l} expert {e}")
             self.moe.append(MoEBlock(dense(p + "block_sparse_moe.gate.weight"), experts, d.top_k, accel))
-        if costs is None and measure_costs and accel.type == "cuda":
+        if offload_costs is None and measure_offload and accel.type == "cuda":
             probe = self._any_cpu_expert() or materialise(ckpt, 0, 0, Tier.CPU16, accel, dtype)
-            costs = costs_mod.measure(probe, accel)
-        self.set_costs(costs)
+            offload_costs = offload.measure(probe, accel)
+        self.set_offload(offload_costs)
         self.inv_freq, self.rope_scale = _rope(ckpt.config, d.head_dim)
         self._rope_cache: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self.layer_inputs: list | None = None  # calibration: each layer's input appended when set
@@ -140,10 +139,10 @@ class MixtralModel:
                     return ex
         return None
 
-    def set_costs(self, costs: costs_mod.ExpertCosts | None) -> None:
-        self.costs = costs
+    def set_offload(self, costs: offload.OffloadCosts | None) -> None:
+        self.offload = costs
         for block in self.moe:
-            block.costs = costs
+            block.offload = costs
 
     # ---- memory ----
     def expert_bytes(self) -> dict[str, int]:

@@ -21,7 +21,7 @@ import ctypes
 import torch
 
 from . import native
-from .costs import ExpertCosts
+from .offload import OffloadCosts
 from .kernels import linear
 from .experts import Expert16, QuantExpert, run_jobs
 
@@ -31,11 +31,11 @@ MAX_SLOTS = 65536  # (token, expert) pairs one native routed call takes (moe.c);
 
 class MoEBlock:
     def __init__(self, gate: torch.Tensor, experts: list[Expert16 | QuantExpert], top_k: int,
-                 accel: torch.device, costs: ExpertCosts | None = None):
+                 accel: torch.device, offload: OffloadCosts | None = None):
         self.gate = gate  # [E, D] on accel
         self.top_k = top_k
         self.accel = accel
-        self.costs = costs
+        self.offload = offload  # when a CPU expert's weights are copied over for a prefill (offload.py)
         self.copied = 0  # prefill segments whose weights were copied to the accelerator (for stats)
         # calibration: (inputs, routes, route weights, residual stream) appended per call when set;
         # the model sets `residual` (the stream this block's output joins) just before the call
@@ -80,7 +80,7 @@ class MoEBlock:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] on accel
         T = x.shape[0]
         if (self.record is None and self.all_native and self.router is not None and x.device.type == "cpu"
-                and (T == 1 or self.costs is None) and T * self.top_k <= MAX_SLOTS
+                and (T == 1 or self.offload is None) and T * self.top_k <= MAX_SLOTS
                 and 0 < self.top_k <= len(self.experts) <= 1024):
             return self._native_layer(x)
         w, idx = self.route(x)
@@ -147,7 +147,7 @@ class MoEBlock:
                 ex = self.experts[e]
                 if ex.tier.on_accelerator:
                     accel_jobs.append((ex, off, c))
-                elif ex.copyable and self.costs is not None and self.costs.copy_wins(c, ex.nbytes):
+                elif ex.copyable and self.offload is not None and self.offload.copy_wins(c, ex.nbytes):
                     accel_jobs.append((ex.to(self.accel), off, c))  # temporary copy for this batch
                     self.copied += 1
                 else:

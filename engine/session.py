@@ -33,8 +33,8 @@ from .generate import Finished, Token
 from .migrator import Migrator
 from .monitor import MemorySource, Monitor, SystemSource
 from .placement import Move, Placement, Tier
-from .planner import Budgets, PlanInputs, SliderScale, choose, frontier, slider_scale
-from .profile import Cancelled, uniform_profile
+from .planning.planner import Budgets, PlanInputs, SliderScale, choose, frontier, slider_scale
+from .planning.profile import Cancelled, uniform_profile
 from .protocol import (Done, EngineStopped, ErrorEvent, Generate, Load, Loaded, MigrationProgress,
                        PlacementChanged, Progress, Reading, Reprofile, SetBudgets, SetSlider, Shutdown, Stats,
                        Stop, Task, TaskDone, TokenOut)
@@ -246,11 +246,11 @@ class Session:
         prog = lambda stage: (lambda d, t, w="": self.emit(Progress(stage=stage, done=d, total=t, what=w)))  # noqa: E731
         path = cmd.path
         if path == "demo":
-            from . import demo
+            from .sources import demo
 
             path = str(demo.ensure(progress=prog("build demo"), log=lambda s: None))
         else:
-            from .hub import resolve
+            from .sources.hub import resolve
 
             path = str(resolve(path))
         self.cancel.clear()
@@ -282,9 +282,9 @@ class Session:
         from .devices import detect
         from .kernels import auto_dtype
         from .load import DTYPES
-        from .plan_inputs import default_budgets, dense_bytes_of
-        from .planner import plan
-        from .profile import cached_profile, dense_timings
+        from .planning.inputs import default_budgets, dense_bytes_of
+        from .planning.planner import plan
+        from .planning.profile import cached_profile, dense_timings
 
         try:
             if self.tiers is not None or self.tier_costs is not None or self.seam:
@@ -305,8 +305,8 @@ class Session:
             ckpt.close()
 
     def _inputs(self, mp, accel, dims, dense_bytes: int, timings: tuple[float, float]) -> PlanInputs:
-        from .hardware import load_or_measure, tier_costs
-        from .plan_inputs import from_profiles
+        from .planning.hardware import load_or_measure, tier_costs
+        from .planning.inputs import from_profiles
 
         hw = load_or_measure(accel.device)
         inp = from_profiles(mp, hw, dims.top_k, dense_bytes, timings[0], dense_prefill_s=timings[1])
@@ -332,9 +332,9 @@ class Session:
 
     def _profile(self, remeasure: bool) -> None:
         """Both profiles (cached, or measured anew) -> the planner's inputs and the slider's scale."""
-        from .hardware import load_or_measure
-        from .plan_inputs import measure_dense_prefill_s, measure_dense_s
-        from .profile import dense_timings, load_or_calibrate, save_dense_timings
+        from .planning.hardware import load_or_measure
+        from .planning.inputs import measure_dense_prefill_s, measure_dense_s
+        from .planning.profile import dense_timings, load_or_calibrate, save_dense_timings
 
         loaded = self.loaded
         prog = lambda stage: (lambda d, t, w="": self.emit(Progress(stage=stage, done=d, total=t, what=w)))  # noqa: E731
@@ -367,7 +367,7 @@ class Session:
         if self.cap.vram is None and self.cap.ram is None:
             return None
         from .devices import detect
-        from .plan_inputs import default_budgets
+        from .planning.inputs import default_budgets
 
         acc = detect(device)
         free = default_budgets(acc.cpu_only, acc.device)

@@ -34,7 +34,7 @@ def pace():
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory):
     """A tiny random Mixtral (fp32, one safetensors file) with a byte-level tokenizer."""
-    from engine.tiny_model import write_tiny_mixtral
+    from engine.sources.tiny_model import write_tiny_mixtral
 
     return write_tiny_mixtral(tmp_path_factory.mktemp("tiny"))
 
@@ -42,7 +42,7 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_sharded(tmp_path_factory):
     """The same kind of model, written as several shards with model.safetensors.index.json."""
-    from engine.tiny_model import write_tiny_mixtral
+    from engine.sources.tiny_model import write_tiny_mixtral
 
     return write_tiny_mixtral(tmp_path_factory.mktemp("tiny_sharded"), seed=1, shard_size="60KB")
 

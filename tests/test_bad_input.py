@@ -3,7 +3,7 @@ naming the problem: no traceback, nothing written (not in the model folder, not 
 data, cache, config or log folders), in bounded time, and the 10^7-layer config in under 2 s and
 500 MB.
 
-Most cases run `mixdesk` in this process (engine.cli.main, the same code as the console script);
+Most cases run `mixdesk` in this process (engine.tools.cli.main, the same code as the console script);
 those that could hang or allocate run it in a child process with a timeout.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
+from engine.tools.cli import main
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ def run_child(argv: list[str], env: dict, timeout: float = 60) -> dict:
     its peak RSS."""
     code = textwrap.dedent(f"""
         import json, sys, time
-        from engine.cli import main
+        from engine.tools.cli import main
 
         def peak_mb():  # VmHWM: this process's own peak (ru_maxrss would include the forking parent's)
             for line in open("/proc/self/status"):

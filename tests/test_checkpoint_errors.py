@@ -122,7 +122,7 @@ def test_prequantised_checkpoint_refused(copy, method, fmt):
 
 def test_cli_prints_one_line_no_traceback(copy):
     (copy / "config.json").unlink()
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "chat", "--model", str(copy), "--prompt", "hi"],
+    r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "chat", "--model", str(copy), "--prompt", "hi"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr

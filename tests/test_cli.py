@@ -3,7 +3,7 @@ import sys
 
 
 def mixdesk(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "engine.tools.cli", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -15,7 +15,7 @@ def test_chat_non_interactive(tiny):
 
 
 def test_chat_interactive_two_turns(tiny):
-    p = subprocess.run([sys.executable, "-m", "engine.cli", "chat", "--model", str(tiny), "--max-new-tokens", "5"],
+    p = subprocess.run([sys.executable, "-m", "engine.tools.cli", "chat", "--model", str(tiny), "--max-new-tokens", "5"],
                        input="hello\nworld\n/quit\n", capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("mixdesk> ") == 2
@@ -37,7 +37,7 @@ def _cached(tmp_path):
 
 def test_plan_prints_the_frontier_and_writes_a_plot(tiny, tmp_path):
     png = tmp_path / "f.png"
-    args = [sys.executable, "-m", "engine.cli", "plan", "--model", str(tiny), "--dtype", "fp32", "--png", str(png)]
+    args = [sys.executable, "-m", "engine.tools.cli", "plan", "--model", str(tiny), "--dtype", "fp32", "--png", str(png)]
     r = subprocess.run(args, capture_output=True, text=True, timeout=300, env=_cached(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "tok/s (pred.)" in r.stdout and "prefill 512 tok" in r.stdout and "frontier computed in" in r.stdout
@@ -53,7 +53,7 @@ def test_plan_from_mixtral_config_alone(tmp_path):
     from pathlib import Path
 
     cfg = Path(__file__).resolve().parents[1] / "resources" / "mixtral-8x7b-config.json"
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "plan", "--model", str(cfg), "--config-only",
+    r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "plan", "--model", str(cfg), "--config-only",
                         "--gpu-budget", "24", "--ram-budget", "64", "--png", ""],
                        capture_output=True, text=True, timeout=300, env=_cached(tmp_path))
     assert r.returncode == 0, r.stderr
@@ -61,7 +61,7 @@ def test_plan_from_mixtral_config_alone(tmp_path):
 
 
 def test_eval_measures_quality_and_speed(tiny, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "eval", "--model", str(tiny), "--dtype", "fp32",
+    r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "eval", "--model", str(tiny), "--dtype", "fp32",
                         "--slider", "0", "--tokens", "64", "--new-tokens", "8"],
                        capture_output=True, text=True, timeout=300, env=_cached(tmp_path))
     assert r.returncode == 0, r.stderr
@@ -74,7 +74,7 @@ def test_terminal_chat_is_a_client_of_the_engine_thread(tiny, tmp_path, monkeypa
     engine thread's events (placement, tokens, done), sent from that thread."""
     import threading
 
-    from engine.cli import build_parser, cmd_chat
+    from engine.tools.cli import build_parser, cmd_chat
     from engine.protocol import Done, Loaded, PlacementChanged, Stats, TokenOut
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -89,7 +89,7 @@ def test_terminal_chat_is_a_client_of_the_engine_thread(tiny, tmp_path, monkeypa
 
 
 def test_interactive_chat_that_outgrows_the_context_says_so_and_carries_on(tiny, tmp_path, monkeypatch, capsys):
-    from engine.cli import build_parser, cmd_chat
+    from engine.tools.cli import build_parser, cmd_chat
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     lines = iter(["a" * 40, "b" * 40, "c" * 300, "hi"])

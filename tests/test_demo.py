@@ -6,11 +6,11 @@ import sys
 import pytest
 import torch
 
-from engine import demo
+from engine.sources import demo
 from engine.checkpoint import Checkpoint
 from engine.model import MixtralModel
 from engine.placement import Placement, Tier
-from engine.tiny_model import write_tokenizer
+from engine.sources.tiny_model import write_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +122,7 @@ def test_real_demo_matches_dense_smollm2(tmp_path):
 @pytest.mark.slow
 @gguf_installed
 def test_mixdesk_chat_answers_paris():
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "chat", "--prompt", "What is the capital of France?",
+    r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "chat", "--prompt", "What is the capital of France?",
                         "--max-new-tokens", "40"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout
@@ -140,9 +140,9 @@ REAL_WEIGHT_BOUND = 0.2
 def test_demo_4bit_error_and_perplexity_bounds():
     from pathlib import Path
 
-    from engine.evaluate import perplexity
+    from engine.tools.evaluate import perplexity
     from engine.load import load
-    from engine.profile import calibrate, calibration_text
+    from engine.planning.profile import calibrate, calibration_text
 
     loaded = load(demo.ensure(log=print), "cpu", device="cpu")
     tok, m = loaded.tokenizer, loaded.model

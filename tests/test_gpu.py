@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from engine.checkpoint import Checkpoint
-from engine.costs import ExpertCosts, measure
+from engine.offload import OffloadCosts, measure
 from engine.devices import detect
 from engine.experts import materialise
 from engine.generate import Generator, SamplingParams
@@ -44,22 +44,22 @@ def test_cuda_logits_match_transformers(tiny, reference, name):
 def test_costs_are_measured_and_copy_path_matches(tiny, reference):
     ck = Checkpoint(tiny)
     costs = measure(materialise(ck, 0, 0, Tier.CPU16, CUDA, torch.float32), CUDA)
-    assert isinstance(costs, ExpertCosts) and costs.h2d_bytes_per_s > 0
+    assert isinstance(costs, OffloadCosts) and costs.h2d_bytes_per_s > 0
     ids = torch.randint(0, ck.dims.vocab, (20,), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         want = reference(tiny)(ids[None]).logits[0]
-    always = ExpertCosts(1.0, 1.0, 0.0, 0.0, 1e15)
+    always = OffloadCosts(1.0, 1.0, 0.0, 0.0, 1e15)
     model = MixtralModel(ck, Placement.uniform(ck.dims.layers, ck.dims.experts, Tier.CPU16), CUDA,
-                         torch.float32, costs=always)
+                         torch.float32, offload_costs=always)
     got = model.forward(ids, model.new_cache(32), 0, all_logits=True).cpu()
     assert sum(b.copied for b in model.moe) > 0 and (got - want).abs().max().item() < 1e-4
 
 
 def test_auto_placement_respects_budget(tiny):
     from engine.errors import ModelError
-    from engine.hardware import load_or_measure
-    from engine.plan_inputs import from_dims
-    from engine.planner import Budgets
+    from engine.planning.hardware import load_or_measure
+    from engine.planning.inputs import from_dims
+    from engine.planning.planner import Budgets
 
     ck = Checkpoint(tiny)
     acc = detect()
@@ -94,7 +94,7 @@ def test_engine_shrinks_when_another_process_takes_vram(tmp_path, monkeypatch):
 
     from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded, Stats
     from engine.session import Session
-    from engine.tiny_model import write_tiny_mixtral
+    from engine.sources.tiny_model import write_tiny_mixtral
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     path = write_tiny_mixtral(tmp_path / "m", layers=4, hidden=1024, ffn=4096, experts=8, heads=8, kv_heads=4,

@@ -11,7 +11,7 @@ import pytest
 
 from engine.checkpoint import Checkpoint
 from engine.errors import ModelError
-from engine.hub import resolve
+from engine.sources.hub import resolve
 
 COMMIT = "a" * 40
 

@@ -5,7 +5,7 @@ import pytest
 from engine.errors import ModelError
 from engine.load import load
 from engine.placement import Tier
-from engine.planner import Budgets
+from engine.planning.planner import Budgets
 
 
 def _sizes(tiny):
@@ -48,7 +48,7 @@ def test_synthetic_model_reads_the_same_weights_every_time(tmp_path):
 
     import torch
 
-    from engine.synthetic import SyntheticCheckpoint, write_synthetic
+    from engine.sources.synthetic import SyntheticCheckpoint, write_synthetic
 
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"model_type": "mixtral", "vocab_size": 300, "hidden_size": 64,

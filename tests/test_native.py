@@ -164,7 +164,7 @@ def test_engine_runs_with_the_native_library_disabled(tiny, reference):
 
 @pytest.fixture(scope="module")
 def windowed(tmp_path_factory):
-    from engine.tiny_model import write_tiny_mixtral
+    from engine.sources.tiny_model import write_tiny_mixtral
 
     return write_tiny_mixtral(tmp_path_factory.mktemp("win"), sliding_window=8, tokenizer=False)
 
@@ -211,7 +211,7 @@ def test_bad_routing_arguments_are_refused_not_crashed():
     block = MoEBlock(gate, experts, 3, torch.device("cpu"))
     x = torch.randn(1, 32, generator=g)
     idx, wts, out = torch.empty(1, 3, dtype=torch.int32), torch.empty(1, 3), torch.empty(1, 32)
-    rc = native.lib().mdk_moe(block._table, 2, ctypes.byref(block._router), 3, native.F32, x.data_ptr(),
+    rc = native.lib().mdk_moe(block.table, 2, ctypes.byref(block.router), 3, native.F32, x.data_ptr(),
                               native.F32, 1, out.data_ptr(), native.F32, idx.data_ptr(), wts.data_ptr(), 1)
     assert rc == -3
     with pytest.raises(RuntimeError):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.checkpoint import Checkpoint
-from engine.costs import ExpertCosts
+from engine.offload import OffloadCosts
 from engine.generate import Generator, SamplingParams
 from engine.model import MixtralModel
 from engine.placement import Placement, Tier
@@ -63,16 +63,16 @@ def test_copy_to_accelerator_path_matches(tiny, reference):
     ids = torch.randint(0, ck.dims.vocab, (20,), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         want = reference(tiny)(ids[None]).logits[0]
-    always_copy = ExpertCosts(cpu_fixed_s=1.0, cpu_per_token_s=1.0, gpu_fixed_s=0.0,
+    always_copy = OffloadCosts(cpu_fixed_s=1.0, cpu_per_token_s=1.0, gpu_fixed_s=0.0,
                               gpu_per_token_s=0.0, h2d_bytes_per_s=1e15)
-    model = MixtralModel(ck, placements(ck.dims)["all-cpu"], CPU, torch.float32, costs=always_copy)
+    model = MixtralModel(ck, placements(ck.dims)["all-cpu"], CPU, torch.float32, offload_costs=always_copy)
     got = model.forward(ids, model.new_cache(32), 0, all_logits=True)
     assert sum(b.copied for b in model.moe) > 0
     assert (got - want).abs().max().item() < 1e-4
 
 
 def test_cost_model_decision():
-    c = ExpertCosts(cpu_fixed_s=1e-4, cpu_per_token_s=1e-3, gpu_fixed_s=1e-4, gpu_per_token_s=1e-5,
+    c = OffloadCosts(cpu_fixed_s=1e-4, cpu_per_token_s=1e-3, gpu_fixed_s=1e-4, gpu_per_token_s=1e-5,
                     h2d_bytes_per_s=1e10)
     nbytes = 100_000_000  # 10 ms to copy
     assert not c.copy_wins(1, nbytes)  # decode: move activations, not weights

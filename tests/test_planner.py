@@ -5,7 +5,7 @@ import time
 import pytest
 
 from engine.placement import Tier
-from engine.planner import Budgets, PlanInputs, choose, frontier, plan, slider_scale
+from engine.planning.planner import Budgets, PlanInputs, choose, frontier, plan, slider_scale
 
 SLIDERS = [i / 10 for i in range(11)]
 
@@ -162,7 +162,7 @@ def test_prefill_prediction_follows_each_tiers_batch_scaling():
     from dataclasses import replace
 
     from engine.placement import Placement
-    from engine.planner import prefill_s
+    from engine.planning.planner import prefill_s
 
     inp = random_inputs(0, cpu_only=True)
     inp = replace(inp, dense_prefill_s=1e-4, batch_scale={

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from engine.checkpoint import Checkpoint
-from engine.evaluate import perplexity
+from engine.tools.evaluate import perplexity
 from engine.model import MixtralModel
 from engine.placement import ALL_TIERS, Placement, Tier
-from engine.profile import Cancelled, ModelProfile, calibrate
+from engine.planning.profile import Cancelled, ModelProfile, calibrate
 from engine.quant import NF4, Int4CPU, Q4Native, cpu4_format
 
 CPU = torch.device("cpu")

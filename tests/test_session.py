@@ -9,7 +9,7 @@ import pytest
 from engine.generate import SamplingParams
 from engine.monitor import MemorySample, ScriptedSource
 from engine.placement import Tier
-from engine.planner import plan
+from engine.planning.planner import plan
 from engine.protocol import (Done, ErrorEvent, Generate, Load, Loaded, PlacementChanged, Reprofile, SetSlider,
                              Shutdown, Stats, Stop, TokenOut)
 from engine.session import Session
@@ -188,7 +188,7 @@ def test_shutdown_leaves_no_thread_and_frees_the_model(tiny, when):
 
 
 def test_reprofile_measures_both_profiles_anew_and_replans(tiny, tmp_path):
-    from engine.hardware import profile_path as hw_path
+    from engine.planning.hardware import profile_path as hw_path
 
     rec = Recorder()
     s = start(tiny, rec)

@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from .client import for_terminal, progress_bar
-from .errors import MixdeskError
+from ..client import for_terminal, progress_bar
+from ..errors import MixdeskError
 
 
 def _int(lo: int, hi: int = 10**9):
@@ -73,7 +73,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _params(a):
-    from .generate import SamplingParams
+    from ..generate import SamplingParams
 
     return SamplingParams(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
                           top_k=a.top_k, repetition_penalty=a.repetition_penalty, seed=a.seed,
@@ -86,7 +86,7 @@ def _load(client, a, placement: str | None = None):
 
 def cmd_chat(a, on_event=None) -> int:
     """The terminal chat: a client of the engine thread, like the window."""
-    from .client import EngineError
+    from ..client import EngineError
 
     params = _params(a)
     client = for_terminal(a.quiet, on_event=on_event)
@@ -155,8 +155,8 @@ def cmd_bench(a) -> int:
     import psutil
     import torch
 
-    from .generate import SamplingParams
-    from .memory import PeakRSS
+    from ..generate import SamplingParams
+    from ..memory import PeakRSS
 
     a.quiet = True
     with PeakRSS() as peak:
@@ -189,7 +189,7 @@ def cmd_bench(a) -> int:
 
 
 def cmd_tiny_model(a) -> int:
-    from .tiny_model import write_tiny_mixtral
+    from ..sources.tiny_model import write_tiny_mixtral
 
     out = write_tiny_mixtral(a.out, shard_size=a.shard_size)
     print(f"wrote a tiny random Mixtral to {out}")
@@ -197,16 +197,16 @@ def cmd_tiny_model(a) -> int:
 
 
 def cmd_synthetic_model(a) -> int:
-    from .synthetic import write_synthetic
+    from ..sources.synthetic import write_synthetic
 
-    config = a.config or str(Path(__file__).resolve().parents[1] / "resources" / "mixtral-8x7b-config.json")
+    config = a.config or str(Path(__file__).resolve().parents[2] / "resources" / "mixtral-8x7b-config.json")
     out = write_synthetic(a.out, config, seed=a.seed)
     print(f"wrote a synthetic model (weights generated on demand, nothing stored) to {out}")
     return 0
 
 
 def cmd_demo_model(a) -> int:
-    from . import demo
+    from ..sources import demo
 
     out = demo.ensure(a.out, progress=progress_bar(False), log=lambda s: print(s, file=sys.stderr))
     print(out)
@@ -219,9 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mixdesk", description="Chat with Mixture-of-Experts models "
                                  "that do not fit in your GPU, with per-expert CPU/GPU placement. "
                                  "With no command: the desktop app.")
-    ap.add_argument("--model", dest="window_model", default="demo",
+    ap.add_argument("--model", dest="window_model", default="demo", metavar="MODEL",
                     help="the model the app opens: a folder, a hub id (owner/name) or demo (default)")
-    ap.add_argument("--device", dest="window_device", default=None, type=_device, help="cpu | cuda | cuda:N")
+    ap.add_argument("--device", dest="window_device", default=None, type=_device, metavar="DEVICE",
+                    help="cpu | cuda | cuda:N")
     ap.add_argument("--self-test", action="store_true", help="check the installation and exit")
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
     c = sub.add_parser("chat", help="interactive terminal chat with streaming")

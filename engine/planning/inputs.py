@@ -10,10 +10,10 @@ from pathlib import Path
 import psutil
 import torch
 
-from .checkpoint import dims_from_config, dense_shapes
-from .errors import ModelError
+from ..checkpoint import dims_from_config, dense_shapes
+from ..errors import ModelError
 from .hardware import HardwareProfile
-from .model import MixtralModel
+from ..model import MixtralModel
 from .planner import Budgets, PlanInputs
 from .profile import ASSUMED_SENSITIVITY, ModelProfile
 

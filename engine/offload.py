@@ -15,7 +15,7 @@ from .experts import Expert16
 
 
 @dataclass(frozen=True)
-class ExpertCosts:
+class OffloadCosts:
     cpu_fixed_s: float  # time = fixed + per_token * n
     cpu_per_token_s: float
     gpu_fixed_s: float
@@ -43,7 +43,7 @@ def _fit(expert: Expert16, device: torch.device, dtype: torch.dtype, reps: int) 
     return max(t_lo - per * n_lo, 0.0), per
 
 
-def measure(cpu_expert: Expert16, accel: torch.device, reps: int = 3) -> ExpertCosts | None:
+def measure(cpu_expert: Expert16, accel: torch.device, reps: int = 3) -> OffloadCosts | None:
     """Time one expert on the CPU and on the accelerator, and a pinned host-to-device copy.
     Returns None without an accelerator: then there is nothing to decide."""
     if accel.type != "cuda":
@@ -55,4 +55,4 @@ def measure(cpu_expert: Expert16, accel: torch.device, reps: int = 3) -> ExpertC
     staging = torch.empty(cpu_expert.nbytes, dtype=torch.uint8).pin_memory()
     target = torch.empty_like(staging, device=accel)
     t = best_time(lambda: target.copy_(staging, non_blocking=True), accel, reps)
-    return ExpertCosts(cpu_fixed, cpu_per, gpu_fixed, gpu_per, cpu_expert.nbytes / t)
+    return OffloadCosts(cpu_fixed, cpu_per, gpu_fixed, gpu_per, cpu_expert.nbytes / t)

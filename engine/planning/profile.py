@@ -35,11 +35,11 @@ from typing import Callable
 
 import torch
 
-from .experts import Expert16, quantise, read_expert
-from .model import MixtralModel
-from .placement import Tier
+from ..experts import Expert16, quantise, read_expert
+from ..model import MixtralModel
+from ..placement import Tier
 
-CORPUS = Path(__file__).resolve().parents[1] / "resources" / "corpus"
+CORPUS = Path(__file__).resolve().parents[2] / "resources" / "corpus"
 FORMAT = 3  # 3: cpu-4 is the native Q4 format where the library is built
 MIN_TOKENS = 8  # an expert that saw fewer calibration tokens is measured on all of its layer's tokens
 
@@ -237,7 +237,7 @@ def cached_profile(ckpt) -> ModelProfile | None:
 
 
 def _dense_key(device: torch.device, dtype: torch.dtype) -> str:
-    from . import native
+    from .. import native
     from .hardware import machine_id
 
     return f"{machine_id()}|{device.type}|{str(dtype).replace('torch.', '')}|{native.status()}"

@@ -16,10 +16,10 @@ from pathlib import Path
 import psutil
 import torch
 
-from .devices import best_time
-from .experts import Expert16, quantise
-from .kernels import auto_dtype
-from .placement import Tier
+from ..devices import best_time
+from ..experts import Expert16, quantise
+from ..kernels import auto_dtype
+from ..placement import Tier
 
 FORMAT = 5  # 5: the native CPU kernels (tier costs changed)
 SIZES = ((512, 1024), (2048, 8192))  # (hidden, ffn) of the two synthetic experts

@@ -8,11 +8,11 @@ import time
 
 import torch
 
-from . import native
-from .devices import best_time
-from .experts import Expert16, quantise
-from .kernels import auto_dtype
-from .placement import Tier
+from .. import native
+from ..devices import best_time
+from ..experts import Expert16, quantise
+from ..kernels import auto_dtype
+from ..placement import Tier
 
 BATCHES = (1, 4, 16, 128)
 ROUNDS = 7

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import Checkpoint, dims_from_config, dense_shapes, expert_shapes
-from .errors import ModelError
+from ..checkpoint import Checkpoint, dims_from_config, dense_shapes, expert_shapes
+from ..errors import ModelError
 
 MARKER = "mixdesk-synthetic.json"
 

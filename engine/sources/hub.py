@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .errors import ModelError
+from ..errors import ModelError
 
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
 # Never fetch pickle weights: they are refused anyway, and they are the bulk of many repos.

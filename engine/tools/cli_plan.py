@@ -10,7 +10,7 @@ GB = 10**9
 
 
 def _budgets(a, default):
-    from .planner import Budgets
+    from ..planning.planner import Budgets
 
     return Budgets(vram=int(a.gpu_budget * GB) if a.gpu_budget is not None else default.vram,
                    ram=int(a.ram_budget * GB) if a.ram_budget is not None else default.ram)
@@ -19,7 +19,7 @@ def _budgets(a, default):
 def prepare(a):
     """An engine thread with the model loaded and both profiles (measured anew with --remeasure);
     returns the client (the caller closes it)."""
-    from .client import for_terminal
+    from ..client import for_terminal
 
     client = for_terminal(False)
     try:
@@ -37,7 +37,7 @@ PREFILL_TOKENS = 512
 
 def table(points, note: str = "", inp=None) -> str:
     """The frontier as a Markdown table; with the planner's inputs, a predicted prefill column too."""
-    from .planner import prefill_s
+    from ..planning.planner import prefill_s
 
     pre = f" prefill {PREFILL_TOKENS} tok, s (pred.) |" if inp is not None else ""
     rows = [f"| # | {'tiers':<44} | tok/s (pred.) |{pre} quality loss (KL) | VRAM GB | RAM GB |",
@@ -77,9 +77,9 @@ def plot(points, path: Path, title: str) -> bool:
 def cmd_plan(a) -> int:
     import torch
 
-    from .hardware import load_or_measure
-    from .plan_inputs import default_budgets, from_config
-    from .planner import frontier
+    from ..planning.hardware import load_or_measure
+    from ..planning.inputs import default_budgets, from_config
+    from ..planning.planner import frontier
 
     t_start = time.perf_counter()
     if a.config_only:
@@ -117,10 +117,10 @@ def cmd_plan(a) -> int:
 
 def cmd_eval(a) -> int:
     from .evaluate import compare, corpus_ids, logprobs
-    from .generate import SamplingParams
-    from .placement import Placement, Tier
-    from .plan_inputs import default_budgets
-    from .planner import plan
+    from ..generate import SamplingParams
+    from ..placement import Placement, Tier
+    from ..planning.inputs import default_budgets
+    from ..planning.planner import plan
 
     def evaluate(s):
         """On the engine thread: perplexity all 16-bit, then at the slider's plan, and decode speed."""

@@ -6,7 +6,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .model import MixtralModel
+from ..model import MixtralModel
 
 
 @torch.inference_mode()

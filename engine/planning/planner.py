@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .placement import Placement, Tier
+from ..placement import Placement, Tier
 
 GRID_LAMBDA = 48
 GRID_MU = 10
