@@ -22,6 +22,11 @@ def _nvml() -> str:
 
 
 def _qt() -> str:
+    import os
+
+    if sys.platform.startswith("linux") and not any(os.environ.get(v) for v in
+                                                    ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")):
+        os.environ["QT_QPA_PLATFORM"] = "offscreen"  # headless: Qt would abort the process without a display
     try:
         import PySide6
         from PySide6.QtWidgets import QApplication

@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def mixdesk(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "engine.tools.cli", *args], capture_output=True, text=True,
@@ -109,3 +111,26 @@ def test_interactive_chat_that_outgrows_the_context_says_so_and_carries_on(tiny,
     assert "the prompt is" in out.err and "context holds" in out.err  # the 300-character message alone
     assert out.out.count("mixdesk> ") == 4
     assert out.err.count("decode") == 3  # three replies: before, after the drop, and after the refusal
+
+
+def test_mixdesk_without_a_display_starts_the_terminal_chat_on_the_same_engine(tiny, tmp_path):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    p = subprocess.run([sys.executable, "-m", "app.entry", "--model", str(tiny), "--device", "cpu"],
+                       input="hello\n", capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr
+    assert "no display" in p.stderr and "terminal chat" in p.stderr
+    assert p.stdout.count("mixdesk> ") == 1 and "decode" in p.stderr
+
+
+@pytest.mark.parametrize("argv", [["serve"], ["runtime", "status"], ["--no-such-flag"], ["chat", "--bogus"]])
+def test_the_app_entry_uses_the_one_parser(argv, capsys):
+    from app.entry import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: mixdesk" in err and "Traceback" not in err

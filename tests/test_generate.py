@@ -137,3 +137,51 @@ def test_second_turn_reuses_cache_and_matches_cold_run(loaded):
     gen.cache.tokens = []
     cold = run(gen, p2, max_new_tokens=12)[1]
     assert cold.reused_tokens == 0 and cold.token_ids == warm.token_ids
+
+
+MIXTRAL_STYLE = ("{{ bos_token }}{% for message in messages %}"
+                 "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+                 "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+                 "{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+                 "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}{% endif %}{% endfor %}")
+CHATML_TOJSON = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% if m.meta is defined %}"
+                 "{{ m.meta | tojson }}{% endif %}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+                 "{% for i in range(2) %}{% if loop.last %}{{ range(3) | length }}{% endif %}{% endfor %}")
+
+
+@pytest.mark.parametrize("template", [None, MIXTRAL_STYLE, CHATML_TOJSON])
+def test_sandboxed_template_gives_transformers_tokens(loaded, template):
+    """The sandboxed renderer (time, loop and size limits) gives the same ids as transformers'
+    apply_chat_template."""
+    from engine.chat_template import ChatTemplate
+
+    tok = loaded.tokenizer
+    src = template or tok.chat_template
+    ours = ChatTemplate(src, tok, loaded.ckpt.folder)
+    msgs = [{"role": "user", "content": "hi <b>there</b> & \"you\""},
+            {"role": "assistant", "content": "héllo ✓"},
+            {"role": "user", "content": "{{ not a template }}", "meta": {"x": [1, "é"]}}]
+    if template is MIXTRAL_STYLE:
+        msgs = [{k: v for k, v in m.items() if k != "meta"} for m in msgs]
+    want = tok.apply_chat_template(msgs, chat_template=src, add_generation_prompt=True, tokenize=True)
+    want = want["input_ids"] if hasattr(want, "keys") else want
+    assert ours.ids(msgs) == list(want)
+
+
+def test_template_errors_are_one_line_mixdesk_errors(loaded):
+    from engine.chat_template import ChatTemplate, TemplateProblem
+
+    t = ChatTemplate(MIXTRAL_STYLE, loaded.tokenizer, loaded.ckpt.folder)
+    with pytest.raises(TemplateProblem, match="roles must alternate"):
+        t.ids([{"role": "assistant", "content": "x"}])
+
+
+@pytest.mark.parametrize("field,value", [("temperature", float("nan")), ("top_p", 0.0), ("top_p", -1.0),
+                                         ("max_new_tokens", 0), ("top_k", -1), ("repetition_penalty", 0.0),
+                                         ("temperature", float("inf")), ("seed", -3)])
+def test_sampling_values_are_checked(field, value):
+    from engine.errors import InputError
+
+    with pytest.raises(InputError, match=field):
+        SamplingParams(**{field: value}).check()

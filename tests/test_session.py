@@ -201,3 +201,39 @@ def test_reprofile_measures_both_profiles_anew_and_replans(tiny, tmp_path):
     assert all(f.stat().st_mtime_ns > before[f] for f in files)  # both measured anew
     assert not rec.of(ErrorEvent)
     s.shutdown()
+
+
+def test_errors_anywhere_become_events_and_the_thread_serves_on(tiny):
+    """The error boundary: a bad request, a failing task and a failing re-plan each end with an
+    ErrorEvent (the unexpected ones with a log file holding the traceback), and the same thread
+    answers the next request."""
+    from pathlib import Path
+
+    from engine.protocol import Task, TaskDone
+
+    rec = Recorder()
+    s = start(tiny, rec)
+    thread = s.thread
+    s.submit(Generate(request_id=1, prompt_ids=PROMPT, params=SamplingParams(temperature=float("nan"))))
+    err = rec.wait(lambda e: isinstance(e, ErrorEvent) and e.request_id == 1)
+    assert err.kind == "InputError" and "temperature" in err.message and not err.log
+
+    s.submit(Task(request_id=2, fn=lambda session: {}["missing"]))
+    err = rec.wait(lambda e: isinstance(e, ErrorEvent) and e.request_id == 2)
+    assert "KeyError" in err.message and err.log and "KeyError" in Path(err.log).read_text()
+
+    def broken(*a, **k):
+        raise ZeroDivisionError("planner bug")
+
+    real, s._points = s._points, broken
+    s.submit(SetSlider(value=0.123))
+    err = rec.wait(lambda e: isinstance(e, ErrorEvent) and "planner bug" in e.message)
+    assert err.request_id is None
+    s._points = real
+
+    s.submit(Task(request_id=3, fn=lambda session: session.loaded.ckpt.dims.layers))
+    assert rec.wait(lambda e: isinstance(e, TaskDone) and e.request_id == 3).value == 2
+    s.submit(Generate(request_id=4, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=3)))
+    assert len(rec.wait(lambda e: isinstance(e, Done) and e.request_id == 4).finished.token_ids) == 3
+    assert s.thread is thread and thread.is_alive()
+    s.shutdown()
