@@ -16,7 +16,7 @@ from .checkpoint import Checkpoint, expert_key
 from .errors import ModelError
 from .kernels import linear, weight_problem
 from .placement import Tier
-from .quant import NF4, Q4Native, cpu4_format
+from .quant import NF4, Q4Native, cpu4_format, run_to_end
 
 CPU = torch.device("cpu")
 
@@ -152,12 +152,7 @@ def materialise(ckpt: Checkpoint, layer: int, expert: int, tier: Tier,
     """Build expert (layer, expert) in `tier` from the checkpoint, the 16-bit source of truth.
     gpu-* tiers live on `accel` (the CPU device when there is no CUDA: a test seam that keeps the
     two-tier logic exercised), cpu-* on the host. Only this one expert is ever held at 16 bits."""
-    steps = build_steps(ckpt, layer, expert, tier, accel, dtype, threads)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
+    return run_to_end(build_steps(ckpt, layer, expert, tier, accel, dtype, threads))
 
 
 def build_steps(ckpt: Checkpoint, layer: int, expert: int, tier: Tier, accel: torch.device, dtype: torch.dtype,

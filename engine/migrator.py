@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .placement import Move
+from .quant import run_to_end
 
 
 @dataclass
@@ -186,7 +187,7 @@ class Migrator:
                 if item is not None:
                     self._ready.remove(item)
                 elif self._current is not None and frees(self._current[0]):
-                    item, self._current = (self._current[0], _finish(self._current[1]), 0.0), None
+                    item, self._current = (self._current[0], run_to_end(self._current[1]), 0.0), None
                 else:
                     m = next((m for m in self._queue if frees(m)), None)
                     if m is None:
@@ -242,15 +243,6 @@ class Migrator:
             self._cv.notify_all()
         if self.worker is not None:
             self.worker.join(5)
-
-
-def _finish(steps):
-    """Run a build generator to its end; its form."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value
 
 
 def _lower_priority() -> None:

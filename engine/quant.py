@@ -84,21 +84,13 @@ class Q4Native:
         """threads=1 runs on the calling thread without the library's lock (the one-thread
         quantiser touches neither the shared pool nor the scratch buffers), so a migration worker
         can build while the engine thread decodes."""
-        n, k = w.shape
-        if k % 32:
-            raise ValueError(f"in-features {k} is not a multiple of 32: no 4-bit block fits")
-        w = w.contiguous()
-        if w.dtype not in native.FMT:
-            w = w.float()
-        packed = torch.empty(native.lib().mdk_q4_bytes(n, k), dtype=torch.uint8)
-        native.q4_quantize(w.data_ptr(), native.FMT[w.dtype], n, k, packed.data_ptr(), threads or native.threads())
-        return cls(packed, (n, k))
+        return run_to_end(cls.quantize_steps(w, step_bytes=1 << 62, threads=threads))
 
     @classmethod
-    def quantize_steps(cls, w: torch.Tensor, step_bytes: int = 512 << 10):
-        """The same as quantize, a slice of rows at a time (a generator that yields after each
-        slice of about step_bytes of source and returns the Q4Native): tiles of 16 rows are
-        independent, so a build can be spread over the gaps between decode steps."""
+    def quantize_steps(cls, w: torch.Tensor, step_bytes: int = 512 << 10, threads: int | None = None):
+        """quantize a slice of rows at a time: a generator that yields after each slice of about
+        step_bytes of source and returns the Q4Native. Tiles of 16 rows are independent, so a
+        build can be spread over the gaps between decode steps."""
         n, k = w.shape
         if k % 32:
             raise ValueError(f"in-features {k} is not a multiple of 32: no 4-bit block fits")
@@ -106,12 +98,12 @@ class Q4Native:
         if w.dtype not in native.FMT:
             w = w.float()
         packed = torch.empty(native.lib().mdk_q4_bytes(n, k), dtype=torch.uint8)
-        rows = max(16, step_bytes // (k * w.element_size()) // 16 * 16)
+        rows = max(16, min(n, step_bytes // (k * w.element_size())) // 16 * 16)
         tile = native.lib().mdk_q4_bytes(16, k)
         for a in range(0, n, rows):
             b = min(n, a + rows)
             native.q4_quantize(w[a:b].data_ptr(), native.FMT[w.dtype], b - a, k,
-                               packed.data_ptr() + (a // 16) * tile, native.threads())
+                               packed.data_ptr() + (a // 16) * tile, threads or native.threads())
             yield
         return cls(packed, (n, k))
 
@@ -128,6 +120,15 @@ class Q4Native:
     @property
     def nbytes(self) -> int:
         return self.packed.numel()
+
+
+def run_to_end(steps):
+    """Run a generator of build steps to its end; what it returns."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 def cpu4_format():
