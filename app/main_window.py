@@ -51,6 +51,7 @@ class MainWindow(QMainWindow):
         self.count_tokens = None
         self.ctx = 0
         self.generating = False
+        self.loading = False
         self.params = SamplingParams(max_new_tokens=1024)
         self._parsed = _Parsed()
         self._parsed.done.connect(self._on_parsed)
@@ -147,6 +148,7 @@ class MainWindow(QMainWindow):
     # ---- models ----
     def load_model(self, path: str, device: str | None = None, dtype: str = "auto") -> None:
         self.model_spec = (path, device, dtype)
+        self.loading = True
         self.model_label.setText(f"loading {path}…")
         self.send_btn.setEnabled(False)
         self.bridge.send(Load(path=path, device=device, dtype=dtype))
@@ -306,14 +308,16 @@ class MainWindow(QMainWindow):
             self.cancel_btn.setVisible(ev.stage == "calibrate")
             self.progress.setRange(0, max(ev.total, 1))
             self.progress.setValue(ev.done)
-            self.progress.setFormat(f"{ev.stage}: %p%")
+            label = "calibrating in the background (chat away)" if ev.stage == "calibrate" and not self.loading else ev.stage
+            self.progress.setFormat(f"{label}: %p%")
         elif isinstance(ev, Loaded):
             self.progress.hide()
             self.cancel_btn.hide()
             self.count_tokens, self.ctx = ev.count_tokens, ev.ctx
             self.model_label.setText(ev.description)
             self.panel.map.set_share(ev.share)
-            self.send_btn.setEnabled(True)
+            self.send_btn.setEnabled(not self.generating)
+            self.loading = False
             self._log(f"loaded {ev.name}: {ev.description}")
         elif isinstance(ev, EngineStopped):
             self._log(f"error: {ev.message}")
@@ -332,9 +336,12 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(ev.message.splitlines()[0], 15000)
             if ev.request_id == self.request and self.generating:
                 self._end_failed_reply(ev.message)
-            if self.progress.isVisible() and "cancelled" not in ev.message:
+            if self.loading and "cancelled" not in ev.message:
                 self.progress.hide()
                 self.model_label.setText(f"could not load: {ev.message.splitlines()[0]}")
+            elif ev.message.startswith(("calibrat", "calibration")):
+                self.progress.hide()
+                self.cancel_btn.hide()
 
     def _end_failed_reply(self, message: str) -> None:
         """The reply in progress ended with an error: keep what streamed (marked), or drop the empty

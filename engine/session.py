@@ -62,7 +62,10 @@ class Session:
         self.background_moves = background_moves
         self.commands: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="mixdesk-engine", daemon=True)
-        self.cancel = threading.Event()
+        self.cancel = threading.Event()  # stops the reply in progress
+        self.calib_cancel = threading.Event()  # stops a calibration (Stop with no request id)
+        self._calib = None  # the background calibration's steps (profile.calibrate_steps), if one runs
+        self._timings: tuple[float, float] | None = None  # the model's dense decode and prefill timings
         # engine-thread state
         self.loaded = None
         self.pinned = False  # a placement given by the user: no planning, no re-placement
@@ -93,6 +96,8 @@ class Session:
     def submit(self, cmd) -> None:
         if isinstance(cmd, Stop):
             self.cancel.set()  # effective at the next step, even mid-queue
+            if cmd.request_id is None:
+                self.calib_cancel.set()
         self.commands.put(cmd)
 
     def shutdown(self, timeout: float = 10.0) -> bool:
@@ -132,6 +137,10 @@ class Session:
             self._drain(block=False)
             if not self._quit and not self._swap():
                 self.migrator.wait_ready(0.02)  # the worker is building what is left
+        elif self._calib is not None:  # between requests: a slice of the background calibration
+            self._drain(block=False)
+            if not self._quit and self._gen is None and self._calib is not None and not self._queued:
+                self._guard("calibrating", self._calibrate_slice)
         else:
             self._drain(block=True)
         if self._gen is None and self._queued and not self._quit:
@@ -237,18 +246,18 @@ class Session:
             self.loaded.ckpt.close()
             self.loaded = None
         self.inputs = self.scale = self.budgets = self.target = self._frontier = None
+        self._calib = self._timings = None
         gc.collect()
 
     def _load(self, cmd: Load) -> None:
         from .load import load, open_checkpoint
 
         self._unload()
-        prog = lambda stage: (lambda d, t, w="": self.emit(Progress(stage=stage, done=d, total=t, what=w)))  # noqa: E731
         path = cmd.path
         if path == "demo":
             from .sources import demo
 
-            path = str(demo.ensure(progress=prog("build demo"), log=lambda s: None))
+            path = str(demo.ensure(progress=self._progress("build demo"), log=lambda s: None))
         else:
             from .sources.hub import resolve
 
@@ -258,7 +267,7 @@ class Session:
         placement = cmd.placement
         if not self.pinned:  # a cached profile: plan from it before any expert is built
             placement = self._plan_from_cache(open_checkpoint(path), cmd) or "auto"
-        self.loaded = loaded = load(path, placement, cmd.device, cmd.dtype, cmd.ctx, progress=prog("load"),
+        self.loaded = loaded = load(path, placement, cmd.device, cmd.dtype, cmd.ctx, progress=self._progress("load"),
                                     budgets=self._first_budgets(cmd.device), slider=self.slider)
         loaded.generator.on_oom = self._on_oom
         background = self.background_moves
@@ -331,35 +340,87 @@ class Session:
                          count_tokens=_token_counter(ld.tokenizer)))
 
     def _profile(self, remeasure: bool) -> None:
-        """Both profiles (cached, or measured anew) -> the planner's inputs and the slider's scale."""
+        """Both profiles -> the planner's inputs and the slider's scale. A model with no cached
+        profile is planned at once with uniform popularity and an assumed 4-bit sensitivity, and
+        calibrated in the background, between requests (_calibrate_slice), so it can chat from the
+        first second; remeasure calibrates now."""
         from .planning.hardware import load_or_measure
         from .planning.inputs import measure_dense_prefill_s, measure_dense_s
-        from .planning.profile import dense_timings, load_or_calibrate, save_dense_timings
+        from .planning.profile import (cached_profile, calibrate_steps, calibration_ids, dense_timings,
+                                       load_or_calibrate, save_dense_timings)
 
         loaded = self.loaded
-        prog = lambda stage: (lambda d, t, w="": self.emit(Progress(stage=stage, done=d, total=t, what=w)))  # noqa: E731
+        self._calib = None
         self.emit(Progress(stage="profile", done=0, total=1, what="measuring this machine"))
         hw = load_or_measure(loaded.accel.device, remeasure=remeasure)
-        try:
-            mp = load_or_calibrate(loaded.model, loaded.tokenizer, progress=prog("calibrate"), cancel=self.cancel,
-                                   recalibrate=remeasure)
-        except Cancelled:
-            self.cancel.clear()
-            if remeasure and self.inputs is not None:
-                self.emit(ErrorEvent(message="calibration cancelled: keeping the profile measured before"))
-                return
+        mp = None
+        if remeasure:
+            try:
+                mp = load_or_calibrate(loaded.model, loaded.tokenizer, progress=self._progress("calibrate"),
+                                       cancel=self.calib_cancel, recalibrate=True)
+            except Cancelled:
+                self.calib_cancel.clear()
+                if self.inputs is not None:
+                    self.emit(ErrorEvent(message="calibration cancelled: keeping the profile measured before"))
+                    return
+        else:
+            mp = cached_profile(loaded.ckpt)
+        background = mp is None
+        if mp is None:
             mp = uniform_profile(loaded.model)
-            self.emit(ErrorEvent(message="calibration cancelled: planning with uniform popularity and an assumed "
-                                 "4-bit sensitivity until it runs"))
         timings = None if remeasure else dense_timings(mp, loaded.accel.device, loaded.model.dtype)
         if timings is None:
             timings = (measure_dense_s(loaded.model, hw), measure_dense_prefill_s(loaded.model, hw))
             if mp.calibration_tokens:
                 save_dense_timings(mp, loaded.ckpt.folder, loaded.accel.device, loaded.model.dtype, timings)
-        self.inputs = self._inputs(mp, loaded.accel, loaded.ckpt.dims, loaded.model.dense_bytes(), timings)
+        self._timings = timings
+        self._use_profile(mp)
+        if background:
+            self.calib_cancel.clear()
+            self._calib = calibrate_steps(loaded.model, calibration_ids(loaded.tokenizer),
+                                          progress=self._progress("calibrate"), cancel=self.calib_cancel)
+
+    def _use_profile(self, mp) -> None:
+        loaded = self.loaded
+        self.inputs = self._inputs(mp, loaded.accel, loaded.ckpt.dims, loaded.model.dense_bytes(), self._timings)
         self.scale = slider_scale(self.inputs)
         self._frontier = None
         self.migrator.dense_on_accelerator = not self.inputs.cpu_only
+
+    def _progress(self, stage: str):
+        return lambda d, t, w="": self.emit(Progress(stage=stage, done=d, total=t, what=w))
+
+    def _calibrate_slice(self, budget_s: float = 0.1) -> None:
+        """Run calibration steps for about budget_s (between requests); when it ends, plan from
+        the measured profile, moving only what changes."""
+        from .planning.profile import profile_path, save_dense_timings
+
+        t0 = time.perf_counter()
+        try:
+            while time.perf_counter() - t0 < budget_s:
+                next(self._calib)
+        except StopIteration as done:
+            mp, ld = done.value, self.loaded
+            try:
+                try:
+                    mp.save(profile_path(ld.ckpt.folder))
+                    save_dense_timings(mp, ld.ckpt.folder, ld.accel.device, ld.model.dtype, self._timings)
+                except OSError as e:
+                    self.emit(ErrorEvent(message=f"the model's profile could not be saved ({e}); it is measured "
+                                         "again next time"))
+                self._use_profile(mp)
+                self._emit_loaded()
+                self._replan("profile")
+            finally:
+                self._calib = None  # only now: a client waiting for it sees the re-plan done
+        except Cancelled:
+            self._calib = None
+            self.calib_cancel.clear()
+            self.emit(ErrorEvent(message="calibration cancelled: planning with uniform popularity and an assumed "
+                                 "4-bit sensitivity (Tools → Re-measure runs it)"))
+        except BaseException:
+            self._calib = None  # a failed calibration is reported once, not retried step after step
+            raise
 
     def _first_budgets(self, device: str | None) -> Budgets | None:
         """The budgets the first placement is planned under: free memory within the user's caps

@@ -18,12 +18,14 @@ from app.store import Store  # noqa: E402
 from engine.generate import SamplingParams  # noqa: E402
 
 
-def open_window(qtbot, tiny, tmp_path, **session):
+def open_window(qtbot, tiny, tmp_path, calibrated=True, **session):
     w = MainWindow(Store(tmp_path / "chats.sqlite3"), model=str(tiny), session_kwargs={"poll_s": 0.1, **session},
                    device="cpu", dtype="fp32")
     qtbot.addWidget(w)
     w.show()
     qtbot.waitUntil(lambda: w.send_btn.isEnabled(), timeout=120_000)
+    if calibrated:  # the background calibration of a never-profiled model
+        qtbot.waitUntil(lambda: w.bridge.session._calib is None, timeout=120_000)
     return w
 
 
@@ -302,3 +304,34 @@ def test_a_dead_engine_thread_is_said_and_can_be_restarted(qtbot, window):
     send(qtbot, window, "hello again", 4)
     qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
     assert window.store.messages(window.cid)[-1].complete
+
+
+def test_a_never_calibrated_model_chats_before_its_calibration_ends(qtbot, tiny, tmp_path, monkeypatch):
+    """Issue 15, must show 2: the first start of a model plans from its shape and lets the user
+    chat; the calibration runs in the background between requests (slowed down here so that it
+    cannot end first), and the planner switches to the measured profile when it is ready."""
+    import engine.planning.profile as profile
+    from engine.protocol import Loaded, PlacementChanged
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    real = profile.read_expert
+
+    def slow(*a):
+        time.sleep(0.4)
+        return real(*a)
+
+    monkeypatch.setattr(profile, "read_expert", slow)
+    w = open_window(qtbot, tiny, tmp_path, calibrated=False)
+    seen = []
+    w.bridge.events.connect(lambda batch: seen.extend(batch))
+    session = w.bridge.session
+    assert session._calib is not None  # calibrating, and Send is already enabled
+    send(qtbot, w, "hello before calibration", 8)
+    qtbot.waitUntil(lambda: not w.generating, timeout=60_000)
+    assert w.store.messages(w.cid)[-1].complete
+    assert session._calib is not None  # the reply came while the calibration had not finished
+    assert "calibrating in the background" in w.progress.format()
+    qtbot.waitUntil(lambda: any(isinstance(e, PlacementChanged) and e.reason == "profile" for e in seen),
+                    timeout=120_000)  # the planner switched to the measured profile
+    assert any(isinstance(e, Loaded) for e in seen) and not w.progress.isVisible()
+    w.close()

@@ -36,6 +36,7 @@ from typing import Callable
 import torch
 
 from ..experts import Expert16, quantise, read_expert
+from ..quant import run_to_end
 from ..model import MixtralModel
 from ..placement import Tier
 
@@ -127,9 +128,17 @@ def _kl(ref: torch.Tensor, got: torch.Tensor) -> float:
     return float((ref.exp() * (ref - got)).sum(-1).mean())
 
 
-@torch.inference_mode()
 def calibrate(model: MixtralModel, ids: list[int], tiers: tuple[Tier, ...] = (Tier.CPU4, Tier.GPU4),
               progress: ProgressFn | None = None, cancel: threading.Event | None = None) -> ModelProfile:
+    return run_to_end(calibrate_steps(model, ids, tiers, progress, cancel))
+
+
+@torch.inference_mode()
+def calibrate_steps(model: MixtralModel, ids: list[int], tiers: tuple[Tier, ...] = (Tier.CPU4, Tier.GPU4),
+                    progress: ProgressFn | None = None, cancel: threading.Event | None = None):
+    """calibrate as a generator: it yields after each step (one expert's errors, one layer's KL
+    pass) with the model as it found it (recording off, every block's experts its own), so the
+    engine thread can answer requests, and move experts, between steps. Returns the profile."""
     d, ckpt = model.dims, model.ckpt
     records = capture(model, ids)
     popularity = [torch.bincount(idx.reshape(-1).cpu(), minlength=d.experts).tolist() for _, idx, _, _ in records]
@@ -154,6 +163,7 @@ def calibrate(model: MixtralModel, ids: list[int], tiers: tuple[Tier, ...] = (Ti
         if progress:
             progress(done, total, what)
 
+    yield
     for l, (x, idx, w, resid) in enumerate(records):
         x = x.to(cpu)
         idx, w = idx.cpu(), w.float().cpu()
@@ -181,6 +191,7 @@ def calibrate(model: MixtralModel, ids: list[int], tiers: tuple[Tier, ...] = (Ti
                 energy[t.value][l][e] = float((g.pow(2) * dy2 / re2).mean())
                 sizes[t.value] = q.nbytes
             step(f"layer {l} expert {e}")
+            yield
         # the layer's KL, with the lossiest 4-bit form (the clearest signal); the amplification it
         # measures belongs to the layer, so it scales every tier's energies
         share = [c / max(sum(popularity[l]), 1) for c in popularity[l]]
@@ -197,6 +208,7 @@ def calibrate(model: MixtralModel, ids: list[int], tiers: tuple[Tier, ...] = (Ti
         finally:
             block.experts = kept
         step(f"layer {l} KL")
+        yield
     sens = {}
     for t in tiers:
         sens[t.value] = []
@@ -259,6 +271,10 @@ def save_dense_timings(mp: ModelProfile, folder: Path, device: torch.device, dty
         pass  # a read-only cache folder: measured again next time
 
 
+def calibration_ids(tokenizer, max_tokens: int = 1024) -> list[int]:
+    return tokenizer.encode(calibration_text(), add_special_tokens=False)[:max_tokens]
+
+
 def load_or_calibrate(model: MixtralModel, tokenizer, progress: ProgressFn | None = None,
                       cancel: threading.Event | None = None, max_tokens: int = 1024,
                       recalibrate: bool = False) -> ModelProfile:
@@ -266,7 +282,6 @@ def load_or_calibrate(model: MixtralModel, tokenizer, progress: ProgressFn | Non
     prof = None if recalibrate else cached_profile(model.ckpt)
     if prof is not None:
         return prof
-    ids = tokenizer.encode(calibration_text(), add_special_tokens=False)[:max_tokens]
-    prof = calibrate(model, ids, progress=progress, cancel=cancel)
+    prof = calibrate(model, calibration_ids(tokenizer, max_tokens), progress=progress, cancel=cancel)
     prof.save(path)
     return prof
