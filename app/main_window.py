@@ -57,6 +57,10 @@ class MainWindow(QMainWindow):
         self._parsed.done.connect(self._on_parsed)
         self._build()
         self.refresh_conversations()
+        self._store_timer = QTimer(self, interval=1000)  # writes that waited for a lock; the store's notices
+        self._store_timer.timeout.connect(self._store_tick)
+        self._store_timer.start()
+        self._store_tick()
         self.load_model(model, device, dtype)
 
     # ---- layout ----
@@ -359,6 +363,14 @@ class MainWindow(QMainWindow):
         self.send_btn.setEnabled(True)
         self.stop_btn.setEnabled(False)
 
+    def _store_tick(self) -> None:
+        if self.store.pending:
+            self.store.flush()
+        while self.store.notices:
+            note = self.store.notices.pop(0)
+            self._log(note)
+            self.statusBar().showMessage(note, 20000)
+
     def restart_engine(self) -> None:
         self._log("restarting the engine")
         self.bridge.restart()
@@ -528,4 +540,6 @@ class MainWindow(QMainWindow):
         if self.generating and self.reply_mid is not None:
             self.store.update_message(self.reply_mid, self.chat.streamed, complete=False)
         self.bridge.shutdown(timeout=10.0)
+        self._store_timer.stop()
+        self.store.close()  # what a lock kept waiting is written, or kept for the next start
         super().closeEvent(e)

@@ -335,3 +335,78 @@ def test_a_never_calibrated_model_chats_before_its_calibration_ends(qtbot, tiny,
                     timeout=120_000)  # the planner switched to the measured profile
     assert any(isinstance(e, Loaded) for e in seen) and not w.progress.isVisible()
     w.close()
+
+
+# ---- storage never loses a reply (issue 15) --------------------------------------------------------
+def test_a_locked_database_during_a_reply_keeps_the_reply_and_writes_it_later(qtbot, window, pace):
+    import sqlite3
+
+    gen = window.bridge.session.loaded.generator
+    gen.eos_ids.clear()
+    pace(gen)
+    send(qtbot, window, "write while locked", 60)
+    qtbot.waitUntil(lambda: len(window.chat.streamed) > 5, timeout=60_000)
+    other = sqlite3.connect(str(window.store.path), isolation_level=None, timeout=0)
+    other.execute("BEGIN IMMEDIATE")  # another program holds the write lock while the reply finishes
+    try:
+        qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
+        reply = window.chat.streamed
+        assert reply and window.store.pending  # kept, waiting for the lock
+        assert window.store.messages(window.cid)[-1].content == reply  # the window's view has it
+        qtbot.waitUntil(lambda: "locked" in window.statusBar().currentMessage(), timeout=5_000)
+        row = other.execute("SELECT content, complete FROM messages ORDER BY id DESC LIMIT 1").fetchone()
+        assert row is None or row != (reply, 1)  # not written yet
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    qtbot.waitUntil(lambda: not window.store.pending, timeout=10_000)  # written when the lock cleared
+    fresh = sqlite3.connect(str(window.store.path))
+    content, complete = fresh.execute("SELECT content, complete FROM messages ORDER BY id DESC LIMIT 1").fetchone()
+    fresh.close()
+    assert content == reply and complete == 1
+
+
+def test_a_corrupt_database_is_moved_aside_and_the_window_starts(qtbot, tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    db = tmp_path / "chats.sqlite3"
+    db.write_bytes(b"this is not a database, just damaged bytes " * 200)
+    w = open_window(qtbot, tiny, tmp_path)
+    aside = list(tmp_path.glob("chats.sqlite3.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_bytes().startswith(b"this is not a database")
+    assert any("moved aside" in line for line in w.log_lines)
+    send(qtbot, w, "hello after the damage", 4)
+    qtbot.waitUntil(lambda: not w.generating, timeout=60_000)
+    assert w.store.messages(w.cid)[-1].complete
+    w.close()
+
+
+def test_an_unwritable_data_folder_gets_a_clear_message_and_a_session_store(tmp_path):
+    from app.store import Store
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the data folder should be")
+    s = Store(blocker / "chats.sqlite3")
+    assert s.in_memory and "cannot be written" in s.notices[0]
+    cid = s.new_conversation("t")
+    s.add_message(cid, "user", "still works")
+    assert [m.content for m in s.messages(cid)] == ["still works"]
+
+
+def test_writes_kept_by_a_lock_at_close_are_written_at_the_next_start(tmp_path):
+    import sqlite3
+
+    from app.store import Store
+
+    db = tmp_path / "chats.sqlite3"
+    s = Store(db)
+    cid = s.new_conversation("t")
+    other = sqlite3.connect(str(db), isolation_level=None, timeout=0)
+    other.execute("BEGIN IMMEDIATE")
+    mid = s.add_message(cid, "assistant", "a reply that must not be lost")
+    assert s.pending and s.messages(cid)[-1].content == "a reply that must not be lost"
+    s.close()  # still locked: kept in a journal
+    other.execute("ROLLBACK")
+    other.close()
+    s2 = Store(db)
+    assert not s2.pending and [m.id for m in s2.messages(cid)] == [mid]
+    assert not list(tmp_path.glob("*.pending.json"))
