@@ -52,6 +52,8 @@ class MainWindow(QMainWindow):
         self.ctx = 0
         self.generating = False
         self.loading = False
+        self.model_info = None  # the Loaded event of the model in use
+        self.tiers_now: dict = {}  # experts per tier, as the engine last reported
         self.params = SamplingParams(max_new_tokens=1024)
         self._parsed = _Parsed()
         self._parsed.done.connect(self._on_parsed)
@@ -301,6 +303,9 @@ class MainWindow(QMainWindow):
             self.context_label.setText(f"context {f.prompt_tokens + len(f.token_ids)}/{self.ctx}")
         elif isinstance(ev, Stats):
             self.panel.show_stats(ev)
+            if ev.tiers != self.tiers_now:
+                self.tiers_now = dict(ev.tiers)
+                self._model_bar()
         elif isinstance(ev, PlacementChanged):
             self.panel.map.set_placement(ev.placement)
             self.panel.show_migration(0, ev.moves)
@@ -318,7 +323,9 @@ class MainWindow(QMainWindow):
             self.progress.hide()
             self.cancel_btn.hide()
             self.count_tokens, self.ctx = ev.count_tokens, ev.ctx
-            self.model_label.setText(ev.description)
+            self.model_info = ev
+            self.model_label.setToolTip(ev.description)  # the technical line
+            self._model_bar()
             self.panel.map.set_share(ev.share)
             self.send_btn.setEnabled(not self.generating)
             self.loading = False
@@ -363,6 +370,19 @@ class MainWindow(QMainWindow):
         self.send_btn.setEnabled(True)
         self.stop_btn.setEnabled(False)
 
+    def _model_bar(self) -> None:
+        """The model bar, for people: name and size, where it runs, and the current 16/4-bit mix."""
+        ev = self.model_info
+        if ev is None:
+            return
+        p = ev.params
+        size = (f"{p / 1e9:.1f}B" if p >= 1e9 else f"{p / 1e6:.0f}M" if p >= 1e6 else f"{p / 1e3:.0f}K") + " parameters"
+        where = "CPU only" if ev.cpu_only else "GPU + CPU"
+        n16 = sum(n for t, n in self.tiers_now.items() if t.endswith("16"))
+        n4 = sum(n for t, n in self.tiers_now.items() if t.endswith("-4"))
+        mix = f" · {n16} experts at 16-bit, {n4} at 4-bit" if n16 + n4 else ""
+        self.model_label.setText(f"<b>{ev.name}</b> · {size} · {where}{mix}")
+
     def _store_tick(self) -> None:
         if self.store.pending:
             self.store.flush()
@@ -389,7 +409,7 @@ class MainWindow(QMainWindow):
             path, None, f"{Path(path).name}: took longer than {documents.TIME_LIMIT_S:.0f} s to read"))
         self._pending_timers = getattr(self, "_pending_timers", {})
         self._pending_timers[path] = timer  # registered before the parse can possibly finish
-        timer.start(int(documents.TIME_LIMIT_S * 1000))
+        timer.start(int(documents.TIME_LIMIT_S * 1000) + 5000)  # the child process is stopped at the limit itself
 
         def finished(f: concurrent.futures.Future):
             try:
@@ -399,7 +419,8 @@ class MainWindow(QMainWindow):
             except Exception as e:  # never a crash: name the file and the problem
                 self._parsed.done.emit(path, None, f"{Path(path).name}: could not be read ({type(e).__name__})")
 
-        documents.parse_later(path).add_done_callback(finished)
+        room = self.ctx - min(1024, self.ctx // 4) if self.count_tokens else 0  # room for the question and the reply
+        documents.parse_later(path, room, self.count_tokens).add_done_callback(finished)
 
     def _on_parsed(self, path, doc, error) -> None:
         t = getattr(self, "_pending_timers", {}).pop(path, None)
@@ -411,19 +432,19 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(error, 15000)
             self._log(error)
             return
-        tokens = self.count_tokens(doc.text) if self.count_tokens else 0
-        room = self.ctx - min(1024, self.ctx // 4)  # leave room for the question and the reply
-        if self.count_tokens and tokens > room:
+        fitted: documents.Fitted = doc  # counted and cut on the parsing thread (documents.fit)
+        if fitted.part is not None:
+            room = self.ctx - min(1024, self.ctx // 4)
+            size = f"{fitted.tokens:,}" if fitted.exact else f"more than {fitted.tokens:,}"
             box = QMessageBox(QMessageBox.Question, "Document too long",
-                              f"{doc.name} is {tokens:,} tokens; the context holds {self.ctx:,}. "
+                              f"{fitted.doc.name} is {size} tokens; the context holds {self.ctx:,}. "
                               f"Attach its first part ({room:,} tokens) instead?",
                               QMessageBox.Yes | QMessageBox.No, self)
-            box.finished.connect(lambda r: r == QMessageBox.Yes and self._add_chip(
-                documents.first_part(doc, room, self.count_tokens)))
+            box.finished.connect(lambda r: r == QMessageBox.Yes and self._add_chip(fitted.part))
             box.open()  # not modal-blocking: the window keeps running
             self.too_long_box = box
             return
-        self._add_chip(doc)
+        self._add_chip(fitted.doc)
 
     def _add_chip(self, doc: documents.Document) -> None:
         tokens = self.count_tokens(doc.text) if self.count_tokens else 0

@@ -13,6 +13,16 @@ from .placement_map import TIER_COLOURS, PlacementMap
 GIB = 2**30
 
 
+def _nice(v: float) -> float:
+    """The smallest of 1, 2, 2.5, 5 x 10^n at or above v (an axis top whose ticks read well)."""
+    import math
+
+    if v <= 0:
+        return 1.0
+    base = 10 ** math.floor(math.log10(v))
+    return next(m * base for m in (1, 2, 2.5, 5, 10) if m * base >= v)
+
+
 def _meter() -> QProgressBar:
     bar = QProgressBar()
     bar.setTextVisible(True)
@@ -48,8 +58,16 @@ class LivePanel(QWidget):
         chart.addSeries(self.decode_series)
         chart.addSeries(self.prefill_series)
         self.ax_x, self.ax_y = QValueAxis(), QValueAxis()
-        self.ax_x.setTitleText("s")
+        # whole numbers and few ticks: at the panel's width, default labels were elided to "…"
+        self.ax_x.setTitleText("time, s")
         self.ax_y.setTitleText("tok/s")
+        for ax in (self.ax_x, self.ax_y):
+            ax.setLabelFormat("%d")
+            ax.setTickCount(4)
+            font = ax.labelsFont()
+            font.setPointSizeF(max(font.pointSizeF() - 1, 7))
+            ax.setLabelsFont(font)
+            ax.setTitleFont(font)
         chart.addAxis(self.ax_x, Qt.AlignBottom)
         chart.addAxis(self.ax_y, Qt.AlignLeft)
         for series in (self.decode_series, self.prefill_series):
@@ -110,8 +128,8 @@ class LivePanel(QWidget):
         if series.count() > 300:
             series.removePoints(0, series.count() - 300)
         pts = [p for s in (self.decode_series, self.prefill_series) for p in s.points()]
-        self.ax_x.setRange(min(p.x() for p in pts), max(t, 1.0))
-        self.ax_y.setRange(0, max(p.y() for p in pts) * 1.15)
+        self.ax_x.setRange(int(min(p.x() for p in pts)), max(int(t) + 1, 2))
+        self.ax_y.setRange(0, _nice(max(p.y() for p in pts) * 1.15))
 
     def show_migration(self, done: int, total: int) -> None:
         self.migration.setRange(0, max(total, 1))

@@ -106,6 +106,7 @@ class Loaded:
     experts: int
     ctx: int
     share: tuple = ()  # [L][E] routing share per expert (popularity), for the placement map
+    params: int = 0  # parameters in all (experts and the dense part)
     count_tokens: Callable[[str], int] | None = None  # thread-safe (a Rust tokenizer underneath)
 
 

@@ -337,6 +337,8 @@ class Session:
         share = self.inputs.share if self.inputs is not None else ()
         self.emit(Loaded(name=ld.ckpt.folder.name, description=ld.describe(), cpu_only=ld.accel.cpu_only,
                          layers=d.layers, experts=d.experts, ctx=ld.generator.ctx, share=share,
+                         params=d.layers * d.experts * d.expert_params()
+                         + ld.model.dense_bytes() // ld.model.embed.element_size(),
                          count_tokens=_token_counter(ld.tokenizer)))
 
     def _profile(self, remeasure: bool) -> None:

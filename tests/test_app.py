@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("PySide6")
 from PySide6.QtCore import QMimeData, QPointF, Qt, QTimer, QUrl  # noqa: E402
 from PySide6.QtGui import QDropEvent  # noqa: E402
+from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 from app import documents  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
@@ -410,3 +411,50 @@ def test_writes_kept_by_a_lock_at_close_are_written_at_the_next_start(tmp_path):
     s2 = Store(db)
     assert not s2.pending and [m.id for m in s2.messages(cid)] == [mid]
     assert not list(tmp_path.glob("*.pending.json"))
+
+
+# ---- documents never hurt the window (issue 15) -------------------------------------------------------
+def test_a_19_mb_text_file_never_stalls_the_window(qtbot, window, tmp_path):
+    big = tmp_path / "huge.txt"
+    line = "The router sends each token to two of the eight experts in every layer. "
+    with open(big, "w") as f:
+        for _ in range(19 * 2**20 // len(line)):
+            f.write(line)
+    assert big.stat().st_size > 18 * 2**20
+    gaps, last = [], [time.perf_counter()]
+
+    def tick():
+        now = time.perf_counter()
+        gaps.append(now - last[0])
+        last[0] = now
+
+    timer = QTimer(interval=10)
+    timer.timeout.connect(tick)
+    timer.start()
+    window.attach(str(big))
+    qtbot.waitUntil(lambda: getattr(window, "too_long_box", None) is not None, timeout=60_000)
+    qtbot.wait(200)
+    timer.stop()
+    assert "more than" in window.too_long_box.text() and "huge.txt" in window.too_long_box.text()
+    print(f"longest event-loop gap while attaching 19 MB: {max(gaps) * 1e3:.0f} ms")
+    assert max(gaps) < 0.100, f"the event loop stalled {max(gaps) * 1e3:.0f} ms"
+    window.too_long_box.done(QMessageBox.Yes)
+    qtbot.waitUntil(lambda: len(window.chip_widgets()) == 1, timeout=10_000)
+    assert window.count_tokens(window.docs[0].text) <= window.ctx
+
+
+def test_the_model_bar_speaks_to_people_and_follows_the_placement(qtbot, window):
+    qtbot.waitUntil(lambda: "experts at 16-bit" in window.model_label.text(), timeout=30_000)
+    text = window.model_label.text()
+    assert window.model_info.name in text and "parameters" in text and "CPU only" in text
+    assert "torch." not in text and "placement:" in window.model_label.toolTip()  # the technical line
+    session = window.bridge.session
+    d = session.loaded.ckpt.dims
+
+    def follows():  # once the migration in flight has ended, the bar shows the placement in use
+        if session.migrator.pending:
+            return False
+        n16 = sum(1 for _, _, t in session.loaded.model.placement.items() if t.bits == 16)
+        return f"{n16} experts at 16-bit, {d.layers * d.experts - n16} at 4-bit" in window.model_label.text()
+
+    qtbot.waitUntil(follows, timeout=30_000)
