@@ -371,7 +371,11 @@ class Session:
         if mp is None:
             mp = uniform_profile(loaded.model)
         timings = None if remeasure else dense_timings(mp, loaded.accel.device, loaded.model.dtype)
-        if timings is None:
+        if timings is None and background:  # estimated now, measured first thing in the background
+            fixed, per_byte = hw.tier_costs["cpu-16" if loaded.accel.cpu_only else "gpu-16"]
+            estimate = loaded.model.dense_bytes() * per_byte + loaded.ckpt.dims.layers * fixed
+            timings = (estimate, estimate / 8)  # ASSUMED: a prefill token costs an eighth of a decode step
+        elif timings is None:
             timings = (measure_dense_s(loaded.model, hw), measure_dense_prefill_s(loaded.model, hw))
             if mp.calibration_tokens:
                 save_dense_timings(mp, loaded.ckpt.folder, loaded.accel.device, loaded.model.dtype, timings)
@@ -379,8 +383,22 @@ class Session:
         self._use_profile(mp)
         if background:
             self.calib_cancel.clear()
-            self._calib = calibrate_steps(loaded.model, calibration_ids(loaded.tokenizer),
-                                          progress=self._progress("calibrate"), cancel=self.calib_cancel)
+            self._calib = self._background_profile(hw, calibrate_steps(
+                loaded.model, calibration_ids(loaded.tokenizer), progress=self._progress("calibrate"),
+                cancel=self.calib_cancel))
+
+    def _background_profile(self, hw, calibration):
+        """The first start's measurements, a step at a time between requests: the dense decode
+        and prefill timings, then the calibration. Returns the model profile."""
+        from .planning.inputs import measure_dense_prefill_s, measure_dense_s
+
+        model = self.loaded.model
+        self.emit(Progress(stage="calibrate", done=0, total=1, what="timing the dense layers"))
+        decode = measure_dense_s(model, hw)
+        yield
+        self._timings = (decode, measure_dense_prefill_s(model, hw))
+        yield
+        return (yield from calibration)
 
     def _use_profile(self, mp) -> None:
         loaded = self.loaded
