@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QKeySequence, QShortcut
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QInputDialog, QLabel, QLineEdit, QListWidget,
                                QListWidgetItem, QMainWindow, QMenu, QMessageBox, QPlainTextEdit, QProgressBar,
                                QPushButton, QSplitter, QToolButton, QVBoxLayout, QWidget)
@@ -18,7 +18,7 @@ from engine.generate import SamplingParams
 from engine.protocol import (Done, EngineStopped, ErrorEvent, Generate, Load, Loaded, MigrationProgress, PlacementChanged,
                              Progress, Reprofile, SetSlider, Stats, Stop, TokenOut)
 
-from . import documents
+from . import documents, theme
 from .bridge import EngineBridge
 from .chat_view import ChatView
 from .panel import LivePanel
@@ -58,6 +58,7 @@ class MainWindow(QMainWindow):
         self._parsed = _Parsed()
         self._parsed.done.connect(self._on_parsed)
         self._build()
+        self.set_theme(theme.saved(), remember=False)
         self.refresh_conversations()
         self._store_timer = QTimer(self, interval=1000)  # writes that waited for a lock; the store's notices
         self._store_timer.timeout.connect(self._store_tick)
@@ -143,6 +144,16 @@ class MainWindow(QMainWindow):
         tools = self._menu("&Tools", ("Re-measure this machine and model", self.remeasure))
         tools.actions()[0].setToolTip("Measure each tier's speed and calibrate the model again, then re-plan (when the "
                                       "predictions look off, e.g. after the machine was busy during the first measurement)")
+        settings_menu = self.menuBar().addMenu("&Settings")
+        theme_menu = settings_menu.addMenu("Theme")
+        group = QActionGroup(self)
+        self.theme_actions = {}
+        for name in theme.THEMES:
+            action = QAction(name, self, checkable=True)
+            action.triggered.connect(lambda _=False, n=name: self.set_theme(n))
+            group.addAction(action)
+            theme_menu.addAction(action)
+            self.theme_actions[name] = action
         self._menu("&Help", ("Log", self.show_log), ("About Mixdesk", self.about))
         QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.send)
         QShortcut(QKeySequence("Ctrl+Enter"), self, activated=self.send)
@@ -369,6 +380,14 @@ class MainWindow(QMainWindow):
         self.generating = False
         self.send_btn.setEnabled(True)
         self.stop_btn.setEnabled(False)
+
+    def set_theme(self, name: str, remember: bool = True) -> None:
+        """System, Light or Dark; remembered across starts (app/theme.py)."""
+        self.theme = name
+        self.chat.code_style = theme.apply(name, remember)
+        self.theme_actions[name].setChecked(True)
+        if self.cid is not None and not self.generating:
+            self.chat.show_messages(self.store.messages(self.cid))  # code blocks in the new style
 
     def _model_bar(self) -> None:
         """The model bar, for people: name and size, where it runs, and the current 16/4-bit mix."""

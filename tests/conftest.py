@@ -10,6 +10,10 @@ if "XDG_STATE_HOME" not in os.environ:  # the engine's error log (engine/errorlo
     import tempfile
 
     os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="mixdesk-test-state-")
+if "XDG_CONFIG_HOME" not in os.environ:  # the window's settings (theme) stay out of $HOME
+    import tempfile
+
+    os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="mixdesk-test-config-")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 

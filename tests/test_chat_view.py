@@ -1,0 +1,79 @@
+"""The message view on its own (no model): markdown, highlighted code blocks with Copy, Copy of a
+whole message, a stream that follows the end only while the reader is there; and the themes."""
+import pytest
+
+pytest.importorskip("PySide6")
+from PySide6.QtCore import QUrl  # noqa: E402
+from PySide6.QtGui import QGuiApplication, QPalette  # noqa: E402
+
+from app.chat_view import ChatView  # noqa: E402
+from app.store import Message  # noqa: E402
+
+REPLY = """Here is a function:
+
+```python
+def add(a, b):
+    return a + b
+```
+
+| tier | bits |
+|---|---|
+| cpu-4 | 4 |
+
+- one
+- two with `inline code`
+"""
+
+
+@pytest.fixture
+def view(qtbot):
+    v = ChatView()
+    qtbot.addWidget(v)
+    v.resize(600, 400)
+    v.show()
+    return v
+
+
+def test_code_blocks_are_highlighted_and_copyable(view):
+    view.show_messages([Message(1, "user", "show me code", True, {}), Message(2, "assistant", REPLY, True, {})])
+    html = view.toHtml()
+    assert "def" in view.toPlainText() and "Copy code" in view.toPlainText()
+    assert html.count("color:#") > 3  # Pygments colours the tokens (keyword, name, operator...)
+    assert view.document().toPlainText().count("Copy") >= 3  # two messages + the code block
+    code_link = view.copies.index("def add(a, b):\n    return a + b\n")
+    view.anchorClicked.emit(QUrl(f"copy:{code_link}"))
+    assert QGuiApplication.clipboard().text() == "def add(a, b):\n    return a + b\n"
+    view.anchorClicked.emit(QUrl(f"copy:{view.copies.index(REPLY)}"))  # the whole message
+    assert QGuiApplication.clipboard().text() == REPLY
+    table = view.document().rootFrame().childFrames()
+    assert any(f.__class__.__name__ == "QTextTable" for f in table)  # the markdown table is a table
+
+
+def test_the_stream_follows_the_end_only_while_the_reader_is_there(qtbot, view):
+    view.show_messages([Message(1, "user", "long please", True, {})])
+    view.begin_stream()
+    for i in range(200):
+        view.add_text(f"line {i}\n")
+    qtbot.waitUntil(lambda: view.streamed.count("\n") == 200 and view.flushes > 0 and not view._dirty, timeout=5000)
+    bar = view.verticalScrollBar()
+    assert bar.maximum() > 0 and bar.value() == bar.maximum()  # at the end: follows
+    bar.setValue(0)  # the reader scrolls up to read
+    for i in range(50):
+        view.add_text(f"more {i}\n")
+    qtbot.wait(200)
+    assert bar.value() == 0  # not dragged back down
+    view.end_stream("12 tok/s")
+    assert bar.value() == 0 and "more 49" in view.toPlainText()
+
+
+def test_themes_apply_and_are_remembered(qapp, tmp_path, monkeypatch):
+    from app import theme
+
+    try:
+        style = theme.apply("Dark")
+        assert style == "monokai" and theme.is_dark(qapp.palette()) and theme.saved() == "Dark"
+        assert theme.apply("Light") == "default" and not theme.is_dark(qapp.palette())
+        assert theme.saved() == "Light"
+        assert qapp.palette().color(QPalette.Window).lightness() > 128
+    finally:
+        theme.apply("System")
