@@ -137,7 +137,7 @@ class MainWindow(QMainWindow):
         self._undo_btn.hide()
         self.statusBar().addPermanentWidget(self._undo_btn)
 
-        self._menu("&File", ("Open model folder…", self.open_folder), ("Open demo model", lambda: self.load_model("demo")),
+        self._menu("&File", ("Open model…", self.pick_model), ("Open model folder…", self.open_folder), ("Open demo model", lambda: self.load_model("demo")),
                    ("Open Hugging Face model…", self.open_hub), ("Export chat as Markdown…", lambda: self.export("md")),
                    ("Export chat as JSON…", lambda: self.export("json")))
         self._menu("&Chat", ("System prompt…", self.edit_system_prompt), ("Sampling settings…", self.edit_sampling))
@@ -159,6 +159,7 @@ class MainWindow(QMainWindow):
         QShortcut(QKeySequence("Ctrl+Enter"), self, activated=self.send)
         QShortcut(QKeySequence("Escape"), self, activated=self.stop)
         QShortcut(QKeySequence("Ctrl+N"), self, activated=self.new_chat)
+        QShortcut(QKeySequence("Ctrl+O"), self, activated=self.pick_model)
         QShortcut(QKeySequence("Ctrl+Shift+V"), self, activated=self.paste_files)
         self.input.installEventFilter(self)
 
@@ -169,6 +170,14 @@ class MainWindow(QMainWindow):
         self.model_label.setText(f"loading {path}…")
         self.send_btn.setEnabled(False)
         self.bridge.send(Load(path=path, device=device, dtype=dtype))
+
+    def pick_model(self) -> None:
+        """The model picker (non-blocking): recent models, a folder, or a hub id."""
+        from .model_picker import ModelPicker
+
+        self.picker = ModelPicker(self)
+        self.picker.accepted.connect(lambda: self.picker.choice and self.load_model(self.picker.choice))
+        self.picker.open()
 
     def open_folder(self) -> None:
         d = QFileDialog.getExistingDirectory(self, "Open a Mixtral-compatible model folder")
@@ -325,7 +334,7 @@ class MainWindow(QMainWindow):
             self.panel.show_migration(ev.done, ev.total)
         elif isinstance(ev, Progress):
             self.progress.show()
-            self.cancel_btn.setVisible(ev.stage == "calibrate")
+            self.cancel_btn.setVisible(ev.stage in ("calibrate", "download"))
             self.progress.setRange(0, max(ev.total, 1))
             self.progress.setValue(ev.done)
             label = "calibrating in the background (chat away)" if ev.stage == "calibrate" and not self.loading else ev.stage
@@ -336,6 +345,10 @@ class MainWindow(QMainWindow):
             self.count_tokens, self.ctx = ev.count_tokens, ev.ctx
             self.model_info = ev
             self.model_label.setToolTip(ev.description)  # the technical line
+            if self.loading:
+                from .model_picker import remember
+
+                remember(self.model_spec[0])
             self._model_bar()
             self.panel.map.set_share(ev.share)
             self.send_btn.setEnabled(not self.generating)

@@ -261,7 +261,8 @@ class Session:
         else:
             from .sources.hub import resolve
 
-            path = str(resolve(path))
+            self.calib_cancel.clear()  # the window's Cancel (Stop with no request id) stops a download
+            path = str(resolve(path, progress=self._progress("download"), cancel=self.calib_cancel))
         self.cancel.clear()
         self.pinned = cmd.placement != "auto"
         placement = cmd.placement

@@ -458,3 +458,17 @@ def test_the_model_bar_speaks_to_people_and_follows_the_placement(qtbot, window)
         return f"{n16} experts at 16-bit, {d.layers * d.experts - n16} at 4-bit" in window.model_label.text()
 
     qtbot.waitUntil(follows, timeout=30_000)
+
+
+def test_the_model_picker_offers_recent_models_and_opens_one(qtbot, window, tiny):
+    from PySide6.QtCore import Qt as QtNS
+
+    window.pick_model()
+    picker = window.picker
+    specs = [picker.list.item(i).data(QtNS.UserRole) for i in range(picker.list.count())]
+    assert specs[0] == "demo" and str(tiny) in specs  # the model just loaded is a recent one
+    picker.list.setCurrentRow(specs.index(str(tiny)))
+    loads = []
+    window.load_model = lambda *a: loads.append(a)
+    picker._pick(picker.list.currentItem().data(QtNS.UserRole))
+    assert loads == [(str(tiny),)]

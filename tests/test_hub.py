@@ -129,3 +129,18 @@ def test_unknown_repo_is_one_clear_error(hub):
 
 def test_local_path_is_used_as_is(tiny):
     assert resolve(str(tiny)) == tiny
+
+
+def test_download_reports_progress_and_can_be_cancelled(hub):
+    import threading
+
+    from engine.sources.hub import DownloadCancelled
+
+    seen = []
+    path = resolve("acme/tiny-moe", **hub.kw, progress=lambda d, t, w: seen.append((d, t)))
+    assert path.is_dir() and seen and seen[-1][0] == seen[-1][1] > 0  # files fetched / files in all
+    cancel = threading.Event()
+    cancel.set()
+    hub.kw["cache_dir"] = hub.kw["cache_dir"].parent / "another-cache"
+    with pytest.raises(DownloadCancelled, match="cancelled"):
+        resolve("acme/tiny-moe", **hub.kw, cancel=cancel)

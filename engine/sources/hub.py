@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..errors import ModelError
+from ..errors import MixdeskError, ModelError
 
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
 # Never fetch pickle weights: they are refused anyway, and they are the bulk of many repos.
@@ -13,13 +13,47 @@ ALLOW = ["*.safetensors", "*.safetensors.index.json", "config.json", "generation
          "tokenizer*", "special_tokens_map.json", "chat_template.*", "*.model", "vocab.json", "merges.txt"]
 
 
-def resolve(spec: str, endpoint: str | None = None, cache_dir: str | Path | None = None) -> Path:
-    """A local folder as it is; an 'owner/name' repo id downloaded (or found in the cache)."""
+class DownloadCancelled(MixdeskError):
+    pass
+
+
+def resolve(spec: str, endpoint: str | None = None, cache_dir: str | Path | None = None, progress=None,
+            cancel=None) -> Path:
+    """A local folder as it is; an 'owner/name' repo id downloaded (or found in the cache).
+    progress(done, total, what) follows the files fetched; cancel (a threading.Event) stops it."""
     path = Path(spec).expanduser()
     if path.exists() or not REPO_ID.fullmatch(spec):
         return path  # Checkpoint names the problem if it is not a model folder
     check_repo_id(spec)
-    return download(spec, endpoint=endpoint, cache_dir=cache_dir)
+    return download(spec, endpoint=endpoint, cache_dir=cache_dir, progress=progress, cancel=cancel)
+
+
+def _bar(repo_id: str, progress, cancel):
+    """A tqdm class for huggingface_hub's file-count bar that reports to progress() and raises
+    DownloadCancelled at its next update once cancel is set (the files in flight finish first;
+    partial files resume next time)."""
+    import io
+
+    from tqdm.auto import tqdm
+
+    class Bar(tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs["file"] = io.StringIO()  # the window and the terminal draw their own bar
+            super().__init__(*args, **kwargs)
+            self._report()
+
+        def update(self, n=1):
+            if cancel is not None and cancel.is_set():
+                raise DownloadCancelled(f"{repo_id}: download cancelled; it resumes where it stopped next time")
+            out = super().update(n)
+            self._report()
+            return out
+
+        def _report(self):
+            if progress is not None:
+                progress(int(self.n), int(self.total or 0), f"{repo_id}: files")
+
+    return Bar
 
 
 def check_repo_id(repo_id: str) -> None:
@@ -34,7 +68,7 @@ def check_repo_id(repo_id: str) -> None:
 
 
 def download(repo_id: str, revision: str | None = None, endpoint: str | None = None,
-             cache_dir: str | Path | None = None) -> Path:
+             cache_dir: str | Path | None = None, progress=None, cancel=None) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
                                         RevisionNotFoundError)
@@ -42,8 +76,11 @@ def download(repo_id: str, revision: str | None = None, endpoint: str | None = N
     try:
         # Already-complete files are skipped and partial ones resume: huggingface_hub keeps
         # *.incomplete blobs in the cache and continues them with HTTP range requests.
+        kw = {"tqdm_class": _bar(repo_id, progress, cancel)} if progress is not None or cancel is not None else {}
         return Path(snapshot_download(repo_id, revision=revision, allow_patterns=ALLOW, endpoint=endpoint,
-                                      cache_dir=cache_dir))
+                                      cache_dir=cache_dir, **kw))
+    except DownloadCancelled:
+        raise
     except GatedRepoError:
         raise ModelError(repo_id, "is gated: accept its licence on the hub and log in (`hf auth login`)") from None
     except RepositoryNotFoundError:
