@@ -10,7 +10,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QInputDialog, QLabel, QLineEdit, QListWidget,
+from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QInputDialog, QLabel, QLineEdit, QListWidget,
                                QListWidgetItem, QMainWindow, QMenu, QMessageBox, QPlainTextEdit, QProgressBar,
                                QPushButton, QSplitter, QToolButton, QVBoxLayout, QWidget)
 
@@ -126,7 +126,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(split)
         self.setAcceptDrops(True)
 
-        self.progress = QProgressBar(maximumWidth=260)
+        self.progress = QProgressBar(minimumWidth=300, maximumWidth=560)
         self.progress.hide()
         self.cancel_btn = QPushButton("Cancel")
         self.cancel_btn.hide()
@@ -338,6 +338,8 @@ class MainWindow(QMainWindow):
             self.progress.setRange(0, max(ev.total, 1))
             self.progress.setValue(ev.done)
             label = "calibrating in the background (chat away)" if ev.stage == "calibrate" and not self.loading else ev.stage
+            if ev.stage == "download":
+                label = f"downloading {ev.what.split(':')[0]} ({ev.done}/{ev.total} files)"
             self.progress.setFormat(f"{label}: %p%")
         elif isinstance(ev, Loaded):
             self.progress.hide()
@@ -398,6 +400,7 @@ class MainWindow(QMainWindow):
         """System, Light or Dark; remembered across starts (app/theme.py)."""
         self.theme = name
         self.chat.code_style = theme.apply(name, remember)
+        self.panel.set_dark(theme.is_dark(QApplication.palette()))
         self.theme_actions[name].setChecked(True)
         if self.cid is not None and not self.generating:
             self.chat.show_messages(self.store.messages(self.cid))  # code blocks in the new style

@@ -17,10 +17,10 @@ def _nice(v: float) -> float:
     """The smallest of 1, 2, 2.5, 5 x 10^n at or above v (an axis top whose ticks read well)."""
     import math
 
-    if v <= 0:
+    if v <= 1:
         return 1.0
     base = 10 ** math.floor(math.log10(v))
-    return next(m * base for m in (1, 2, 2.5, 5, 10) if m * base >= v)
+    return next(m * base for m in (1, 2, 5, 10) if m * base >= v)
 
 
 def _meter() -> QProgressBar:
@@ -59,15 +59,18 @@ class LivePanel(QWidget):
         chart.addSeries(self.prefill_series)
         self.ax_x, self.ax_y = QValueAxis(), QValueAxis()
         # whole numbers and few ticks: at the panel's width, default labels were elided to "…"
-        self.ax_x.setTitleText("time, s")
-        self.ax_y.setTitleText("tok/s")
+        self.ax_y.setTitleText("tok/s")  # the time axis says its unit in its labels ("10 s")
         for ax in (self.ax_x, self.ax_y):
-            ax.setLabelFormat("%d")
-            ax.setTickCount(4)
+            ax.setTickType(QValueAxis.TicksDynamic)  # ticks on round values, set in _append
+            ax.setTickAnchor(0)
+            ax.setTruncateLabels(False)
             font = ax.labelsFont()
             font.setPointSizeF(max(font.pointSizeF() - 1, 7))
             ax.setLabelsFont(font)
             ax.setTitleFont(font)
+        self.ax_x.setLabelFormat("%d s")
+        self.ax_y.setLabelFormat("%g")
+        self.chart = chart
         chart.addAxis(self.ax_x, Qt.AlignBottom)
         chart.addAxis(self.ax_y, Qt.AlignLeft)
         for series in (self.decode_series, self.prefill_series):
@@ -128,8 +131,17 @@ class LivePanel(QWidget):
         if series.count() > 300:
             series.removePoints(0, series.count() - 300)
         pts = [p for s in (self.decode_series, self.prefill_series) for p in s.points()]
-        self.ax_x.setRange(int(min(p.x() for p in pts)), max(int(t) + 1, 2))
-        self.ax_y.setRange(0, _nice(max(p.y() for p in pts) * 1.15))
+        lo, hi = int(min(p.x() for p in pts)), max(int(t) + 1, int(min(p.x() for p in pts)) + 2)
+        self.ax_x.setRange(lo, hi)
+        self.ax_x.setTickInterval(_nice((hi - lo) / 5))
+        top = _nice(max(p.y() for p in pts) * 1.15)
+        self.ax_y.setRange(0, top)
+        self.ax_y.setTickInterval(top / 5)
+
+    def set_dark(self, dark: bool) -> None:
+        self.chart.setTheme(QChart.ChartThemeDark if dark else QChart.ChartThemeLight)
+        for series, colour in ((self.decode_series, "#3b82f6"), (self.prefill_series, "#22c55e")):
+            series.setColor(colour)
 
     def show_migration(self, done: int, total: int) -> None:
         self.migration.setRange(0, max(total, 1))

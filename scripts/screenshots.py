@@ -1,10 +1,17 @@
-"""Screenshots of the real window on the demo model, for the README.
+"""Screenshots of the real window on the demo model, in the light and the dark theme.
 
-    xvfb-run -a -s "-screen 0 1400x900x24" .venv/bin/python scripts/screenshots.py docs/screenshots
+    QT_QPA_PLATFORM=offscreen .venv/bin/python scripts/screenshots.py docs/screenshots
+    (or under Xvfb: xvfb-run -a -s "-screen 0 1400x900x24" .venv/bin/python scripts/screenshots.py ...)
 
-Starts the app (a real xcb window under Xvfb), sends a prompt, moves the slider towards speed,
-waits for the migration, and saves window.png, chat.png, panel.png and placement-map.png.
-Needs Debian's xvfb and Qt's xcb libraries (see ../shared/MACHINE-NOTES.md or the README).
+For each theme it starts the app on the demo, sends a prompt and waits for the reply, moves the
+slider towards speed and waits for the migration, then saves:
+- window-<theme>.png: the whole window. The first exchange of the chat is seeded into its
+  database before the window opens (a question and a reply holding a Python code block), to show
+  how code is rendered (the 135M demo rarely writes code); the second exchange is the demo's own.
+- panel-<theme>.png: the live panel (meters, the tok/s chart with its axes, the placement map).
+- picker-<theme>.png: the model picker (File → Open model…).
+- download-<theme>.png: the progress row during a hub download. The events are those the engine
+  sends while huggingface_hub fetches files (stage "download"), fed to the window here: no network.
 """
 from __future__ import annotations
 
@@ -19,6 +26,73 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from app.main_window import MainWindow  # noqa: E402
 from app.store import Store  # noqa: E402
 from engine.generate import SamplingParams  # noqa: E402
+from engine.protocol import Progress  # noqa: E402
+
+SEEDED_REPLY = """Sure, here is a small function that routes a token to its top-2 experts:
+
+```python
+import torch
+
+def route(logits: torch.Tensor, k: int = 2):
+    \"\"\"Top-k experts and their weights for each token.\"\"\"
+    weights, experts = torch.topk(logits.softmax(-1), k)
+    return experts, weights / weights.sum(-1, keepdim=True)
+```
+
+Each token then runs only **2 of the 8 experts** in the layer."""
+
+
+def shoot(app: QApplication, out: Path, theme_name: str) -> bool:
+    store = Store(Path(tempfile.mkdtemp()) / "chats.sqlite3")
+    cid = store.new_conversation("Routing in a mixture of experts")
+    store.add_message(cid, "user", "Show me how a router picks experts, in Python.")
+    store.add_message(cid, "assistant", SEEDED_REPLY, meta={"stats": "seeded example reply"})
+    w = MainWindow(store, model="demo")
+    w.set_theme(theme_name, remember=False)
+    w.resize(1400, 860)
+    w.show()
+    w.cid = cid
+    w.chat.show_messages(store.messages(cid))
+    state = {"step": 0, "ticks": 0, "ok": False}
+
+    def tick():
+        state["ticks"] += 1
+        s = state["step"]
+        if s == 0 and w.send_btn.isEnabled():
+            w.params = SamplingParams(max_new_tokens=60)
+            w.input.setPlainText("What is the capital of France? Answer in one sentence.")
+            w.send()
+            state["step"] = 1
+        elif s == 1 and not w.generating:
+            w.slider.set_value(0.2)
+            state["step"], state["wait"] = 2, state["ticks"]
+        elif s == 2 and state["ticks"] - state["wait"] > 30 and not w.bridge.session.migrator.pending:
+            w.grab().save(str(out / f"window-{theme_name.lower()}.png"))
+            w.panel.grab().save(str(out / f"panel-{theme_name.lower()}.png"))
+            w.pick_model()
+            state["step"], state["wait"] = 3, state["ticks"]
+        elif s == 3 and state["ticks"] - state["wait"] > 5:
+            w.picker.grab().save(str(out / f"picker-{theme_name.lower()}.png"))
+            w.picker.reject()
+            w.loading = True
+            w.on_event(Progress(stage="download", done=3, total=7, what="mistralai/Mixtral-8x7B-v0.1: files"))
+            state["step"], state["wait"] = 4, state["ticks"]
+        elif s == 4 and state["ticks"] - state["wait"] > 3:
+            w.loading = False
+            w.grab().save(str(out / f"download-{theme_name.lower()}.png"))
+            state["ok"] = True
+            w.close()
+            app.quit()
+        elif state["ticks"] > 3000:
+            print("timed out", file=sys.stderr)
+            w.close()
+            app.quit()
+
+    t = QTimer()
+    t.timeout.connect(tick)
+    t.start(100)
+    app.exec()
+    return state["ok"]
 
 
 def main() -> int:
@@ -26,40 +100,9 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     app = QApplication(sys.argv)
     app.setApplicationName("Mixdesk")
-    w = MainWindow(Store(Path(tempfile.mkdtemp()) / "chats.sqlite3"), model="demo")
-    w.resize(1400, 860)
-    w.show()
-    state = {"step": 0, "ticks": 0}
-
-    def tick():
-        state["ticks"] += 1
-        s = state["step"]
-        if s == 0 and w.send_btn.isEnabled():
-            w.params = SamplingParams(max_new_tokens=120)
-            w.input.setPlainText("What is the capital of France? Answer in two sentences.")
-            w.send()
-            state["step"] = 1
-        elif s == 1 and not w.generating:
-            w.input.setPlainText("And of Italy?")
-            w.send()
-            state["step"] = 2
-        elif s == 2 and not w.generating:
-            w.slider.set_value(0.2)
-            state["step"], state["wait"] = 3, state["ticks"]
-        elif s == 3 and state["ticks"] - state["wait"] > 40 and not w.bridge.session.moves:
-            for name, widget in (("window", w), ("chat", w.chat), ("panel", w.panel), ("placement-map", w.panel.map)):
-                widget.grab().save(str(out / f"{name}.png"))
-            print(f"saved screenshots to {out}")
-            w.close()
-            app.quit()
-        elif state["ticks"] > 6000:
-            print("timed out", file=sys.stderr)
-            app.exit(1)
-
-    t = QTimer()
-    t.timeout.connect(tick)
-    t.start(100)
-    return app.exec()
+    ok = all(shoot(app, out, name) for name in ("Light", "Dark"))
+    print(f"saved screenshots to {out}" if ok else "failed", file=sys.stderr if not ok else sys.stdout)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
