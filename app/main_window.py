@@ -3,22 +3,22 @@
 It reaches the engine only through EngineBridge (commands out, events in, on the GUI thread)."""
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QInputDialog, QLabel, QLineEdit, QListWidget,
-                               QListWidgetItem, QMainWindow, QMenu, QMessageBox, QPlainTextEdit, QProgressBar,
-                               QPushButton, QSplitter, QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QInputDialog, QLabel, QMainWindow, QMessageBox,
+                               QPlainTextEdit, QProgressBar, QPushButton, QSplitter, QToolButton, QVBoxLayout, QWidget)
 
 from engine.generate import SamplingParams
 from engine.protocol import (Done, EngineStopped, ErrorEvent, Generate, Load, Loaded, MigrationProgress, PlacementChanged,
                              Progress, Reprofile, SetSlider, Stats, Stop, TokenOut)
 
 from . import documents, theme
+from .attachments import Attachments
+from .conversation_list import ConversationList
 from .bridge import EngineBridge
 from .chat_view import ChatView
 from .panel import LivePanel
@@ -27,10 +27,6 @@ from .store import Store
 
 log = logging.getLogger("mixdesk")
 SAVE_PARTIAL_S = 1.0
-
-
-class _Parsed(QObject):
-    done = Signal(object, object, object)  # path, Document | None, error message | None
 
 
 class MainWindow(QMainWindow):
@@ -47,7 +43,6 @@ class MainWindow(QMainWindow):
         self.request = 0
         self.reply_mid: int | None = None
         self.last_save = 0.0
-        self.docs: list[documents.Document] = []
         self.count_tokens = None
         self.ctx = 0
         self.generating = False
@@ -55,8 +50,6 @@ class MainWindow(QMainWindow):
         self.model_info = None  # the Loaded event of the model in use
         self.tiers_now: dict = {}  # experts per tier, as the engine last reported
         self.params = SamplingParams(max_new_tokens=1024)
-        self._parsed = _Parsed()
-        self._parsed.done.connect(self._on_parsed)
         self._build()
         self.set_theme(theme.saved(), remember=False)
         self.refresh_conversations()
@@ -69,20 +62,14 @@ class MainWindow(QMainWindow):
     # ---- layout ----
     def _build(self) -> None:
         split = QSplitter(Qt.Horizontal)
-        left = QWidget()
-        ll = QVBoxLayout(left)
-        self.search = QLineEdit(placeholderText="Search chats")
-        self.search.textChanged.connect(self.refresh_conversations)
-        new = QPushButton("New chat")
-        new.clicked.connect(self.new_chat)
-        self.conv_list = QListWidget()
-        self.conv_list.itemSelectionChanged.connect(self._on_select)
-        self.conv_list.setContextMenuPolicy(Qt.CustomContextMenu)
-        self.conv_list.customContextMenuRequested.connect(self._conv_menu)
-        ll.addWidget(new)
-        ll.addWidget(self.search)
-        ll.addWidget(self.conv_list)
-        split.addWidget(left)
+        self._undo_btn = QPushButton("Undo delete")
+        self._undo_btn.hide()
+        self.sidebar = ConversationList(self.store, self._undo_btn)
+        self.sidebar.new_requested.connect(self.new_chat)
+        self.sidebar.selected.connect(self._on_select)
+        self.sidebar.deleted.connect(self._on_deleted)
+        self.conv_list, self.search = self.sidebar.list, self.sidebar.search
+        split.addWidget(self.sidebar)
 
         center = QWidget()
         cl = QVBoxLayout(center)
@@ -94,16 +81,16 @@ class MainWindow(QMainWindow):
         cl.addWidget(self.slider)
         self.chat = ChatView()
         cl.addWidget(self.chat, 1)
-        self.chips = QHBoxLayout()
-        self.chips.addStretch(1)
-        cl.addLayout(self.chips)
+        self.attachments = Attachments(self)
+        self.attachments.notice.connect(lambda m: (self.statusBar().showMessage(m, 15000), self._log(m)))
+        cl.addWidget(self.attachments)
         self.input = QPlainTextEdit(placeholderText="Message Mixdesk — drop files here (Ctrl+Enter sends)")
         self.input.setMaximumHeight(110)
         cl.addWidget(self.input)
         row = QHBoxLayout()
         self.attach_btn = QToolButton(text="Attach…")
         self.attach_btn.setToolTip("Attach files (txt, md, code, csv, json, html, pdf, docx)")
-        self.attach_btn.clicked.connect(self.attach_dialog)
+        self.attach_btn.clicked.connect(self.attachments.attach_dialog)
         self.send_btn = QPushButton("Send")
         self.send_btn.clicked.connect(self.send)
         self.stop_btn = QPushButton("Stop")
@@ -133,8 +120,6 @@ class MainWindow(QMainWindow):
         self.cancel_btn.clicked.connect(lambda: self.bridge.send(Stop()))
         self.statusBar().addPermanentWidget(self.progress)
         self.statusBar().addPermanentWidget(self.cancel_btn)
-        self._undo_btn = QPushButton("Undo delete")
-        self._undo_btn.hide()
         self.statusBar().addPermanentWidget(self._undo_btn)
 
         self._menu("&File", ("Open model…", self.pick_model), ("Open model folder…", self.open_folder), ("Open demo model", lambda: self.load_model("demo")),
@@ -191,57 +176,27 @@ class MainWindow(QMainWindow):
 
     # ---- conversations ----
     def refresh_conversations(self) -> None:
-        self.conv_list.blockSignals(True)
-        self.conv_list.clear()
-        for c in self.store.conversations(self.search.text()):
-            it = QListWidgetItem(c.title)
-            it.setData(Qt.UserRole, c.id)
-            self.conv_list.addItem(it)
-            if c.id == self.cid:
-                it.setSelected(True)
-        self.conv_list.blockSignals(False)
+        self.sidebar.current = self.cid
+        self.sidebar.refresh()
 
     def new_chat(self) -> None:
         self.cid = self.store.new_conversation()
         self.refresh_conversations()
         self.chat.show_messages([])
 
-    def _on_select(self) -> None:
-        items = self.conv_list.selectedItems()
-        if items and not self.generating:
-            self.cid = items[0].data(Qt.UserRole)
+    def _on_select(self, cid: int) -> None:
+        if not self.generating:
+            self.cid = cid
             self.chat.show_messages(self.store.messages(self.cid))
 
-    def _conv_menu(self, pos) -> None:
-        it = self.conv_list.itemAt(pos)
-        if it is None:
-            return
-        cid = it.data(Qt.UserRole)
-        menu = QMenu(self)
-        menu.addAction("Rename…", lambda: self._rename(cid))
-        menu.addAction("Delete", lambda: self.delete_conversation(cid))
-        menu.exec(self.conv_list.mapToGlobal(pos))
-
-    def _rename(self, cid: int) -> None:
-        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=self.store.conversation(cid).title)
-        if ok and title.strip():
-            self.store.rename(cid, title.strip())
-            self.refresh_conversations()
-
-    def delete_conversation(self, cid: int) -> None:
-        self.store.delete(cid)
+    def _on_deleted(self, cid: int) -> None:
         if cid == self.cid:
             self.cid = None
             self.chat.show_messages([])
-        self.refresh_conversations()
-        self._undo_btn.show()
-        try:
-            self._undo_btn.clicked.disconnect()
-        except (RuntimeError, TypeError):
-            pass
-        self._undo_btn.clicked.connect(lambda: (self.store.undelete(cid), self._undo_btn.hide(),
-                                                self.refresh_conversations()))
-        QTimer.singleShot(10000, self._undo_btn.hide)
+        self.sidebar.current = self.cid
+
+    def delete_conversation(self, cid: int) -> None:
+        self.sidebar.delete(cid)
 
     # ---- sending ----
     def history(self) -> list[dict]:
@@ -345,6 +300,7 @@ class MainWindow(QMainWindow):
             self.progress.hide()
             self.cancel_btn.hide()
             self.count_tokens, self.ctx = ev.count_tokens, ev.ctx
+            self.attachments.set_context(ev.ctx, ev.count_tokens)
             self.model_info = ev
             self.model_label.setToolTip(ev.description)  # the technical line
             if self.loading:
@@ -431,75 +387,26 @@ class MainWindow(QMainWindow):
         self.bridge.restart()
         self.load_model(*self.model_spec)
 
-    # ---- documents ----
-    def attach_dialog(self) -> None:
-        paths, _ = QFileDialog.getOpenFileNames(self, "Attach files")
-        for p in paths:
-            self.attach(p)
+    # ---- documents (app/attachments.py) ----
+    @property
+    def docs(self) -> list[documents.Document]:
+        return self.attachments.docs
+
+    @property
+    def too_long_box(self):
+        return self.attachments.too_long_box
 
     def attach(self, path: str) -> None:
-        """Parse off the GUI thread with a time limit; the result comes back through a queued signal."""
-        timer = QTimer(self, singleShot=True)
-        timer.timeout.connect(lambda: self._parsed.done.emit(
-            path, None, f"{Path(path).name}: took longer than {documents.TIME_LIMIT_S:.0f} s to read"))
-        self._pending_timers = getattr(self, "_pending_timers", {})
-        self._pending_timers[path] = timer  # registered before the parse can possibly finish
-        timer.start(int(documents.TIME_LIMIT_S * 1000) + 5000)  # the child process is stopped at the limit itself
+        self.attachments.attach(path)
 
-        def finished(f: concurrent.futures.Future):
-            try:
-                self._parsed.done.emit(path, f.result(), None)
-            except documents.DocumentError as e:
-                self._parsed.done.emit(path, None, str(e))
-            except Exception as e:  # never a crash: name the file and the problem
-                self._parsed.done.emit(path, None, f"{Path(path).name}: could not be read ({type(e).__name__})")
+    def attach_dialog(self) -> None:
+        self.attachments.attach_dialog()
 
-        room = self.ctx - min(1024, self.ctx // 4) if self.count_tokens else 0  # room for the question and the reply
-        documents.parse_later(path, room, self.count_tokens).add_done_callback(finished)
-
-    def _on_parsed(self, path, doc, error) -> None:
-        t = getattr(self, "_pending_timers", {}).pop(path, None)
-        if t is not None:
-            t.stop()
-        elif doc is not None or error is None:
-            return  # already reported as timed out
-        if error:
-            self.statusBar().showMessage(error, 15000)
-            self._log(error)
-            return
-        fitted: documents.Fitted = doc  # counted and cut on the parsing thread (documents.fit)
-        if fitted.part is not None:
-            room = self.ctx - min(1024, self.ctx // 4)
-            size = f"{fitted.tokens:,}" if fitted.exact else f"more than {fitted.tokens:,}"
-            box = QMessageBox(QMessageBox.Question, "Document too long",
-                              f"{fitted.doc.name} is {size} tokens; the context holds {self.ctx:,}. "
-                              f"Attach its first part ({room:,} tokens) instead?",
-                              QMessageBox.Yes | QMessageBox.No, self)
-            box.finished.connect(lambda r: r == QMessageBox.Yes and self._add_chip(fitted.part))
-            box.open()  # not modal-blocking: the window keeps running
-            self.too_long_box = box
-            return
-        self._add_chip(fitted.doc)
-
-    def _add_chip(self, doc: documents.Document) -> None:
-        tokens = self.count_tokens(doc.text) if self.count_tokens else 0
-        self.docs.append(doc)
-        chip = QToolButton(text=f"{doc.name} · {doc.size / 1024:.0f} KB · {tokens:,} tokens  ✕")
-        chip.setProperty("tokens", tokens)
-        chip.clicked.connect(lambda: self._remove_chip(chip, doc))
-        self.chips.insertWidget(self.chips.count() - 1, chip)
-
-    def chip_widgets(self) -> list[QToolButton]:
-        return [self.chips.itemAt(i).widget() for i in range(self.chips.count()) if self.chips.itemAt(i).widget()]
-
-    def _remove_chip(self, chip, doc) -> None:
-        self.docs.remove(doc)
-        chip.deleteLater()
+    def chip_widgets(self):
+        return self.attachments.chip_widgets()
 
     def _clear_chips(self) -> None:
-        for w in self.chip_widgets():
-            w.deleteLater()
-        self.docs = []
+        self.attachments.clear()
 
     def paste_files(self, mime=None) -> bool:
         """Files copied in a file manager arrive as URLs on the clipboard: attach them."""
@@ -509,7 +416,7 @@ class MainWindow(QMainWindow):
             mime = QApplication.clipboard().mimeData()
         urls = [u.toLocalFile() for u in mime.urls() if u.isLocalFile()] if mime and mime.hasUrls() else []
         for path in urls:
-            self.attach(path)
+            self.attachments.attach(path)
         return bool(urls)
 
     def eventFilter(self, obj, ev):
@@ -527,7 +434,7 @@ class MainWindow(QMainWindow):
     def dropEvent(self, e):
         for url in e.mimeData().urls():
             if url.isLocalFile():
-                self.attach(url.toLocalFile())
+                self.attachments.attach(url.toLocalFile())
 
     # ---- dialogs ----
     def edit_system_prompt(self) -> None:

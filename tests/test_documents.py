@@ -110,3 +110,32 @@ def test_fit_reads_only_a_prefix_of_a_huge_text(tmp_path):
     f = documents.fit(doc, 1000, count)
     assert not f.exact and f.tokens > 1000 and f.part is not None and count(f.part.text) <= 1000
     assert max(calls) <= 16 * 1000
+
+
+def test_attachments_need_no_model(qtbot, tmp_path):
+    """The attachment row on its own: no engine, no model (issue 15's split of the window)."""
+    from app.attachments import Attachments
+
+    row = Attachments()
+    qtbot.addWidget(row)
+    (tmp_path / "notes.txt").write_text("plain notes")
+    import docx
+
+    d = docx.Document()
+    d.add_paragraph("a paragraph from a report")
+    d.save(str(tmp_path / "report.docx"))
+    (tmp_path / "blob.bin").write_bytes(bytes(range(256)) * 100)
+    errors = []
+    row.notice.connect(errors.append)
+    for name in ("notes.txt", "report.docx", "blob.bin"):
+        row.attach(str(tmp_path / name))
+    qtbot.waitUntil(lambda: len(row.chip_widgets()) == 2 and bool(errors), timeout=30_000)
+    assert sorted(doc.name for doc in row.docs) == ["notes.txt", "report.docx"]
+    assert "blob.bin" in errors[0] and "binary" in errors[0]
+    row.set_context(64, lambda text: len(text))  # a context of 64 "tokens": the report fits, a long file does not
+    (tmp_path / "long.txt").write_text("x" * 500)
+    row.attach(str(tmp_path / "long.txt"))
+    qtbot.waitUntil(lambda: row.too_long_box is not None, timeout=30_000)
+    row.too_long_box.done(row.too_long_box.StandardButton.Yes)
+    qtbot.waitUntil(lambda: len(row.chip_widgets()) == 3, timeout=10_000)
+    assert len(row.docs[-1].text) <= row.room

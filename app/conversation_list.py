@@ -1,0 +1,77 @@
+"""The sidebar: new chat, search, the conversations (newest first), rename and delete with undo.
+It talks to the window through signals and reads and writes the store itself."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import (QInputDialog, QLineEdit, QListWidget, QListWidgetItem, QMenu, QPushButton, QVBoxLayout,
+                               QWidget)
+
+from .store import Store
+
+
+class ConversationList(QWidget):
+    selected = Signal(int)  # a conversation the user picked
+    new_requested = Signal()
+    deleted = Signal(int)  # a conversation the user deleted (it can still be undone)
+
+    def __init__(self, store: Store, undo_button: QPushButton, parent=None):
+        super().__init__(parent)
+        self.store = store
+        self.current: int | None = None  # highlighted in the list
+        self.undo_btn = undo_button  # lives in the status bar
+        lay = QVBoxLayout(self)
+        new = QPushButton("New chat")
+        new.clicked.connect(self.new_requested)
+        self.search = QLineEdit(placeholderText="Search chats")
+        self.search.textChanged.connect(self.refresh)
+        self.list = QListWidget()
+        self.list.itemSelectionChanged.connect(self._on_select)
+        self.list.setContextMenuPolicy(Qt.CustomContextMenu)
+        self.list.customContextMenuRequested.connect(self._menu)
+        lay.addWidget(new)
+        lay.addWidget(self.search)
+        lay.addWidget(self.list)
+
+    def refresh(self) -> None:
+        self.list.blockSignals(True)
+        self.list.clear()
+        for c in self.store.conversations(self.search.text()):
+            it = QListWidgetItem(c.title)
+            it.setData(Qt.UserRole, c.id)
+            self.list.addItem(it)
+            if c.id == self.current:
+                it.setSelected(True)
+        self.list.blockSignals(False)
+
+    def _on_select(self) -> None:
+        items = self.list.selectedItems()
+        if items:
+            self.selected.emit(items[0].data(Qt.UserRole))
+
+    def _menu(self, pos) -> None:
+        it = self.list.itemAt(pos)
+        if it is None:
+            return
+        cid = it.data(Qt.UserRole)
+        menu = QMenu(self)
+        menu.addAction("Rename…", lambda: self.rename(cid))
+        menu.addAction("Delete", lambda: self.delete(cid))
+        menu.exec(self.list.mapToGlobal(pos))
+
+    def rename(self, cid: int) -> None:
+        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=self.store.conversation(cid).title)
+        if ok and title.strip():
+            self.store.rename(cid, title.strip())
+            self.refresh()
+
+    def delete(self, cid: int) -> None:
+        self.store.delete(cid)
+        self.deleted.emit(cid)
+        self.refresh()
+        self.undo_btn.show()
+        try:
+            self.undo_btn.clicked.disconnect()
+        except (RuntimeError, TypeError):
+            pass
+        self.undo_btn.clicked.connect(lambda: (self.store.undelete(cid), self.undo_btn.hide(), self.refresh()))
+        QTimer.singleShot(10000, self.undo_btn.hide)
