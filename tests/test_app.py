@@ -472,3 +472,23 @@ def test_the_model_picker_offers_recent_models_and_opens_one(qtbot, window, tiny
     window.load_model = lambda *a: loads.append(a)
     picker._pick(picker.list.currentItem().data(QtNS.UserRole))
     assert loads == [(str(tiny),)]
+
+
+def test_a_damaged_page_is_reported_never_a_crash(tmp_path):
+    from app.store import Store
+
+    db = tmp_path / "chats.sqlite3"
+    s = Store(db)
+    cid = s.new_conversation("many")
+    for i in range(400):
+        s.add_message(cid, "user", f"message {i} " + "x" * 500)
+    s.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    s.close()
+    raw = bytearray(db.read_bytes())
+    page = 4096
+    raw[page * 20: page * 21] = b"\xde\xad\xbe\xef" * (page // 4)  # one page in the middle, overwritten
+    db.write_bytes(bytes(raw))
+    s2 = Store(db)  # no exception: the damage is found, said, and the window gets a working store
+    assert any("damaged" in n for n in s2.notices)
+    assert list(tmp_path.glob("chats.sqlite3.corrupt-*"))
+    s2.add_message(s2.new_conversation("fresh"), "user", "works")
