@@ -73,30 +73,26 @@ def test_binary_is_still_refused(tmp_path):
         documents.parse(p)
 
 
-def test_pdf_with_an_empty_user_password_opens(tmp_path):
+def encrypted_pdf(path, user_password: str, text: str):
     from fpdf import FPDF
 
     pdf = FPDF()
-    pdf.set_encryption(owner_password="owner-secret", user_password="")
+    pdf.set_encryption(owner_password="owner-secret", user_password=user_password)
     pdf.add_page()
     pdf.set_font("Helvetica", size=12)
-    pdf.multi_cell(0, 8, "Experts are chosen per token by a router.")
-    pdf.output(str(tmp_path / "locked.pdf"))
-    doc = documents.parse_in_child(tmp_path / "locked.pdf")
+    pdf.multi_cell(0, 8, text)
+    pdf.output(str(path))
+    return path
+
+
+def test_pdf_with_an_empty_user_password_opens(tmp_path):
+    doc = documents.parse_in_child(encrypted_pdf(tmp_path / "locked.pdf", "", "Experts are chosen per token by a router."))
     assert "router" in doc.text
 
 
 def test_pdf_with_a_real_password_is_refused(tmp_path):
-    from fpdf import FPDF
-
-    pdf = FPDF()
-    pdf.set_encryption(owner_password="owner-secret", user_password="user-secret")
-    pdf.add_page()
-    pdf.set_font("Helvetica", size=12)
-    pdf.multi_cell(0, 8, "secret")
-    pdf.output(str(tmp_path / "secret.pdf"))
     with pytest.raises(DocumentError, match="password"):
-        documents.parse_in_child(tmp_path / "secret.pdf")
+        documents.parse_in_child(encrypted_pdf(tmp_path / "secret.pdf", "user-secret", "secret"))
 
 
 def test_fit_reads_only_a_prefix_of_a_huge_text(tmp_path):
