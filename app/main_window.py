@@ -9,15 +9,15 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QApplication, QFileDialog, QHBoxLayout, QInputDialog, QLabel, QMainWindow, QMessageBox,
-                               QPlainTextEdit, QProgressBar, QPushButton, QSplitter, QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QApplication, QFileDialog, QInputDialog, QLabel, QMainWindow, QMessageBox, QProgressBar,
+                               QPushButton, QSplitter, QVBoxLayout, QWidget)
 
 from engine.generate import SamplingParams
 from engine.protocol import (Done, EngineStopped, ErrorEvent, Generate, Load, Loaded, MigrationProgress, PlacementChanged,
                              Progress, Reprofile, SetSlider, Stats, Stop, TokenOut)
 
 from . import documents, theme
-from .attachments import Attachments
+from .composer import Composer
 from .conversation_list import ConversationList
 from .bridge import EngineBridge
 from .chat_view import ChatView
@@ -81,31 +81,16 @@ class MainWindow(QMainWindow):
         cl.addWidget(self.slider)
         self.chat = ChatView()
         cl.addWidget(self.chat, 1)
-        self.attachments = Attachments(self)
+        self.composer = Composer()
+        self.composer.send_requested.connect(self.send)
+        self.composer.stop_requested.connect(self.stop)
+        self.composer.regenerate_requested.connect(self.regenerate)
+        self.composer.edit_requested.connect(self.edit_last)
+        c = self.composer
+        self.attachments, self.input, self.send_btn, self.stop_btn = c.attachments, c.input, c.send_btn, c.stop_btn
+        self.context_label = c.context_label
         self.attachments.notice.connect(lambda m: (self.statusBar().showMessage(m, 15000), self._log(m)))
-        cl.addWidget(self.attachments)
-        self.input = QPlainTextEdit(placeholderText="Message Mixdesk — drop files here (Ctrl+Enter sends)")
-        self.input.setMaximumHeight(110)
-        cl.addWidget(self.input)
-        row = QHBoxLayout()
-        self.attach_btn = QToolButton(text="Attach…")
-        self.attach_btn.setToolTip("Attach files (txt, md, code, csv, json, html, pdf, docx)")
-        self.attach_btn.clicked.connect(self.attachments.attach_dialog)
-        self.send_btn = QPushButton("Send")
-        self.send_btn.clicked.connect(self.send)
-        self.stop_btn = QPushButton("Stop")
-        self.stop_btn.clicked.connect(self.stop)
-        self.stop_btn.setEnabled(False)
-        self.regen_btn = QPushButton("Regenerate")
-        self.regen_btn.clicked.connect(self.regenerate)
-        self.edit_btn = QPushButton("Edit last")
-        self.edit_btn.clicked.connect(self.edit_last)
-        self.context_label = QLabel("")
-        for w in (self.attach_btn, self.send_btn, self.stop_btn, self.regen_btn, self.edit_btn):
-            row.addWidget(w)
-        row.addStretch(1)
-        row.addWidget(self.context_label)
-        cl.addLayout(row)
+        cl.addWidget(c)
         split.addWidget(center)
         self.panel = LivePanel()
         split.addWidget(self.panel)
@@ -146,7 +131,6 @@ class MainWindow(QMainWindow):
         QShortcut(QKeySequence("Ctrl+N"), self, activated=self.new_chat)
         QShortcut(QKeySequence("Ctrl+O"), self, activated=self.pick_model)
         QShortcut(QKeySequence("Ctrl+Shift+V"), self, activated=self.paste_files)
-        self.input.installEventFilter(self)
 
     # ---- models ----
     def load_model(self, path: str, device: str | None = None, dtype: str = "auto") -> None:
@@ -409,23 +393,7 @@ class MainWindow(QMainWindow):
         self.attachments.clear()
 
     def paste_files(self, mime=None) -> bool:
-        """Files copied in a file manager arrive as URLs on the clipboard: attach them."""
-        if mime is None:
-            from PySide6.QtWidgets import QApplication
-
-            mime = QApplication.clipboard().mimeData()
-        urls = [u.toLocalFile() for u in mime.urls() if u.isLocalFile()] if mime and mime.hasUrls() else []
-        for path in urls:
-            self.attachments.attach(path)
-        return bool(urls)
-
-    def eventFilter(self, obj, ev):
-        from PySide6.QtCore import QEvent
-
-        if obj is self.input and ev.type() == QEvent.KeyPress and ev.matches(QKeySequence.Paste):
-            if self.paste_files():
-                return True  # files pasted as attachments, not as text
-        return super().eventFilter(obj, ev)
+        return self.composer.paste_files(mime)
 
     def dragEnterEvent(self, e):
         if e.mimeData().hasUrls():

@@ -77,3 +77,26 @@ def test_themes_apply_and_are_remembered(qapp, tmp_path, monkeypatch):
         assert qapp.palette().color(QPalette.Window).lightness() > 128
     finally:
         theme.apply("System")
+
+
+def test_the_composer_works_without_a_model(qtbot, tmp_path):
+    from PySide6.QtCore import QMimeData
+    from PySide6.QtCore import Qt as QtNS
+
+    from app.composer import Composer
+
+    c = Composer()
+    qtbot.addWidget(c)
+    asked = []
+    c.send_requested.connect(lambda: asked.append("send"))
+    c.set_generating(False)
+    qtbot.mouseClick(c.send_btn, QtNS.LeftButton)
+    assert asked == ["send"]
+    c.set_generating(True)
+    assert not c.send_btn.isEnabled() and c.stop_btn.isEnabled()
+    (tmp_path / "a.txt").write_text("pasted from a file manager")
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(tmp_path / "a.txt"))])
+    assert c.paste_files(mime)
+    qtbot.waitUntil(lambda: len(c.attachments.chip_widgets()) == 1, timeout=10_000)
+    assert c.attachments.docs[0].text == "pasted from a file manager"

@@ -1,0 +1,69 @@
+"""The composer: the message being written, its attachments, and the buttons that act on the
+conversation (attach, send, stop, regenerate, edit last), with the context indicator. It says what
+the user asked for through signals; the window decides what happens. Files pasted from a file
+manager (URLs on the clipboard) become attachments, not text."""
+from __future__ import annotations
+
+from PySide6.QtCore import QEvent, Signal
+from PySide6.QtGui import QKeySequence
+from PySide6.QtWidgets import (QApplication, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QToolButton,
+                               QVBoxLayout, QWidget)
+
+from .attachments import Attachments
+
+
+class Composer(QWidget):
+    send_requested = Signal()
+    stop_requested = Signal()
+    regenerate_requested = Signal()
+    edit_requested = Signal()
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        self.attachments = Attachments(self)
+        lay.addWidget(self.attachments)
+        self.input = QPlainTextEdit(placeholderText="Message Mixdesk — drop files here (Ctrl+Enter sends)")
+        self.input.setMaximumHeight(110)
+        self.input.installEventFilter(self)
+        lay.addWidget(self.input)
+        row = QHBoxLayout()
+        self.attach_btn = QToolButton(text="Attach…")
+        self.attach_btn.setToolTip("Attach files (txt, md, code, csv, json, html, pdf, docx)")
+        self.attach_btn.clicked.connect(self.attachments.attach_dialog)
+        self.send_btn = QPushButton("Send")
+        self.send_btn.clicked.connect(self.send_requested)
+        self.stop_btn = QPushButton("Stop")
+        self.stop_btn.clicked.connect(self.stop_requested)
+        self.stop_btn.setEnabled(False)
+        self.regen_btn = QPushButton("Regenerate")
+        self.regen_btn.clicked.connect(self.regenerate_requested)
+        self.edit_btn = QPushButton("Edit last")
+        self.edit_btn.clicked.connect(self.edit_requested)
+        self.context_label = QLabel("")
+        for w in (self.attach_btn, self.send_btn, self.stop_btn, self.regen_btn, self.edit_btn):
+            row.addWidget(w)
+        row.addStretch(1)
+        row.addWidget(self.context_label)
+        lay.addLayout(row)
+
+    def set_generating(self, generating: bool, ready: bool = True) -> None:
+        """Send while idle (and a model is ready), Stop while a reply streams."""
+        self.send_btn.setEnabled(ready and not generating)
+        self.stop_btn.setEnabled(generating)
+
+    def paste_files(self, mime=None) -> bool:
+        """Files copied in a file manager arrive as URLs on the clipboard: attach them."""
+        if mime is None:
+            mime = QApplication.clipboard().mimeData()
+        urls = [u.toLocalFile() for u in mime.urls() if u.isLocalFile()] if mime and mime.hasUrls() else []
+        for path in urls:
+            self.attachments.attach(path)
+        return bool(urls)
+
+    def eventFilter(self, obj, ev):
+        if obj is self.input and ev.type() == QEvent.KeyPress and ev.matches(QKeySequence.Paste):
+            if self.paste_files():
+                return True  # files pasted as attachments, not as text
+        return super().eventFilter(obj, ev)
