@@ -210,8 +210,7 @@ class MainWindow(QMainWindow):
         self.reply_mid = self.store.add_message(self.cid, "assistant", "", complete=False)
         self.generating = True
         self.last_save = time.monotonic()
-        self.send_btn.setEnabled(False)
-        self.stop_btn.setEnabled(True)
+        self.composer.set_generating(True)
         self.chat.begin_stream()
         self.bridge.send(Generate(request_id=self.request, messages=self.history(), params=self.params))
 
@@ -257,8 +256,7 @@ class MainWindow(QMainWindow):
             self.store.update_message(self.reply_mid, f.text, complete=True, meta={"stats": stats})
             self.chat.end_stream(stats)
             self.generating = False
-            self.send_btn.setEnabled(True)
-            self.stop_btn.setEnabled(False)
+            self.composer.set_generating(False)
             self.context_label.setText(f"context {f.prompt_tokens + len(f.token_ids)}/{self.ctx}")
         elif isinstance(ev, Stats):
             self.panel.show_stats(ev)
@@ -333,8 +331,7 @@ class MainWindow(QMainWindow):
             self.store.delete_messages_from(self.cid, self.reply_mid)
         self.chat.show_messages(self.store.messages(self.cid))
         self.generating = False
-        self.send_btn.setEnabled(True)
-        self.stop_btn.setEnabled(False)
+        self.composer.set_generating(False)
 
     def set_theme(self, name: str, remember: bool = True) -> None:
         """System, Light or Dark; remembered across starts (app/theme.py)."""

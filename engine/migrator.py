@@ -83,11 +83,6 @@ class Migrator:
         with self._cv:
             return bool(self._queue or self._ready or self._building or self._current)
 
-    def remaining(self) -> list[Move]:
-        with self._cv:
-            return ([m for m, _, _ in self._ready] + [b for b in (self._building, (self._current or [None])[0]) if b]
-                    + list(self._queue))
-
     # ---- planning side (engine thread) ----
     def retarget(self, moves: list[Move]) -> None:
         """Replace the plan with `moves` (from the installed placement to the new target, in the
