@@ -8,9 +8,20 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--runtime-probe"] and len(argv) == 2:  # the frozen app as its own child (runtime/activate.py)
+        from engine.tools.runtime.activate import probe
+
+        return probe(argv[1])
+    # before anything imports torch: the fetched GPU runtime's torch, or the bundled one and why
+    from engine.tools.runtime.activate import activate
+
+    started = activate()
+    if started.state == "fallback":
+        print(f"mixdesk: {started.message}", file=sys.stderr)
     from engine.tools.cli import build_parser, chat_args, run as run_command
 
-    a = build_parser().parse_args(sys.argv[1:] if argv is None else argv)  # unknown input: exit code 2
+    a = build_parser().parse_args(argv)  # unknown input: exit code 2
     if a.self_test:
         from app.self_test import run as self_test
 

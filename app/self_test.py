@@ -3,6 +3,7 @@ random Mixtral to a temporary folder (never the install folder), loads it throug
 thread, generates 8 tokens, prints what it found (torch, CUDA, NVML, Qt) and exits 0 on success."""
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import threading
@@ -47,9 +48,22 @@ def run() -> int:
     from engine.session import Session
     from engine.sources.tiny_model import write_tiny_mixtral
 
+    from engine.tools.runtime import activate as runtime
+    from engine.tools.runtime.gpu import find_nvidia
+    from engine.tools.runtime.install import advice
+
     acc = detect()
-    print(f"torch {torch.__version__}; CUDA {'available: ' + acc.name if acc.is_cuda else 'not available'}")
+    build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
+    source = "the GPU runtime" if runtime.CURRENT.state == "active" else (
+        "the bundle" if getattr(sys, "frozen", False) else "this Python environment")
+    print(f"torch {torch.__version__} ({build}) from {source}: {os.path.dirname(torch.__file__)}")
+    print(f"CUDA {'available: ' + acc.name if acc.is_cuda else 'not available'}")
+    if runtime.CURRENT.state != "none":
+        print(runtime.CURRENT.message)
     print(f"NVML {_nvml()}")
+    gpu, _ = find_nvidia()
+    if gpu is not None and not torch.version.cuda:
+        print(f"tip: {advice(gpu)}")
     from engine import native
 
     print(f"CPU expert kernel: {native.status()}")
@@ -63,8 +77,6 @@ def run() -> int:
             done.set()
 
     with tempfile.TemporaryDirectory(prefix="mixdesk-self-test-") as tmp:
-        import os
-
         os.environ.setdefault("XDG_CACHE_HOME", os.path.join(tmp, "cache"))  # keep the user's cache clean
         path = write_tiny_mixtral(os.path.join(tmp, "tiny"))
         s = Session(emit, poll_s=0.2).start()

@@ -63,7 +63,7 @@ def refused(capsys, home: Path, argv: list[str], *words: str, folder: Path | Non
     assert rc == 2, err
     assert "Traceback" not in err, err
     problem = lines[-1]
-    assert problem.startswith(("mixdesk: ", "usage:", "mixdesk chat: error", "mixdesk bench: error",
+    assert problem.startswith(("mixdesk: ", "usage:", "mixdesk chat: error", "mixdesk bench: error", "mixdesk runtime: error",
                                "mixdesk: error")), err
     for w in words:
         assert w.lower() in problem.lower(), problem
@@ -274,7 +274,8 @@ def test_chat_templates_that_fail(capsys, home, model, template, words):
     (["bench", "--repeats", "0"], ["--repeats"]),
     (["bench", "--new-tokens", "0"], ["--new-tokens"]),
     (["serve"], ["invalid choice", "serve"]),
-    (["runtime", "status"], ["invalid choice", "runtime"]),
+    (["runtime", "upgrade"], ["invalid choice", "upgrade"]),
+    (["runtime", "install", "--index-url", "ftp://example/simple"], ["--index-url", "http(s)://"]),
     (["chat", "--model", "a..b/c"], ["a..b/c", "repo id"]),
 ])
 def test_bad_options(capsys, home, model, argv, words):

@@ -250,8 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", default=None, help="folder to build into (default: the user data folder)")
     m.set_defaults(fn=cmd_demo_model)
     from .cli_plan import add_parsers
+    from .cli_runtime import add_parser as add_runtime_parser
 
     add_parsers(sub, _add_model_args, _float)
+    add_runtime_parser(sub)
     t = sub.add_parser("tiny-model", help="write a tiny random Mixtral (for tests and self-checks)")
     t.add_argument("--out", required=True)
     t.add_argument("--shard-size", default=None)

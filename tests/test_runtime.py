@@ -1,0 +1,279 @@
+"""The GPU runtime (engine/tools/runtime): fetched from a package index served on loopback, with
+stand-in wheels written here plus one real wheel from this machine's local package cache."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+from engine.tools.runtime import activate as act
+from engine.tools.runtime.download import ChecksumMismatch
+from engine.tools.runtime.gpu import NvidiaGpu, cuda_build, default_index
+from engine.tools.runtime.index import Index, RuntimeProblem
+from engine.tools.runtime.install import downloads_dir, install, prepare
+from engine.tools.runtime.resolve import resolve
+from pkgindex import PackageIndex, make_wheel
+
+MIXDESK = [sys.executable, "-c", "import sys; from app.entry import main; sys.exit(main())"]
+LOCAL_WHEEL_DIRS = [Path("/opt/pypi/files"), Path("/opt/wheels"), Path("/opt/pypi-more/files"),
+                    Path.home() / ".cache" / "pip" / "wheels"]
+
+STANDIN_TORCH = {  # enough of torch for the install's probe and the start's check: it imports, says what it
+    # is and adds 1 + 1 (but the engine cannot run on it: the tests that start the app on a runtime use a real wheel)
+    "torch/__init__.py": "__version__ = '2.13.0+cu999'\n"
+                         "class version:\n    cuda = '99.9'\n"
+                         "class cuda:\n    @staticmethod\n    def is_available():\n        return False\n"
+                         "class Tensor(list):\n    def sum(self):\n        return Tensor([sum(self)])\n"
+                         "    def __float__(self):\n        return float(self[0])\n"
+                         "def ones(n):\n    return Tensor([1.0] * n)\n"
+                         "float16 = bfloat16 = float32 = nn = None\n",
+}
+
+
+def real_wheel(name: str, tmp: Path) -> Path:
+    """A real wheel of `name` from the local package cache (this machine kind keeps pip's on disk)."""
+    for d in LOCAL_WHEEL_DIRS:
+        found = sorted(d.rglob(f"{name}-*.whl")) if d.exists() else []
+        if found:
+            return found[-1]
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(tmp), name.replace("_", "-")],
+                       capture_output=True, timeout=120)
+    found = sorted(tmp.glob(f"{name}-*.whl"))
+    if r.returncode or not found:
+        pytest.skip(f"no real {name} wheel in the local package cache, and pip could not fetch one")
+    return found[-1]
+
+
+@pytest.fixture
+def rt(tmp_path, monkeypatch):
+    """A private runtime folder (MIXDESK_RUNTIME_DIR) for this test and its child processes."""
+    root = tmp_path / "runtime"
+    monkeypatch.setenv("MIXDESK_RUNTIME_DIR", str(root))
+    return root
+
+
+@pytest.fixture
+def index(tmp_path):
+    """Stand-in torch needing: a real wheel (tomli-w), a stand-in with an extra, one requirement the app
+    already carries (packaging), and one whose marker does not apply here."""
+    w = tmp_path / "wheels"
+    w.mkdir()
+    wheels = [
+        make_wheel(w, "torch", "2.13.0", requires=[
+            "tomli-w>=1.0", "mdk-kernels[fast]>=1; platform_system == 'Linux' or platform_system == 'Windows'",
+            "packaging>=20", "mdk-windows-only; sys_platform == 'nothing-here'", "mdk-optional; extra == 'opt'"],
+            files=STANDIN_TORCH, extras=["opt"]),
+        make_wheel(w, "torch", "2.12.0", files=STANDIN_TORCH),
+        make_wheel(w, "mdk-kernels", "1.0", requires=["mdk-fast-path==2.*; extra == 'fast'"], extras=["fast"],
+                   files={"mdk_kernels/__init__.py": "NAME = 'kernels'\n"}),
+        make_wheel(w, "mdk-kernels", "3.0rc1", files={"mdk_kernels/__init__.py": "NAME = 'pre'\n"}),
+        make_wheel(w, "mdk-fast-path", "2.1", files={"mdk_fast_path/__init__.py": "X = 1\n",
+                                                      "mdk_fast_path/blob.bin": os.urandom(3 << 20).hex()}),
+        make_wheel(w, "mdk-fast-path", "3.0", files={"mdk_fast_path/__init__.py": "X = 3\n"}),
+        real_wheel("tomli_w", tmp_path),
+    ]
+    ix = PackageIndex(wheels=wheels).start()
+    yield ix
+    ix.stop()
+
+
+def run(args, env=None, timeout=300):
+    return subprocess.run(MIXDESK + args, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_cuda_build_follows_the_driver():
+    gpu = lambda cuda: NvidiaGpu("NVIDIA GeForce RTX 4090", 24 << 30, "570.1", cuda)  # noqa: E731
+    assert cuda_build(gpu((13, 1)))[0] == "cu130"
+    assert cuda_build(gpu((12, 9)))[0] == "cu128"
+    assert cuda_build(gpu((12, 6)))[0] == "cu126"
+    tag, why = cuda_build(gpu((12, 4)))
+    assert tag is None and "update the NVIDIA driver" in why and "12.4" in why
+    assert default_index(gpu((12, 8)))[0].endswith("/whl/cu128")
+    assert default_index(None)[0] is None
+    assert "RTX 4090, 24 GB" in gpu((13, 0)).describe()
+
+
+def test_resolve_takes_markers_extras_and_what_the_app_carries(index):
+    plan = resolve(Index(index.url), Requirement("torch==2.13.0"))
+    got = {d.name: str(d.version) for d in plan.wheels}
+    # newest fitting versions; no pre-release; the extra's requirement; markers that do not apply skipped
+    assert got == {"torch": "2.13.0", "tomli-w": got["tomli-w"], "mdk-kernels": "1.0", "mdk-fast-path": "2.1"}
+    assert plan.wheels[0].name == "torch" and all(d.sha256 and d.size for d in plan.wheels)
+    assert any(c.startswith("packaging ") for c in plan.carried)
+    with pytest.raises(RuntimeProblem, match=r"no wheel of torch==9\.9"):
+        resolve(Index(index.url), Requirement("torch==9.9"))
+
+
+def test_fetch_with_progress_then_the_runtime_is_used(index, rt):
+    offer = prepare(index.url, "2.13.0")
+    assert offer.already == 0 and "torch 2.13.0 and 3 more wheels" in offer.describe()
+    seen = []
+    doc = install(offer, lambda done, total, what: seen.append((done, total, what)))
+    downloads = [s for s in seen if not s[2].startswith("unpacked ")]
+    assert [d for d, _, _ in downloads] == sorted(d for d, _, _ in downloads)  # it only grows
+    assert downloads[-1][:2] == (offer.download_bytes, offer.download_bytes) and len(downloads) >= 5
+    folder = Path(doc["folder"])
+    assert json.loads((rt / "active.json").read_text())["folder"] == folder.name
+    site = folder / "site"
+    assert (site / "torch" / "__init__.py").exists() and (site / "tomli_w").is_dir()
+    assert doc["probe"]["version"] == "2.13.0+cu999" and doc["probe"]["cuda_build"] == "99.9"
+    assert not downloads_dir().exists() and not list(rt.glob(".staging-*"))  # GBs given back, nothing half-done
+    # the next start puts it first: the real wheel imports from the runtime, in a child process
+    code = ("from engine.tools.runtime.activate import activate; a = activate(); import torch, tomli_w; "
+            "print(a.state, torch.__version__, tomli_w.__file__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ,
+                         cwd=Path(__file__).resolve().parents[1])
+    state, version, where = out.stdout.split()
+    assert (state, version) == ("active", "2.13.0+cu999") and where.startswith(str(site)), out.stderr
+
+
+def test_an_interrupted_fetch_resumes(index, rt):
+    index.pep658 = False  # metadata read from the wheels' zip directories by range requests
+    offer = prepare(index.url, "2.13.0")
+    big = next(d for d in offer.plan.wheels if d.name == "mdk-fast-path")
+    index.cut_after[big.filename] = 1 << 20
+    with pytest.raises(RuntimeProblem, match="stopped at .* run the install again to resume"):
+        install(offer)
+    part = downloads_dir() / (big.filename + ".part")
+    assert part.stat().st_size == 1 << 20 and not (rt / "active.json").exists()
+    index.requests.clear()
+    again = prepare(index.url, "2.13.0")
+    assert again.already >= 1 << 20 and "already here" in again.describe()
+    doc = install(again)
+    whole = [r for m, p, r in index.requests if m == "GET" and p.endswith(big.filename) and not r[-1:].isdigit()]
+    assert whole == [f"bytes={1 << 20}-"]  # the download asked only for the rest
+    assert (Path(doc["folder"]) / "site" / "mdk_fast_path" / "blob.bin").stat().st_size == 6 << 20
+
+
+def test_a_wrong_checksum_is_refused_and_nothing_is_left(index, rt):
+    offer = prepare(index.url, "2.13.0")
+    index.wrong_sha.add(next(d.filename for d in offer.plan.wheels if d.name == "mdk-kernels"))
+    with pytest.raises(ChecksumMismatch, match="does not match the index's .* nothing was installed"):
+        install(prepare(index.url, "2.13.0"))
+    assert not downloads_dir().exists()
+    assert not rt.exists() or not any(rt.iterdir())
+
+
+def test_a_full_disk_is_refused_before_any_download(index, tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(small)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        index.requests.clear()
+        r = run(["runtime", "install", "--index-url", index.url, "--torch-version", "2.13.0"],
+                env={"MIXDESK_RUNTIME_DIR": str(small / "runtime")})
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        line = r.stderr.strip().splitlines()[-1]
+        assert line.startswith("mixdesk: not enough free disk") and "nothing was downloaded" in line, line
+        assert not [p for m, p, _ in index.requests if m == "GET" and p.endswith(".whl")]
+        assert not any(small.iterdir())
+    finally:
+        subprocess.run(["umount", str(small)])
+
+
+def test_offline_is_one_line_and_the_app_goes_on(tiny, rt):
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there: connection refused, as offline
+    r = run(["runtime", "install", "--index-url", f"http://127.0.0.1:{port}/simple"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"cannot reach 127.0.0.1:{port}: connection refused" in r.stderr.strip().splitlines()[-1]
+    assert not rt.exists()
+    r = run(["chat", "--model", str(tiny), "--prompt", "hello", "--max-new-tokens", "4", "--dtype", "fp32", "--quiet"])
+    assert r.returncode == 0, r.stderr
+    r = run(["runtime", "status", "--index-url", f"http://127.0.0.1:{port}/simple"])
+    assert r.returncode == 0 and "an install cannot be planned now: cannot reach" in r.stdout
+
+
+def test_a_runtime_that_fails_to_import_falls_back_at_start(index, rt):
+    install(prepare(index.url, "2.13.0"))
+    init = act.active_folder(rt) / "site" / "torch" / "__init__.py"
+    init.write_text("raise ImportError('libcudart.so.13: cannot open shared object file')\n")
+    r = run(["--self-test"])
+    assert r.returncode == 0, r.stderr
+    assert "its torch failed to import (ImportError: libcudart.so.13: cannot open shared object file)" in r.stderr
+    assert "running on the bundled torch" in r.stderr
+    assert "from this Python environment" in r.stdout and "self-test passed" in r.stdout
+    # a crash inside the runtime's libraries (no exception to catch): that start dies, the next one falls back
+    init.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    assert run(["runtime", "status"]).returncode != 0
+    r = run(["runtime", "status"])
+    assert r.returncode == 0 and "died while importing its torch" in r.stdout, r.stdout + r.stderr
+    assert "from this Python environment" in r.stdout
+
+
+def test_an_install_whose_torch_does_not_import_installs_nothing(tmp_path, rt):
+    bad = make_wheel(tmp_path, "torch", "2.13.0", files={"torch/__init__.py": "raise OSError('libtorch_cuda.so: bad ELF')\n"})
+    ix = PackageIndex(wheels=[bad]).start()
+    try:
+        with pytest.raises(RuntimeProblem, match="does not import here .*OSError: libtorch_cuda.so: bad ELF.*nothing was installed"):
+            install(prepare(ix.url, "2.13.0"))
+    finally:
+        ix.stop()
+    assert not (rt / "active.json").exists() and not list(rt.glob(".staging-*"))
+
+
+def test_an_unsafe_wheel_path_is_refused(tmp_path, rt):
+    evil = make_wheel(tmp_path, "torch", "2.13.0", files={"../../escape.py": "x = 1\n", **STANDIN_TORCH})
+    ix = PackageIndex(wheels=[evil]).start()
+    try:
+        with pytest.raises(RuntimeProblem, match="refusing the unsafe path '../../escape.py'"):
+            install(prepare(ix.url, "2.13.0"))
+    finally:
+        ix.stop()
+    assert not list(tmp_path.rglob("escape.py")) and not (rt / "active.json").exists()
+
+
+def test_a_real_torch_wheel_is_used_from_the_next_start_and_remove_cleans_up(tmp_path, rt):
+    """The local package cache's real torch wheel as a runtime (its requirements are all carried by
+    this environment): fetched, unpacked, probed; the next start runs on it; `remove` cleans up."""
+    import torch
+
+    local = sorted(Path("/opt/wheels").glob("torch-*.whl")) if Path("/opt/wheels").exists() else []
+    if not local:
+        pytest.skip("no torch wheel in the local package cache (/opt/wheels)")
+    ix = PackageIndex(wheels=[local[-1]]).start()
+    try:
+        version = local[-1].name.split("-")[1]
+        offer = prepare(ix.url, version.split("+")[0])
+        assert [d.filename for d in offer.plan.wheels] == [local[-1].name]
+        seen = []
+        doc = install(offer, lambda done, total, what: seen.append(done) if not what.startswith("unpacked") else None)
+    finally:
+        ix.stop()
+    assert seen[-1] == local[-1].stat().st_size and len(seen) > 100
+    site = Path(doc["folder"]) / "site"
+    probed = doc["probe"]["file"]  # imported in a child while the folder still had its temporary name
+    assert doc["probe"]["version"] == version and probed.startswith(str(rt)) and probed.endswith("site/torch/__init__.py")
+    r = run(["runtime", "status"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"torch {version} (CPU build) from the GPU runtime: {site / 'torch'}"), r.stdout
+    assert str(Path(torch.__file__).parent) not in r.stdout
+    downloads_dir().mkdir(parents=True)
+    (downloads_dir() / "left.whl.part").write_bytes(b"x" * 1000)  # a download interrupted since
+    r = run(["runtime", "remove"])
+    assert r.returncode == 0 and "removed the GPU runtime (0.7 GB freed)" in r.stdout, r.stdout + r.stderr
+    assert not rt.exists() and not downloads_dir().exists()
+    r = run(["runtime", "status"])
+    assert r.returncode == 0 and "GPU runtime: none installed" in r.stdout
+    assert f"from this Python environment: {Path(torch.__file__).parent}" in r.stdout
+    assert run(["runtime", "remove"]).stdout.startswith("no GPU runtime installed")
+
+
+def test_runtime_status_says_what_torch_and_gpu(rt):
+    import torch
+
+    r = run(["runtime", "status"])
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.splitlines()[0]
+    assert first.startswith(f"torch {torch.__version__} (") and str(Path(torch.__file__).parent) in first
+    assert "GPU: no NVIDIA GPU" in r.stdout  # this machine kind has no NVIDIA driver
+    assert "GPU runtime: none installed" in r.stdout
