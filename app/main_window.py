@@ -19,6 +19,7 @@ from engine.protocol import (Done, EngineStopped, ErrorEvent, Generate, Load, Lo
 from . import documents, theme
 from .composer import Composer
 from .conversation_list import ConversationList
+from .gpu_runtime import GpuOfferBar, RuntimeDialog
 from .bridge import EngineBridge
 from .chat_view import ChatView
 from .panel import LivePanel
@@ -57,6 +58,7 @@ class MainWindow(QMainWindow):
         self._store_timer.timeout.connect(self._store_tick)
         self._store_timer.start()
         self._store_tick()
+        self.gpu_offer.check()
         self.load_model(model, device, dtype)
 
     # ---- layout ----
@@ -73,6 +75,9 @@ class MainWindow(QMainWindow):
 
         center = QWidget()
         cl = QVBoxLayout(center)
+        self.gpu_offer = GpuOfferBar()
+        self.gpu_offer.action.clicked.connect(lambda: self.gpu_runtime(start=self.gpu_offer.action.text() == "Download…"))
+        cl.addWidget(self.gpu_offer)
         self.model_label = QLabel("loading…")
         self.model_label.setWordWrap(True)
         cl.addWidget(self.model_label)
@@ -115,6 +120,7 @@ class MainWindow(QMainWindow):
         tools.actions()[0].setToolTip("Measure each tier's speed and calibrate the model again, then re-plan (when the "
                                       "predictions look off, e.g. after the machine was busy during the first measurement)")
         settings_menu = self.menuBar().addMenu("&Settings")
+        settings_menu.addAction("GPU runtime…", self.gpu_runtime)
         theme_menu = settings_menu.addMenu("Theme")
         group = QActionGroup(self)
         self.theme_actions = {}
@@ -443,6 +449,14 @@ class MainWindow(QMainWindow):
             action.triggered.connect(fn)
             menu.addAction(action)
         return menu
+
+    def gpu_runtime(self, start: bool = False) -> RuntimeDialog:
+        """Settings > GPU runtime (or the offer bar's Download…, which starts the install at once)."""
+        self.gpu_offer.hide()
+        dlg = RuntimeDialog(self, self.gpu_offer.worker, start=start)
+        dlg.show()
+        self.runtime_dialog = dlg
+        return dlg
 
     def remeasure(self) -> None:
         if not self.send_btn.isEnabled() or self.generating:

@@ -277,3 +277,32 @@ def test_runtime_status_says_what_torch_and_gpu(rt):
     assert first.startswith(f"torch {torch.__version__} (") and str(Path(torch.__file__).parent) in first
     assert "GPU: no NVIDIA GPU" in r.stdout  # this machine kind has no NVIDIA driver
     assert "GPU runtime: none installed" in r.stdout
+
+
+@pytest.mark.slow
+def test_a_real_cuda_torch_as_runtime_runs_the_self_test(tmp_path, rt):
+    """A real CUDA build of torch (a different version from this environment's) and its ~20 CUDA
+    wheels, from the local package cache through a loopback index: `mixdesk --self-test` runs on it."""
+    import torch
+
+    mirrors = [p for p in (Path("/opt/pypi-more/simple"), Path("/opt/pypi/simple")) if p.exists()]
+    cuda_torch = sorted(Path("/opt/pypi-more/files").glob("torch-2.14.1-*.whl")) if mirrors else []
+    if not cuda_torch:
+        pytest.skip("no CUDA torch wheel in the local package cache")
+    extra = tmp_path / "extra"  # the one requirement the local cache lacks comes from the package registry
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(extra),
+                        "cuda-bindings>=13.0.3,<14"], capture_output=True, text=True, timeout=300)
+    if r.returncode:
+        pytest.skip(f"cuda-bindings could not be fetched: {r.stderr.strip()[-200:]}")
+    ix = PackageIndex(wheels=[*cuda_torch, *extra.glob("*.whl")], mirrors=mirrors).start()
+    try:
+        r = run(["runtime", "install", "--index-url", ix.url, "--torch-version", "2.14.1"], timeout=1800)
+    finally:
+        ix.stop()
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "installed torch 2.14.1" in r.stdout and "GB to download" in r.stderr
+    r = run(["--self-test"], timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("torch 2.14.1+cu") and " build) from the GPU runtime: " + str(rt) in first, first
+    assert torch.__version__ not in first and "self-test passed" in r.stdout

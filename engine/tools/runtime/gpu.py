@@ -70,7 +70,12 @@ def cuda_build(gpu: NvidiaGpu) -> tuple[str | None, str]:
 
 
 def default_index(gpu: NvidiaGpu | None) -> tuple[str | None, str]:
-    """(index URL of the torch build that fits this GPU's driver, "") or (None, why none)."""
+    """(index URL of the torch build that fits this GPU's driver, "") or (None, why none).
+    MIXDESK_RUNTIME_INDEX_URL overrides it (a mirror, or a company's package proxy)."""
+    import os
+
+    if os.environ.get("MIXDESK_RUNTIME_INDEX_URL"):
+        return os.environ["MIXDESK_RUNTIME_INDEX_URL"], ""
     if gpu is None:
         return None, "no NVIDIA GPU found: give --index-url to fetch a runtime anyway"
     tag, why = cuda_build(gpu)
