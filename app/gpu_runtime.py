@@ -205,6 +205,7 @@ class RuntimeDialog(QDialog):
         seen = (f"; it sees {p['device']}" if p.get("cuda_available") else
                 "; CUDA is not available to it on this machine" if p.get("cuda_build") else "")
         self.offer_label.setText(f"Installed torch {p['version']}{seen}. Restart Mixdesk to use it.")
+        self.install_btn.setText("Reinstall")
         self.restart_btn.show()
         self.refresh()
 

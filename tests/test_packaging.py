@@ -40,6 +40,46 @@ def test_build_linux_bundle_and_self_test(tmp_path):
     assert "CUDA not available" in s.stdout and "NVML absent" in s.stdout and "CPU-only" in s.stdout
     assert "CPU expert kernel: native" in s.stdout  # the bundle carries the built library
     assert snapshot(bundle) == before  # nothing written into the install folder
+    # no display at all (no DISPLAY, WAYLAND_DISPLAY or QT_QPA_PLATFORM): the self-test still runs
+    bare = {k: v for k, v in env.items() if k != "QT_QPA_PLATFORM"}
+    s = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=bare)
+    assert s.returncode == 0 and "self-test passed" in s.stdout, s.stdout[-2000:] + s.stderr[-2000:]
+    assert "platform offscreen" in s.stdout
+    r = subprocess.run([str(bundle / "mixdesk"), "runtime", "status"], capture_output=True, text=True, env=bare)
+    assert r.returncode == 0 and "from the app's bundle" in r.stdout and "GPU: no NVIDIA GPU" in r.stdout, r.stdout
+    _bundle_runs_on_a_fetched_runtime(bundle, bare, cmd)
+    assert snapshot(bundle) == before
     size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
     print(f"bundle {size / 2**30:.2f} GiB, deb {debs[0].stat().st_size / 2**30:.2f} GiB, "
           f"build + check {time.perf_counter() - t0:.0f} s")
+
+
+def _bundle_runs_on_a_fetched_runtime(bundle: Path, env: dict, self_test: list) -> None:
+    """The frozen app fetches the local package cache's torch wheel as its runtime (its child probe is
+    the bundle itself), runs its self-test on it offline, and falls back when that runtime breaks."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from pkgindex import PackageIndex
+
+    local = sorted(Path("/opt/wheels").glob("torch-*.whl"))
+    if not local:
+        print("no torch wheel in the local package cache: the bundle's runtime check is skipped")
+        return
+    ix = PackageIndex(wheels=[local[-1]]).start()
+    try:
+        r = subprocess.run([str(bundle / "mixdesk"), "runtime", "install", "--index-url", ix.url], capture_output=True,
+                           text=True, timeout=900, env=env)
+    finally:
+        ix.stop()
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    runtime = Path(env["XDG_DATA_HOME"]) / "mixdesk" / "runtime"
+    s = subprocess.run(self_test, capture_output=True, text=True, timeout=600, env=env)
+    print(s.stdout)
+    assert s.returncode == 0, s.stdout[-2000:] + s.stderr[-2000:]
+    assert f"from the GPU runtime: {runtime}" in s.stdout.splitlines()[0]
+    init = next(runtime.glob("torch-*/site/torch/__init__.py"))
+    init.write_text("raise ImportError('libcudart.so.13: cannot open shared object file')\n")
+    s = subprocess.run(self_test, capture_output=True, text=True, timeout=600, env=env)
+    assert s.returncode == 0 and "from the bundle" in s.stdout.splitlines()[0], s.stdout[-2000:] + s.stderr[-2000:]
+    assert "its torch failed to import (ImportError: libcudart.so.13" in s.stderr
+    r = subprocess.run([str(bundle / "mixdesk"), "runtime", "remove"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and not runtime.exists()

@@ -17,3 +17,6 @@ if (Get-Command clang-cl -ErrorAction SilentlyContinue) {
 & "$build\venv\Scripts\pyinstaller" --noconfirm --distpath "$build\dist" --workpath "$build\work" packaging\mixdesk.spec
 ISCC.exe packaging\windows\mixdesk.iss
 & "$build\dist\mixdesk\mixdesk.exe" --self-test
+# The installer carries CPU torch; on an NVIDIA machine the app offers the CUDA build on first run
+# (Settings > GPU runtime, or `mixdesk.exe runtime install`), fetched into %LOCALAPPDATA%\mixdesk\runtime.
+& "$build\dist\mixdesk\mixdesk.exe" runtime status

@@ -30,3 +30,9 @@ Name: "desktopicon"; Description: "Create a desktop icon"; Flags: unchecked
 
 [Run]
 Filename: "{app}\mixdesk.exe"; Description: "Start Mixdesk"; Flags: nowait postinstall skipifsilent
+
+[UninstallDelete]
+; the GPU runtime (a CUDA torch, several GB) that the app fetched into the user's folders on first
+; run (engine/tools/runtime); chats and models stay
+Type: filesandordirs; Name: "{localappdata}\mixdesk\runtime"
+Type: filesandordirs; Name: "{localappdata}\mixdesk\Cache\runtime-downloads"

@@ -68,13 +68,12 @@ def manifest(folder: Path) -> dict:
 def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
+    try:  # not os.kill(pid, 0): on Windows that terminates the process
+        import psutil
+
+        return psutil.pid_exists(pid)
+    except ImportError:
+        return True  # cannot tell: never blame the runtime for a start that may still be running
 
 
 def _purge(site: Path) -> None:
