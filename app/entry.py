@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     started = activate()
     if started.state == "fallback":
         print(f"mixdesk: {started.message}", file=sys.stderr)
+    if started.state == "active":
+        _engine_runs_on_the_runtime(started)
     from engine.tools.cli import build_parser, chat_args, run as run_command
 
     a = build_parser().parse_args(argv)  # unknown input: exit code 2
@@ -41,6 +43,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mixdesk: {reason}; starting the terminal chat instead of the window", file=sys.stderr)
         return run_command(chat_args(a.window_model, a.window_device))
     return run(a.window_model, a.window_device)
+
+
+def _engine_runs_on_the_runtime(started) -> None:
+    """The runtime's torch imported; if the engine then fails to import on it (a torch too new or too
+    old for this Mixdesk), set the runtime aside and start again on the bundled torch: a start never
+    fails because of the runtime. Its native libraries are loaded by now, so this process cannot
+    switch torch: a fresh one does."""
+    try:
+        import engine.session  # noqa: F401  (the engine's whole import chain: transformers, the model, ...)
+    except Exception as e:  # noqa: BLE001 - any failure here is the runtime's
+        from engine.tools.runtime.activate import set_aside
+
+        why = (f"Mixdesk's engine does not import on its torch ({type(e).__name__}: "
+               f"{str(e).splitlines()[0][:200] if str(e) else ''})")
+        set_aside(started.folder, why)
+        os.environ.update(MIXDESK_RUNTIME="off", MIXDESK_RUNTIME_WHY=why)  # no loop, even if set_aside could not write
+        sys.stdout.flush()
+        sys.stderr.flush()
+        args = sys.argv[1:] if getattr(sys, "frozen", False) else sys.orig_argv[1:]  # -c CODE / -m MODULE kept
+        os.execv(sys.executable, [sys.executable] + args)
 
 
 if __name__ == "__main__":

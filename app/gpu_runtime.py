@@ -149,7 +149,7 @@ class RuntimeDialog(QDialog):
         rt = s["runtime"]
         lines = [f"<b>In use:</b> torch {s['torch']} ({build}) from {s['source']}<br><small>{s['torch_path']}</small>",
                  f"<b>GPU:</b> {s['gpu']}",
-                 f"<b>Installed runtime:</b> " + (f"torch {rt['torch']}, {gb(rt['bytes'])}, from {rt['index_url']}"
+                 "<b>Installed runtime:</b> " + (f"torch {rt['torch']}, {gb(rt['bytes'])}, from {rt['index_url']}"
                                                  if rt else "none")]
         if s["state"] in ("fallback", "off"):
             lines.append(f"<b>Note:</b> {s['activation']}")
@@ -193,7 +193,7 @@ class RuntimeDialog(QDialog):
         if what.startswith("unpacked "):
             self.bar.setRange(0, total)
             self.bar.setValue(done)
-            self.bar.setFormat(f"unpacking %v of %m wheels")
+            self.bar.setFormat("unpacking %v of %m wheels")
             return
         self.bar.setRange(0, 1000)
         self.bar.setValue(int(1000 * done / max(total, 1)))

@@ -22,7 +22,7 @@ def make_wheel(folder: Path, name: str, version: str, requires: list[str] = (), 
     """A small, valid wheel: its files, METADATA with Requires-Dist, WHEEL and RECORD."""
     dist = f"{name.replace('-', '_')}-{version}"
     path = Path(folder) / f"{dist}-{tag}.whl"
-    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     meta += [f"Provides-Extra: {e}" for e in extras] + [f"Requires-Dist: {r}" for r in requires]
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
         for rel, text in (files or {}).items():

@@ -210,6 +210,18 @@ def test_a_runtime_that_fails_to_import_falls_back_at_start(index, rt):
     assert "from this Python environment" in r.stdout
 
 
+def test_a_runtime_torch_the_engine_cannot_run_on_is_set_aside_and_the_start_goes_on(index, rt):
+    """Its torch imports and adds 1 + 1 (the stand-in does), but Mixdesk's engine fails to import on it:
+    the start sets it aside and starts again on the bundled torch; later starts go straight there."""
+    install(prepare(index.url, "2.13.0"))
+    r = run(["runtime", "status"])
+    assert r.returncode == 0, r.stderr
+    assert "Mixdesk's engine does not import on its torch" in r.stderr and "from this Python environment" in r.stdout
+    assert "set-aside.json" in {p.name for p in act.active_folder(rt).iterdir()}
+    r = run(["runtime", "status"])
+    assert r.returncode == 0 and "note: the GPU runtime in" in r.stdout and "engine does not import" in r.stdout
+
+
 def test_an_install_whose_torch_does_not_import_installs_nothing(tmp_path, rt):
     bad = make_wheel(tmp_path, "torch", "2.13.0", files={"torch/__init__.py": "raise OSError('libtorch_cuda.so: bad ELF')\n"})
     ix = PackageIndex(wheels=[bad]).start()

@@ -100,7 +100,7 @@ def cmd_install(a) -> int:
     try:
         doc = install(offer, progress, log=lambda s: print(s, file=sys.stderr) if s.startswith("checking") else None)
     except KeyboardInterrupt:
-        print(f"\nmixdesk: cancelled; what was downloaded is kept: `mixdesk runtime install` resumes, "
+        print("\nmixdesk: cancelled; what was downloaded is kept: `mixdesk runtime install` resumes, "
               "`mixdesk runtime remove` deletes it", file=sys.stderr)
         return 130
     p = doc["probe"]

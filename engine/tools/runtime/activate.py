@@ -19,7 +19,7 @@ from pathlib import Path
 
 ACTIVE = "active.json"
 MANIFEST = "runtime.json"
-CRASHED = "crashed.json"
+SET_ASIDE = "set-aside.json"  # why this runtime is not used at start (a crash, an engine that failed on it)
 PENDING_REMOVE = "remove-pending"
 
 
@@ -107,6 +107,10 @@ def _activate(root: Path) -> Activation:
     folder = active_folder(root)
     if folder is None:
         return Activation("none", "no GPU runtime installed")
+    if os.environ.get("MIXDESK_RUNTIME_WHY"):  # a start that set it aside and started this process again
+        why = os.environ.pop("MIXDESK_RUNTIME_WHY")
+        os.environ.pop("MIXDESK_RUNTIME", None)  # for this start only: not for the processes it starts
+        return _fallback(folder, why)
     if os.environ.get("MIXDESK_RUNTIME", "").lower() in ("off", "0", "no"):
         return Activation("off", f"MIXDESK_RUNTIME=off: the GPU runtime in {folder} is not used", folder)
     if "torch" in sys.modules:
@@ -115,9 +119,9 @@ def _activate(root: Path) -> Activation:
     tag = sys.implementation.cache_tag
     if m.get("python") != tag:
         return _fallback(folder, f"it was fetched for {m.get('python') or 'another Python'} and this Mixdesk runs {tag}")
-    if (folder / CRASHED).exists():
+    if (folder / SET_ASIDE).exists():
         try:
-            why = json.loads((folder / CRASHED).read_text()).get("reason", "it crashed")
+            why = json.loads((folder / SET_ASIDE).read_text()).get("reason", "it crashed")
         except (OSError, ValueError, AttributeError):
             why = "it crashed"
         return _fallback(folder, why)
@@ -129,7 +133,7 @@ def _activate(root: Path) -> Activation:
         if not _pid_alive(pid):
             why = (f"a start on {time.strftime('%Y-%m-%d %H:%M', time.localtime(marker.stat().st_mtime))} died "
                    "while importing its torch (a crash in its native libraries)")
-            _write(folder / CRASHED, {"reason": why})
+            _write(folder / SET_ASIDE, {"reason": why})
             marker.unlink(missing_ok=True)
             return _fallback(folder, why)
     site = folder / "site"
@@ -173,6 +177,14 @@ def smoke(torch) -> bool | str:
     if float(torch.ones(2).sum()) != 2.0:
         return "torch.ones(2).sum() is not 2"
     return True
+
+
+def set_aside(folder: Path, why: str) -> None:
+    """Stop using this runtime at start (until it is installed again or removed), with the reason."""
+    try:
+        _write(folder / SET_ASIDE, {"reason": why})
+    except OSError:
+        pass  # a read-only folder: the caller's MIXDESK_RUNTIME=off still keeps this start off it
 
 
 def _write(path: Path, doc: dict) -> None:
