@@ -13,10 +13,9 @@ from pathlib import Path
 import torch
 
 from .errors import ModelError
+from .families import FAMILIES, SUPPORTED_MODEL_TYPES, Family, family_of
 from .safetensors_file import DTYPES, SafetensorsFile, regular_file
 
-# Families whose checkpoints use Mixtral's layout (the one we read).
-SUPPORTED_MODEL_TYPES = ("mixtral",)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # Tensor-name endings that give away a pre-quantised checkpoint, and the format each belongs to.
 QUANT_MARKERS = {
@@ -50,13 +49,24 @@ class Dims:
     max_positions: int
     tie_embeddings: bool
     sliding_window: int | None
+    family: str = "mixtral"         # the config's model_type: engine/families holds what it means
+    norm_topk: bool = True          # the top-k route weights are renormalised to sum to 1
+    qk_norm: str | None = None      # "head" or "full": RMSNorm of q and k before rope
+    qkv_bias: bool = False
+    shared_ffn: int = 0             # width of the always-active shared expert (0: none)
+    clip_qkv: float | None = None
+
+    @property
+    def adapter(self) -> Family:
+        return FAMILIES[self.family]
 
     def expert_params(self) -> int:
         return 3 * self.hidden * self.ffn
 
 
-def expert_key(layer: int, expert: int, w: str) -> str:
-    return f"model.layers.{layer}.block_sparse_moe.experts.{expert}.{w}.weight"
+def expert_key(layer: int, expert: int, w: str, d: Dims | None = None) -> str:
+    """The checkpoint name of expert (layer, expert)'s w1 (gate), w2 (down) or w3 (up)."""
+    return (d.adapter if d is not None else FAMILIES["mixtral"]).expert_key(layer, expert, w)
 
 
 def dense_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
@@ -64,25 +74,38 @@ def dense_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
     s = {"model.embed_tokens.weight": (d.vocab, d.hidden), "model.norm.weight": (d.hidden,)}
     if not d.tie_embeddings:
         s["lm_head.weight"] = (d.vocab, d.hidden)
+    fam = d.adapter
+    q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
     for l in range(d.layers):
         p = f"model.layers.{l}."
         s[p + "input_layernorm.weight"] = (d.hidden,)
         s[p + "post_attention_layernorm.weight"] = (d.hidden,)
-        s[p + "self_attn.q_proj.weight"] = (d.heads * d.head_dim, d.hidden)
-        s[p + "self_attn.k_proj.weight"] = (d.kv_heads * d.head_dim, d.hidden)
-        s[p + "self_attn.v_proj.weight"] = (d.kv_heads * d.head_dim, d.hidden)
-        s[p + "self_attn.o_proj.weight"] = (d.hidden, d.heads * d.head_dim)
-        s[p + "block_sparse_moe.gate.weight"] = (d.experts, d.hidden)
+        s[p + "self_attn.q_proj.weight"] = (q, d.hidden)
+        s[p + "self_attn.k_proj.weight"] = (kv, d.hidden)
+        s[p + "self_attn.v_proj.weight"] = (kv, d.hidden)
+        s[p + "self_attn.o_proj.weight"] = (d.hidden, q)
+        if d.qkv_bias:
+            s[p + "self_attn.q_proj.bias"], s[p + "self_attn.k_proj.bias"], s[p + "self_attn.v_proj.bias"] = (q,), (kv,), (kv,)
+        if d.qk_norm:
+            head = d.qk_norm == "head"
+            s[p + "self_attn.q_norm.weight"] = (d.head_dim,) if head else (q,)
+            s[p + "self_attn.k_norm.weight"] = (d.head_dim,) if head else (kv,)
+        s[fam.router_key(l)] = (d.experts, d.hidden)
+        if d.shared_ffn:
+            s[fam.shared_key(l, "w1")] = s[fam.shared_key(l, "w3")] = (d.shared_ffn, d.hidden)
+            s[fam.shared_key(l, "w2")] = (d.hidden, d.shared_ffn)
+            s[fam.shared_key(l, "gate")] = (1, d.hidden)
     return s
 
 
 def expert_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
     s = {}
+    key = d.adapter.expert_key
     for l in range(d.layers):
         for e in range(d.experts):
-            s[expert_key(l, e, "w1")] = (d.ffn, d.hidden)
-            s[expert_key(l, e, "w2")] = (d.hidden, d.ffn)
-            s[expert_key(l, e, "w3")] = (d.ffn, d.hidden)
+            s[key(l, e, "w1")] = (d.ffn, d.hidden)
+            s[key(l, e, "w2")] = (d.hidden, d.ffn)
+            s[key(l, e, "w3")] = (d.ffn, d.hidden)
     return s
 
 
@@ -92,14 +115,17 @@ def expert_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
 LIMITS = {
     "num_hidden_layers": 512, "num_local_experts": 1024, "hidden_size": 65536, "intermediate_size": 262144,
     "num_attention_heads": 1024, "num_key_value_heads": 1024, "head_dim": 2048, "vocab_size": 4_000_000,
-    "max_position_embeddings": 1 << 24, "sliding_window": 1 << 24,
+    "max_position_embeddings": 1 << 24, "sliding_window": 1 << 24, "num_experts": 1024,
+    "moe_intermediate_size": 262144, "shared_expert_intermediate_size": 262144,
 }
 MAX_PARAMS = 3 * 10**12  # about three times the largest open MoE model (Kimi K2, ~1T)
 MAX_JSON_BYTES = 64 << 20
 
 
 def check_config(raw: dict, path: Path) -> None:
-    """Range-check the fields Mixdesk sizes things from, before any of them is used."""
+    """Range-check the fields Mixdesk sizes things from, before any of them is used (the family's
+    own field names: num_local_experts or num_experts, intermediate_size or moe_intermediate_size)."""
+    fam = family_of(raw.get("model_type")) or FAMILIES["mixtral"]
     def field(name: str, required: bool = True, lo: int = 1):
         v = raw.get(name)
         if v is None:
@@ -112,18 +138,29 @@ def check_config(raw: dict, path: Path) -> None:
             raise ModelError(path, f"'{name}' is {v:,}; Mixdesk accepts {lo} to {LIMITS[name]:,}")
         return v
 
-    layers, experts = field("num_hidden_layers"), field("num_local_experts")
-    hidden, ffn = field("hidden_size"), field("intermediate_size")
+    # transformers 5 writes num_local_experts for every family; published Qwen/OLMoE configs say num_experts
+    experts_name = next((n for n in (fam.experts_field, "num_local_experts", "num_experts") if n in raw),
+                        fam.experts_field)
+    layers, experts = field("num_hidden_layers"), field(experts_name)
+    hidden, ffn = field("hidden_size"), field(fam.expert_ffn_field)
     heads = field("num_attention_heads")
     kv = field("num_key_value_heads", required=False) or heads
     head_dim = field("head_dim", required=False) or hidden // heads
     vocab = field("vocab_size")
     field("max_position_embeddings")
-    field("sliding_window", required=False)
+    field("sliding_window", required=False, lo=0)
+    shared = field("shared_expert_intermediate_size", required=False, lo=0) if fam.shared_expert else 0
     k = raw.get("num_experts_per_tok")
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= experts:
         raise ModelError(path, f"'num_experts_per_tok' is {k!r}; it must be a whole number from 1 to "
-                         f"num_local_experts ({experts})")
+                         f"{experts_name} ({experts})")
+    dense = raw.get("mlp_only_layers") or []
+    step = raw.get("decoder_sparse_step", 1)
+    if dense or step not in (None, 1):
+        raise ModelError(path, f"has dense MLP layers between its MoE layers (mlp_only_layers {dense!r}, "
+                         f"decoder_sparse_step {step!r}); Mixdesk runs models with MoE in every layer")
+    if fam.model_type == "qwen3_moe" and raw.get("attention_bias"):
+        raise ModelError(path, "'attention_bias' is true; Mixdesk runs Qwen3-MoE models without attention biases")
     if kv > heads or heads % kv:
         raise ModelError(path, f"'num_key_value_heads' ({kv}) must divide 'num_attention_heads' ({heads})")
     if head_dim < 1:
@@ -132,7 +169,8 @@ def check_config(raw: dict, path: Path) -> None:
         v = raw.get(name)
         if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0):
             raise ModelError(path, f"'{name}' is {v!r}; it must be a positive number")
-    params = layers * (experts * 3 * hidden * ffn + hidden * (heads + 2 * kv) * head_dim * 2) + 2 * vocab * hidden
+    params = (layers * ((experts * ffn + (shared or 0)) * 3 * hidden + hidden * (heads + 2 * kv) * head_dim * 2)
+              + 2 * vocab * hidden)
     if params > MAX_PARAMS:
         raise ModelError(path, f"describes a model of {params / 1e12:,.1f} trillion parameters; the largest "
                          f"Mixdesk accepts is {MAX_PARAMS / 1e12:.0f} trillion")
@@ -179,7 +217,7 @@ class Checkpoint:
         self._check_quantised()
         self.expected = {**dense_shapes(self.dims), **expert_shapes(self.dims)}
         self._check_tensors()
-        self.dtype = DTYPES[self.info(expert_key(0, 0, "w1")).dtype]
+        self.dtype = DTYPES[self.info(self.expert_key(0, 0, "w1")).dtype]
 
     # ---- validation -------------------------------------------------------------------------
     def _check_files(self) -> None:
@@ -206,24 +244,17 @@ class Checkpoint:
     def _check_model_type(self) -> None:
         mt = self.raw_config.get("model_type")
         if mt not in SUPPORTED_MODEL_TYPES:
-            raise ModelError(
-                self.config_path,
-                f"model_type is {mt!r}; Mixdesk runs Mixtral-compatible Mixture-of-Experts models "
-                f"(model_type {', '.join(SUPPORTED_MODEL_TYPES)})",
-            )
+            names = ", ".join(f"{f.name} ({t})" for t, f in FAMILIES.items())
+            raise ModelError(self.config_path, f"model_type is {mt!r}; Mixdesk runs these Mixture-of-Experts "
+                             f"families: {names}")
+        self.family = FAMILIES[mt]
         qc = self.raw_config.get("quantization_config")
         if isinstance(qc, dict):
             method = str(qc.get("quant_method", "unknown"))
             raise ModelError(self.config_path, _quant_refusal(QUANT_METHOD_NAMES.get(method.lower(), method)))
 
     def _hf_config(self):
-        # transformers parses and normalises the config (rope parameters, defaults); no remote code.
-        from transformers import MixtralConfig
-
-        try:
-            return MixtralConfig.from_dict(self.raw_config)
-        except Exception as e:  # a malformed field: name it, don't dump a traceback
-            raise ModelError(self.config_path, f"could not be read as a Mixtral config: {e}") from None
+        return hf_config(self.raw_config, self.config_path)
 
     def _open_weights(self) -> list[SafetensorsFile]:
         index = self.folder / "model.safetensors.index.json"
@@ -276,6 +307,9 @@ class Checkpoint:
                 )
 
     # ---- reading ----------------------------------------------------------------------------
+    def expert_key(self, layer: int, expert: int, w: str) -> str:
+        return self.family.expert_key(layer, expert, w)
+
     def info(self, name: str):
         return self.where[name].tensors[name]
 
@@ -284,7 +318,7 @@ class Checkpoint:
 
     def expert_nbytes(self) -> int:
         """Bytes of one expert at the checkpoint's precision."""
-        return sum(self.info(expert_key(0, 0, w)).nbytes for w in ("w1", "w2", "w3"))
+        return sum(self.info(self.expert_key(0, 0, w)).nbytes for w in ("w1", "w2", "w3"))
 
     def dense_nbytes(self) -> int:
         return sum(self.info(n).nbytes for n in dense_shapes(self.dims))
@@ -322,17 +356,38 @@ class Checkpoint:
             f.close()
 
 
+def hf_config(raw: dict, path: Path):
+    """transformers' own config class for the family parses and normalises config.json (rope
+    parameters, defaults); no remote code runs."""
+    import transformers
+
+    fam = family_of(raw.get("model_type")) or FAMILIES["mixtral"]
+    try:
+        return getattr(transformers, fam.config_class).from_dict(raw)
+    except Exception as e:  # a malformed field: name it, don't dump a traceback
+        raise ModelError(path, f"could not be read as a {fam.name} config: {e}") from None
+
+
 def dims_from_config(cfg, path: Path) -> Dims:
+    fam = family_of(getattr(cfg, "model_type", "mixtral")) or FAMILIES["mixtral"]
     try:
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        window = getattr(cfg, "sliding_window", None) or None
+        if getattr(cfg, "use_sliding_window", True) is False:
+            window = None
+        clip = getattr(cfg, "clip_qkv", None) if fam.clip_qkv else None
         return Dims(
-            layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, ffn=cfg.intermediate_size,
-            experts=cfg.num_local_experts, top_k=cfg.num_experts_per_tok, heads=heads,
+            layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, ffn=getattr(cfg, fam.expert_ffn_field),
+            experts=getattr(cfg, fam.experts_field, None) or cfg.num_local_experts, top_k=cfg.num_experts_per_tok,
+            heads=heads,
             kv_heads=cfg.num_key_value_heads, head_dim=head_dim, vocab=cfg.vocab_size,
             rms_eps=float(cfg.rms_norm_eps), max_positions=cfg.max_position_embeddings,
-            tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-            sliding_window=getattr(cfg, "sliding_window", None),
+            tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), sliding_window=window,
+            family=fam.model_type, norm_topk=bool(getattr(cfg, "norm_topk_prob", fam.norm_topk_default)),
+            qk_norm=fam.qk_norm, qkv_bias=bool(getattr(cfg, fam.qkv_bias, False)) if fam.qkv_bias else False,
+            shared_ffn=int(getattr(cfg, "shared_expert_intermediate_size", 0) or 0) if fam.shared_expert else 0,
+            clip_qkv=float(clip) if clip is not None else None,
         )
     except (AttributeError, TypeError, ZeroDivisionError) as e:
         raise ModelError(path, f"lacks a field Mixdesk needs: {e}") from None

@@ -141,9 +141,9 @@ def read_expert(ckpt: Checkpoint, layer: int, expert: int) -> tuple[torch.Tensor
     w1 and w3 are read straight into the two halves of w13, with no intermediate copy."""
     d = ckpt.dims
     w13 = torch.empty(2 * d.ffn, d.hidden, dtype=ckpt.dtype)
-    ckpt.read(expert_key(layer, expert, "w1"), out=w13[: d.ffn])
-    ckpt.read(expert_key(layer, expert, "w3"), out=w13[d.ffn:])
-    w2 = ckpt.read(expert_key(layer, expert, "w2"))
+    ckpt.read(expert_key(layer, expert, "w1", d), out=w13[: d.ffn])
+    ckpt.read(expert_key(layer, expert, "w3", d), out=w13[d.ffn:])
+    w2 = ckpt.read(expert_key(layer, expert, "w2", d))
     return w13, w2
 
 
@@ -164,7 +164,7 @@ def build_steps(ckpt: Checkpoint, layer: int, expert: int, tier: Tier, accel: to
     for w, names in ((w13, ("w1", "w3")), (w2, ("w2",))):
         why = weight_problem(w, dtype if tier.bits == 16 else torch.float32)
         if why:
-            key = expert_key(layer, expert, names[0])
+            key = expert_key(layer, expert, names[0], ckpt.dims)
             raise ModelError(ckpt.where[key].path, f"expert {expert} of layer {layer} ({key}) {why}")
     if tier == Tier.CPU4 and cpu4_format() is Q4Native and threads != 1:
         yield

@@ -40,11 +40,19 @@ class KVCache:
 
 
 class DenseLayer:
-    def __init__(self, ln1, wqkv, wo, ln2):
+    def __init__(self, ln1, wqkv, wo, ln2, bqkv=None, q_norm=None, k_norm=None):
         self.ln1, self.wqkv, self.wo, self.ln2 = ln1, wqkv, wo, ln2
+        self.bqkv, self.q_norm, self.k_norm = bqkv, q_norm, k_norm  # families that have them (engine/families)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.ln1, self.wqkv, self.wo, self.ln2, self.bqkv, self.q_norm, self.k_norm)
+                if t is not None]
 
 
 class MixtralModel:
+    """The forward of every supported family (engine/families: Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE):
+    what differs between them is data in `Dims` and the family adapter, read here."""
+
     def __init__(self, ckpt: Checkpoint, placement: Placement, accel: torch.device,
                  dtype: torch.dtype = torch.bfloat16, progress: ProgressFn | None = None,
                  offload_costs: offload.OffloadCosts | None = None, measure_offload: bool = True):
@@ -81,18 +89,28 @@ class MixtralModel:
         tick("dense weights")
         self.layers: list[DenseLayer] = []
         self.moe: list[MoEBlock] = []
+        fam = d.adapter
         for l in range(d.layers):
             p = f"model.layers.{l}."
             wqkv = torch.cat([dense(p + f"self_attn.{n}_proj.weight") for n in "qkv"])  # [(H+2G)Hd, D]
+            bqkv = torch.cat([dense(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if d.qkv_bias else None
+            qn, kn = ((dense(p + "self_attn.q_norm.weight"), dense(p + "self_attn.k_norm.weight")) if d.qk_norm
+                      else (None, None))
             self.layers.append(DenseLayer(dense(p + "input_layernorm.weight"), wqkv,
                                           dense(p + "self_attn.o_proj.weight"),
-                                          dense(p + "post_attention_layernorm.weight")))
+                                          dense(p + "post_attention_layernorm.weight"), bqkv, qn, kn))
             tick(f"layer {l} attention")
             experts = []
             for e in range(d.experts):
                 experts.append(materialise(ckpt, l, e, placement[l, e], accel, dtype))
                 tick(f"layer {l} expert {e}")
-            self.moe.append(MoEBlock(dense(p + "block_sparse_moe.gate.weight"), experts, d.top_k, accel))
+            shared = None
+            if d.shared_ffn:  # always active: it stays with the dense weights, on the accelerator
+                w13 = torch.cat([dense(fam.shared_key(l, "w1")), dense(fam.shared_key(l, "w3"))])  # [2I', D]
+                shared = (Expert16(Tier.GPU16, w13.contiguous(), dense(fam.shared_key(l, "w2")).contiguous()),
+                          dense(fam.shared_key(l, "gate")))
+            self.moe.append(MoEBlock(dense(fam.router_key(l)), experts, d.top_k, accel, norm_topk=d.norm_topk,
+                                     shared=shared))
         if offload_costs is None and measure_offload and accel.type == "cuda":
             probe = self._any_cpu_expert() or materialise(ckpt, 0, 0, Tier.CPU16, accel, dtype)
             offload_costs = offload.measure(probe, accel)
@@ -156,8 +174,9 @@ class MixtralModel:
     def dense_bytes(self) -> int:
         ts = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
         for layer in self.layers:
-            ts += [layer.ln1, layer.wqkv, layer.wo, layer.ln2]
+            ts += layer.tensors()
         ts += [b.gate for b in self.moe]
+        ts += [t for b in self.moe if b.shared for t in (b.shared[0].w13, b.shared[0].w2, b.shared[1])]
         return sum(t.numel() * t.element_size() for t in ts)
 
     @contextmanager
@@ -227,7 +246,14 @@ class MixtralModel:
             if self.layer_inputs is not None:
                 self.layer_inputs.append(x)
             h = self._rms(x, layer.ln1)
-            qkv = linear(h, layer.wqkv).to(self.attn_dtype)  # [T, (H+2G)Hd]
+            qkv = linear(h, layer.wqkv)  # [T, (H+2G)Hd]
+            if layer.bqkv is not None:
+                qkv = qkv + layer.bqkv
+            qkv = qkv.to(self.attn_dtype)
+            if layer.q_norm is not None:
+                qkv = self._qk_norm(qkv, layer)
+            if d.clip_qkv is not None:
+                qkv = qkv.clamp(-d.clip_qkv, d.clip_qkv)
             qk = qkv[:, : (H + G) * Hd].view(T, H + G, Hd)
             qk = qk * cos + qk.roll(Hd // 2, dims=-1) * sin  # rope on q and k at once
             v = qkv[:, (H + G) * Hd:].view(T, G, Hd)
@@ -245,6 +271,18 @@ class MixtralModel:
         if not all_logits:
             x = x[-1:]
         return linear(self._rms(x, self.norm), self.lm_head).float()  # [T or 1, V]
+
+    def _qk_norm(self, qkv: torch.Tensor, layer: DenseLayer) -> torch.Tensor:
+        """RMSNorm of q and of k, per head (Qwen3-MoE) or over all heads at once (OLMoE); v unchanged."""
+        d = self.dims
+        T, H, G, Hd = qkv.shape[0], d.heads, d.kv_heads, d.head_dim
+        q, k, v = qkv.split([H * Hd, G * Hd, G * Hd], dim=-1)
+        if d.qk_norm == "head":
+            q = self._rms(q.reshape(T, H, Hd), layer.q_norm.to(qkv.dtype)).reshape(T, H * Hd)
+            k = self._rms(k.reshape(T, G, Hd), layer.k_norm.to(qkv.dtype)).reshape(T, G * Hd)
+        else:
+            q, k = self._rms(q, layer.q_norm.to(qkv.dtype)), self._rms(k, layer.k_norm.to(qkv.dtype))
+        return torch.cat([q, k, v], dim=-1)
 
     def _mask(self, T: int, pos: int) -> tuple[torch.Tensor | None, bool]:
         """Attention mask for T queries at pos.. over keys 0..pos+T-1 (None + is_causal when we can)."""

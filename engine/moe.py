@@ -31,9 +31,12 @@ MAX_SLOTS = 65536  # (token, expert) pairs one native routed call takes (moe.c);
 
 class MoEBlock:
     def __init__(self, gate: torch.Tensor, experts: list[Expert16 | QuantExpert], top_k: int,
-                 accel: torch.device, offload: OffloadCosts | None = None):
+                 accel: torch.device, offload: OffloadCosts | None = None, norm_topk: bool = True,
+                 shared: tuple[Expert16, torch.Tensor] | None = None):
         self.gate = gate  # [E, D] on accel
         self.top_k = top_k
+        self.norm_topk = norm_topk  # renormalise the top-k weights (Mixtral; Qwen3-MoE per its config)
+        self.shared = shared  # (shared expert, its sigmoid gate [1, D]) on accel: Qwen2-MoE
         self.accel = accel
         self.offload = offload  # when a CPU expert's weights are copied over for a prefill (offload.py)
         self.copied = 0  # prefill segments whose weights were copied to the accelerator (for stats)
@@ -75,14 +78,21 @@ class MoEBlock:
         logits = linear(x, self.gate)  # [T, E]
         probs = torch.softmax(logits.float(), dim=-1)  # [T, E] fp32
         w, idx = torch.topk(probs, self.top_k, dim=-1)  # [T, K]
-        return w / w.sum(dim=-1, keepdim=True), idx
+        return (w / w.sum(dim=-1, keepdim=True) if self.norm_topk else w), idx
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] on accel
+        out = self._routed(x)
+        if self.shared is not None:
+            ex, g = self.shared
+            out = out + (torch.sigmoid(linear(x, g).float()) * ex(x).float()).to(x.dtype)  # [T, D]
+        return out
+
+    def _routed(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
         if (self.record is None and self.all_native and self.router is not None and x.device.type == "cpu"
-                and (T == 1 or self.offload is None) and T * self.top_k <= MAX_SLOTS
+                and self.norm_topk and (T == 1 or self.offload is None) and T * self.top_k <= MAX_SLOTS
                 and 0 < self.top_k <= len(self.experts) <= 1024):
-            return self._native_layer(x)
+            return self._native_layer(x)  # (its router renormalises the top-k weights)
         w, idx = self.route(x)
         if self.record is not None:
             self.record.append((x, idx, w, self.residual))

@@ -34,7 +34,8 @@ class DecodeStep:
     @staticmethod
     def supported(model) -> bool:
         d = model.dims
-        return (model.accel.type == "cpu" and model.dtype in FMT and model.attn_dtype == torch.float32
+        plain = (d.norm_topk and not d.qk_norm and not d.qkv_bias and not d.shared_ffn and d.clip_qkv is None)
+        return (plain and model.accel.type == "cpu" and model.dtype in FMT and model.attn_dtype == torch.float32
                 and d.head_dim <= 1024 and 0 < d.top_k <= min(64, d.experts) and d.experts <= 1024
                 and d.heads % d.kv_heads == 0)
 

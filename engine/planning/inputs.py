@@ -132,15 +132,18 @@ def from_dims(d, hw: HardwareProfile, itemsize: int = 2, sensitivity: float = AS
 def from_config(config_path: Path, hw: HardwareProfile, sensitivity: float = ASSUMED_SENSITIVITY) -> tuple[PlanInputs, str]:
     """Plan a model from its config.json alone: uniform popularity, one assumed sensitivity for
     every 4-bit expert, this machine's measured CPU tiers and the reference GPU above."""
-    from transformers import MixtralConfig
+    from ..checkpoint import check_config, hf_config
+    from ..families import FAMILIES
 
     try:
         raw = json.loads(Path(config_path).read_text())
     except (OSError, ValueError) as e:
         raise ModelError(config_path, f"cannot be read: {e}") from None
-    if raw.get("model_type") != "mixtral":
-        raise ModelError(config_path, f"model_type is {raw.get('model_type')!r}, not mixtral")
-    d = dims_from_config(MixtralConfig.from_dict(raw), Path(config_path))
+    if not isinstance(raw, dict) or raw.get("model_type") not in FAMILIES:
+        mt = raw.get("model_type") if isinstance(raw, dict) else None
+        raise ModelError(config_path, f"model_type is {mt!r}; Mixdesk plans {', '.join(FAMILIES)}")
+    check_config(raw, Path(config_path))
+    d = dims_from_config(hf_config(raw, Path(config_path)), Path(config_path))
     gpu = {"gpu-16": REFERENCE_GPU["gpu-16"], "gpu-4": REFERENCE_GPU["gpu-4"]}
     inp = from_dims(d, hw, 2, sensitivity, gpu_costs=gpu)
     note = (f"from config only: uniform popularity, ASSUMED sensitivity {sensitivity} (KL nats/token per layer "

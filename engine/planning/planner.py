@@ -28,6 +28,7 @@ Everything here is numpy on small arrays: no torch, no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -51,6 +52,7 @@ class PlanInputs:
     cpu_only: bool
     batch_scale: dict = field(default_factory=dict)  # tier -> batch scaling (see batch_ratio)
     dense_prefill_s: float = 0.0  # time per prompt token outside the experts, in a prefill
+    unit: int = 1  # experts per planning unit (a reduced problem, see `reduced`): memory scales by it
 
     @property
     def tiers(self) -> list[Tier]:
@@ -65,15 +67,28 @@ class Budgets:
 
 @dataclass(frozen=True)
 class Plan:
-    placement: Placement
+    """One point of the frontier. Its placement is built when first asked for: a frontier of
+    Qwen3-30B-A3B holds hundreds of points of 6,144 experts each, and the caller takes one."""
     tok_s: float
     loss: float
     vram: int
     ram: int
     fits: bool = True
+    choice: np.ndarray = field(default=None, repr=False, compare=False)   # tier index per unit
+    tiers: tuple = field(default=(), repr=False, compare=False)
+    shape: tuple = (0, 0)  # (layers, experts)
+    unit_of: np.ndarray | None = field(default=None, repr=False, compare=False)  # expert -> unit, if reduced
+
+    @cached_property
+    def placement(self) -> Placement:
+        row = self.choice if self.unit_of is None else self.choice[self.unit_of]
+        rows = np.asarray(self.tiers, dtype=object)[row].reshape(self.shape)
+        return Placement(tuple(map(tuple, rows.tolist())))
 
     def counts(self) -> dict[str, int]:
-        return {t.value: n for t, n in self.placement.counts().items() if n}
+        row = self.choice if self.unit_of is None else self.choice[self.unit_of]
+        n = np.bincount(row, minlength=len(self.tiers))
+        return {t.value: int(c) for t, c in zip(self.tiers, n) if c}
 
 
 def _tables(inp: PlanInputs):
@@ -90,7 +105,7 @@ def _tables(inp: PlanInputs):
         time[:, j] = share * inp.top_k * (fixed + per_byte * b)
         if t.bits < 16:
             loss[:, j] = share * np.asarray(inp.sensitivity[t.value], dtype=np.float64).reshape(-1)
-        (vram if t.on_accelerator else ram)[:, j] = b
+        (vram if t.on_accelerator else ram)[:, j] = b * inp.unit
     return tiers, time, loss, vram, ram
 
 
@@ -182,9 +197,35 @@ def candidates(inp: PlanInputs, budgets: Budgets | None = None) -> tuple[list[Ti
 
 
 def _to_plan(inp: PlanInputs, tiers, choice_row, t, l, v, r, fits=True) -> Plan:
-    rows = np.asarray(tiers, dtype=object)[choice_row].reshape(inp.layers, inp.experts)
-    pl = Placement(tuple(map(tuple, rows.tolist())))
-    return Plan(pl, 1.0 / t, float(l), int(v), int(r), fits)
+    return Plan(1.0 / t, float(l), int(v), int(r), fits, np.asarray(choice_row), tuple(tiers),
+                (inp.layers, inp.experts))
+
+
+MAX_UNITS = 512  # above this many experts, the planner works on groups of alike experts (`reduced`)
+
+
+def reduced(inp: PlanInputs, units: int = 256) -> tuple[PlanInputs, np.ndarray]:
+    """The same problem over `units` groups of equally many experts alike in popularity (sorted by
+    share, then cut in equal runs), and which group each expert is in. A group takes one tier for
+    all its experts; its time and quality loss are the sums of its members' (exact for any grouped
+    placement), its memory its members' sizes times their count. Qwen3-30B-A3B's 6,144 experts
+    become 256 groups of 24: the frontier's granularity of Mixtral's 256 experts, at its cost."""
+    n = inp.layers * inp.experts
+    share = np.asarray(inp.share, dtype=np.float64).reshape(-1)
+    # groups must share one size: the smallest group size that divides n into at most MAX_UNITS groups
+    m = next(m for m in range(max(1, -(-n // units)), n + 1) if n % m == 0 and n // m <= MAX_UNITS)
+    units = n // m
+    order = np.argsort(-share, kind="stable")
+    unit_of = np.empty(n, dtype=np.int64)
+    unit_of[order] = np.arange(n) // m
+    u_share = np.bincount(unit_of, weights=share, minlength=units)
+    sens = {}
+    for t, table in inp.sensitivity.items():
+        w = share * np.asarray(table, dtype=np.float64).reshape(-1)
+        sens[t] = (np.bincount(unit_of, weights=w, minlength=units) / np.maximum(u_share, 1e-300))[None].tolist()
+    small = PlanInputs(1, units, inp.top_k, (tuple(u_share.tolist()),), sens, inp.expert_bytes, inp.tier_costs,
+                       inp.dense_bytes, inp.dense_s, inp.cpu_only, inp.batch_scale, inp.dense_prefill_s, unit=m)
+    return small, unit_of
 
 
 def _pareto(t: np.ndarray, l: np.ndarray, ok: np.ndarray) -> list[int]:
@@ -242,6 +283,11 @@ def _between(inp: PlanInputs, tabs, a: np.ndarray, b: np.ndarray, room_v: float)
 def frontier(inp: PlanInputs, budgets: Budgets) -> list[Plan]:
     """Non-dominated feasible plans, sorted from best quality (least loss) to fastest.
     When nothing fits, one plan: the least-memory candidate, marked fits=False."""
+    if inp.layers * inp.experts > MAX_UNITS and inp.unit == 1:
+        from dataclasses import replace
+
+        small, unit_of = reduced(inp)
+        return [replace(p, shape=(inp.layers, inp.experts), unit_of=unit_of) for p in frontier(small, budgets)]
     tiers, choice, t, l, v, r = candidates(inp, budgets)
     ok = (v <= budgets.vram) & (r <= budgets.ram)
     if not ok.any():
@@ -291,7 +337,10 @@ class SliderScale:
 
 
 def slider_scale(inp: PlanInputs) -> SliderScale:
-    pts = frontier(inp, UNLIMITED)  # best quality first
+    return _scale_of(frontier(inp, UNLIMITED))  # best quality first
+
+
+def _scale_of(pts: list[Plan]) -> SliderScale:
     loss = np.array([p.loss for p in pts])
     speed = np.array([p.tok_s for p in pts])
     if len(pts) < 2:
@@ -306,7 +355,12 @@ def slider_scale(inp: PlanInputs) -> SliderScale:
 def choose(points: list[Plan], slider: float, inp: PlanInputs, scale: SliderScale | None = None) -> Plan:
     """The fastest plan whose loss meets the slider's target (the least-loss plan when none does).
     `scale` is slider_scale(inp), passed in by callers that re-plan often with the same inputs."""
-    target = (scale or slider_scale(inp)).target(slider)
+    scale = scale or slider_scale(inp)
+    if max(scale.loss) - min(scale.loss) <= 1e-15 and len(points) > 1:
+        # with unlimited memory nothing trades quality for speed (small experts, as Qwen3-MoE's: 4 bits
+        # are no faster on the GPU), so the slider spans what these budgets offer instead
+        scale = _scale_of(points)
+    target = scale.target(slider)
     meeting = [p for p in points if p.loss <= target + 1e-15]
     if not meeting:
         return points[0]  # the least loss the budget allows

@@ -53,7 +53,7 @@ class SyntheticCheckpoint:
     """Duck-types engine.checkpoint.Checkpoint for the engine's reads."""
 
     def __init__(self, folder: str | Path):
-        from transformers import MixtralConfig
+        from ..checkpoint import hf_config
 
         self.folder = Path(folder).expanduser()
         self.config_path = self.folder / "config.json"
@@ -61,7 +61,7 @@ class SyntheticCheckpoint:
         self.seed = int(meta.get("seed", 0))
         self.dtype = getattr(torch, meta.get("dtype", "bfloat16"))
         self.raw_config = json.loads(self.config_path.read_text())
-        self.config = MixtralConfig.from_dict(self.raw_config)
+        self.config = hf_config(self.raw_config, self.config_path)
         self.dims = dims_from_config(self.config, self.config_path)
         self.expected = {**dense_shapes(self.dims), **expert_shapes(self.dims)}
         self.where = {name: _Where(self.folder / MARKER) for name in self.expected}

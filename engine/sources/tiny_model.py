@@ -63,3 +63,49 @@ def write_tiny_mixtral(folder: str | Path, *, layers: int = 2, hidden: int = 64,
     if tokenizer:
         write_tokenizer(folder, vocab)
     return folder
+
+
+# transformers' own classes for each family's tiny model, and the config fields that differ from Mixtral's
+TINY_FAMILIES = {
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  lambda ffn, experts: dict(moe_intermediate_size=ffn, num_experts=experts, head_dim=24,
+                                            norm_topk_prob=True)),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", lambda ffn, experts: dict(intermediate_size=ffn, num_experts=experts,
+                                                                           clip_qkv=4.0)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  lambda ffn, experts: dict(moe_intermediate_size=ffn, num_experts=experts,
+                                            shared_expert_intermediate_size=96, qkv_bias=True)),
+}
+
+
+def write_tiny_model(folder: str | Path, family: str = "mixtral", *, layers: int = 2, hidden: int = 64, ffn: int = 128,
+                     experts: int = 4, top_k: int = 2, heads: int = 4, kv_heads: int = 2, vocab: int = 320,
+                     seed: int = 0, shard_size: str | None = None, tokenizer: bool = True, **extra) -> Path:
+    """A tiny random model of one family (engine/families), written by transformers' own classes."""
+    if family == "mixtral":
+        return write_tiny_mixtral(folder, layers=layers, hidden=hidden, ffn=ffn, experts=experts, top_k=top_k,
+                                  heads=heads, kv_heads=kv_heads, vocab=vocab, seed=seed, shard_size=shard_size,
+                                  tokenizer=tokenizer, **extra)
+    import torch
+    import transformers
+
+    config_name, model_name, fields = TINY_FAMILIES[family]
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = getattr(transformers, config_name)(
+        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, num_experts_per_tok=top_k, max_position_embeddings=512, bos_token_id=1,
+        eos_token_id=2, pad_token_id=0, tie_word_embeddings=False, **{**fields(ffn, experts), **extra})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(cfg).float()
+    with torch.no_grad():  # widen the default init (std 0.02) so routing and logits are not all ties
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.5 / p.shape[-1] ** 0.5)
+            elif p.dim() == 1 and not torch.all(p == 1):  # biases (norm weights stay at 1)
+                p.normal_(0.0, 0.1)
+    kw = {"max_shard_size": shard_size} if shard_size else {}
+    model.save_pretrained(str(folder), **kw)
+    if tokenizer:
+        write_tokenizer(folder, vocab)
+    return folder

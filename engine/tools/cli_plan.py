@@ -141,6 +141,8 @@ def cmd_eval(a) -> int:
         fin = list(gen.stream(ids[:16], SamplingParams(max_new_tokens=a.new_tokens)))[-1]
         return p, q, len(ids), fin
 
+    if a.placement != "auto":
+        return _eval_pinned(a)
     client = prepare(a)
     try:
         p, q, n, fin = client.task(evaluate)
@@ -151,6 +153,34 @@ def cmd_eval(a) -> int:
           f"{n} tokens")
     print(f"decode {fin.decode_tok_s:.2f} tok/s measured, {p.tok_s:.2f} predicted; "
           f"predicted quality loss {p.loss:.4f}")
+    return 0
+
+
+def _eval_pinned(a) -> int:
+    """`eval --placement P` (anything but auto): the perplexity of the model kept at that placement."""
+    from ..client import for_terminal
+    from ..generate import SamplingParams
+    from .evaluate import corpus_ids, perplexity
+
+    def evaluate(s):
+        loaded = s.loaded
+        ids = corpus_ids(loaded.tokenizer, a.text, a.tokens)
+        ppl = perplexity(loaded.model, ids)
+        gen = loaded.generator
+        gen.cache.tokens = []
+        fin = list(gen.stream(ids[:16], SamplingParams(max_new_tokens=a.new_tokens)))[-1]
+        return ppl, len(ids), loaded.model.placement.counts(), fin
+
+    client = for_terminal(False)
+    try:
+        client.load(a.model or "demo", a.placement, a.device, a.dtype, a.ctx)
+        ppl, n, counts, fin = client.task(evaluate)
+    finally:
+        client.close()
+    tiers = ", ".join(f"{k} {getattr(t, 'value', t)}" for t, k in counts.items() if k)
+    print(f"placement {a.placement}: {tiers}")
+    print(f"perplexity {ppl:.6f}, {n} tokens")
+    print(f"decode {fin.decode_tok_s:.2f} tok/s measured")
     return 0
 
 

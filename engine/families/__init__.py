@@ -1,0 +1,21 @@
+"""One small adapter per Mixture-of-Experts family: where its checkpoint keeps each tensor, which
+config fields size it, how its router weighs the chosen experts, and what its attention adds
+(q/k norms, q/k/v biases, value clipping) or its MoE block adds (a gated shared expert).
+
+Everything else (placement, tiers, planner, migration, the window) is family-independent and reads
+only `Dims` and these adapters. transformers stays the reference for config, tokenizer, chat
+template and correctness (tests/test_families.py compares logits with its own classes)."""
+from __future__ import annotations
+
+from .family import Family
+from .mixtral import MIXTRAL
+from .olmoe import OLMOE
+from .qwen2_moe import QWEN2_MOE
+from .qwen3_moe import QWEN3_MOE
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (MIXTRAL, QWEN3_MOE, OLMOE, QWEN2_MOE)}
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
+
+
+def family_of(model_type) -> Family | None:
+    return FAMILIES.get(model_type)

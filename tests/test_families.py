@@ -1,0 +1,154 @@
+"""Qwen3-MoE, OLMoE and Qwen2-MoE (engine/families) against transformers' own classes: tiny random
+models written by their save_pretrained (single file and sharded); fp32 logits within 1e-4 over a
+prefill and 12 decode steps for all-CPU and mixed placements, identical greedy tokens, the same
+perplexity through `mixdesk eval`, and the window chatting with a tiny Qwen3-MoE."""
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from engine.checkpoint import Checkpoint
+from engine.errors import ModelError
+from engine.model import MixtralModel
+from engine.placement import Placement, Tier
+from engine.sources.tiny_model import write_tiny_model
+
+CPU = torch.device("cpu")
+FAMILIES = ["qwen3_moe", "olmoe", "qwen2_moe"]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    made = {}
+
+    def get(family: str, sharded: bool = False):
+        key = (family, sharded)
+        if key not in made:
+            made[key] = write_tiny_model(tmp_path_factory.mktemp(family), family, seed=3,
+                                         shard_size="60KB" if sharded else None)
+        return made[key]
+    return get
+
+
+def reference(folder):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("sharded", [False, True], ids=["single", "sharded"])
+@pytest.mark.parametrize("where", ["all-cpu", "mixed"])
+def test_logits_match_transformers(folders, family, sharded, where):
+    folder = folders(family, sharded)
+    ck = Checkpoint(folder)
+    assert ck.dims.family == family and (len(ck.files) > 1) == sharded
+    d = ck.dims
+    pl = (Placement.uniform(d.layers, d.experts, Tier.CPU16) if where == "all-cpu"
+          else Placement.random(d.layers, d.experts, [Tier.GPU16, Tier.CPU16], seed=5))
+    ids = torch.randint(0, d.vocab, (28,), generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        want = reference(folder)(ids[None]).logits[0]
+    model = MixtralModel(ck, pl, CPU, torch.float32)
+    cache = model.new_cache(64)
+    got = [model.forward(ids[:16], cache, 0, all_logits=True)]
+    got += [model.forward(ids[i:i + 1], cache, i) for i in range(16, 28)]
+    assert (torch.cat(got) - want).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_tokens_are_identical(folders, family):
+    folder = folders(family)
+    ck = Checkpoint(folder)
+    prompt = torch.tensor([5, 17, 42, 8, 99, 3])
+    with torch.no_grad():
+        want = reference(folder).generate(prompt[None], max_new_tokens=16, do_sample=False, min_new_tokens=16,
+                                          eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    d = ck.dims
+    model = MixtralModel(ck, Placement.random(d.layers, d.experts, [Tier.GPU16, Tier.CPU16], seed=2), CPU,
+                         torch.float32)
+    cache = model.new_cache(64)
+    logits = model.forward(prompt, cache, 0)
+    got, pos = [], len(prompt)
+    for _ in range(16):
+        got.append(int(logits[-1].argmax()))
+        logits = model.forward(torch.tensor(got[-1:]), cache, pos)
+        pos += 1
+    assert got == want
+
+
+def test_eval_gives_transformers_perplexity(folders, tmp_path):
+    folder = folders("qwen3_moe")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "eval", "--model", str(folder), "--dtype", "fp32",
+                        "--placement", "cpu", "--tokens", "96", "--new-tokens", "4"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    ppl = float(re.search(r"perplexity ([0-9.]+), 96 tokens", r.stdout)[1])
+    from transformers import AutoTokenizer
+
+    from engine.tools.evaluate import corpus_ids
+
+    ids = torch.tensor(corpus_ids(AutoTokenizer.from_pretrained(str(folder)), None, 96))
+    with torch.no_grad():
+        logits = reference(folder)(ids[None]).logits[0, :-1]
+    want = math.exp(float(torch.nn.functional.cross_entropy(logits, ids[1:])))
+    assert abs(ppl - want) / want < 1e-5, (ppl, want)
+
+
+def test_unsupported_layouts_are_refused_by_name(tmp_path):
+    folder = write_tiny_model(tmp_path / "q", "qwen3_moe", mlp_only_layers=[1])
+    with pytest.raises(ModelError, match=r"config.json: has dense MLP layers .*mlp_only_layers \[1\]"):
+        Checkpoint(folder)
+    import json
+
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "deepseek_v3", "mlp_only_layers": []}))
+    with pytest.raises(ModelError, match=r"model_type is 'deepseek_v3'; Mixdesk runs .*Qwen3-MoE \(qwen3_moe\)"):
+        Checkpoint(folder)
+
+
+def test_plan_from_the_shipped_qwen3_config(tmp_path):
+    from pathlib import Path
+
+    cfg = Path(__file__).resolve().parents[1] / "resources" / "qwen3-30b-a3b-config.json"
+    r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "plan", "--config-only", "--model", str(cfg),
+                        "--gpu-budget", "24", "--ram-budget", "64", "--png", ""], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    assert "frontier computed in" in r.stdout and "NOTHING FITS" not in r.stdout
+    rows = [line for line in r.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert len(rows) > 50  # a frontier, not a handful of points
+    for row in (rows[0], rows[-1]):  # every one of the 48 x 128 experts is placed
+        assert sum(int(n) for n in re.findall(r"(\d+) [cg]pu-(?:16|4)", row.split("|")[2])) == 6144, row
+    assert "gpu-4" in rows[-1] and "gpu-4" not in rows[0]  # fastest: 4-bit on the GPU; best: all 16-bit
+
+
+def test_the_window_opens_a_tiny_qwen3_moe_and_chats(qtbot, folders, tmp_path, monkeypatch):
+    pytest.importorskip("PySide6")
+    from PySide6.QtCore import Qt
+
+    from app.main_window import MainWindow
+    from app.store import Store
+    from engine.generate import SamplingParams
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    w = MainWindow(Store(tmp_path / "chats.sqlite3"), model=str(folders("qwen3_moe")), session_kwargs={"poll_s": 0.1},
+                   device="cpu", dtype="fp32")
+    qtbot.addWidget(w)
+    w.show()
+    qtbot.waitUntil(lambda: w.send_btn.isEnabled(), timeout=120_000)
+    assert w.model_info is not None and "CPU only" in w.model_label.text()
+    w.params = SamplingParams(max_new_tokens=8)
+    w.input.setPlainText("hello qwen")
+    qtbot.mouseClick(w.send_btn, Qt.LeftButton)
+    qtbot.waitUntil(lambda: not w.generating and w.cid is not None and len(w.store.messages(w.cid)) == 2,
+                    timeout=60_000)
+    reply = w.store.messages(w.cid)[1]
+    assert reply.complete and reply.content and "tok/s" in reply.meta["stats"]
+    assert sum(w.tiers_now.values()) == 8  # 2 layers x 4 experts placed
+    w.close()
