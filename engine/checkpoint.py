@@ -243,8 +243,11 @@ class Checkpoint:
 
     def _check_model_type(self) -> None:
         mt = self.raw_config.get("model_type")
+        if mt in FAMILIES and not FAMILIES[mt].runs:
+            raise ModelError(self.config_path, f"is a {FAMILIES[mt].name} model; Mixdesk plans it from its config "
+                             "(mixdesk plan --config-only) but does not run its weights yet")
         if mt not in SUPPORTED_MODEL_TYPES:
-            names = ", ".join(f"{f.name} ({t})" for t, f in FAMILIES.items())
+            names = ", ".join(f"{f.name} ({t})" for t, f in FAMILIES.items() if f.runs)
             raise ModelError(self.config_path, f"model_type is {mt!r}; Mixdesk runs these Mixture-of-Experts "
                              f"families: {names}")
         self.family = FAMILIES[mt]

@@ -152,3 +152,42 @@ def test_the_window_opens_a_tiny_qwen3_moe_and_chats(qtbot, folders, tmp_path, m
     assert reply.complete and reply.content and "tok/s" in reply.meta["stats"]
     assert sum(w.tiers_now.values()) == 8  # 2 layers x 4 experts placed
     w.close()
+
+
+def test_gpt_oss_is_planned_from_its_config_and_its_weights_refused_by_name(tmp_path):
+    import json
+    import shutil
+    from pathlib import Path
+
+    cfg = Path(__file__).resolve().parents[1] / "resources" / "gpt-oss-20b-config.json"
+    r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "plan", "--config-only", "--model", str(cfg),
+                        "--gpu-budget", "24", "--ram-budget", "64", "--png", ""], capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert r.returncode == 0 and "gpu-4" in r.stdout, r.stderr
+    folder = tmp_path / "gpt-oss"
+    folder.mkdir()
+    shutil.copy(cfg, folder / "config.json")
+    (folder / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    with pytest.raises(ModelError, match="is a GPT-OSS model; Mixdesk plans it from its config .* does not run"):
+        Checkpoint(folder)
+    assert json.loads(cfg.read_text())["model_type"] == "gpt_oss"
+
+
+def test_the_placement_map_stays_readable_at_48_by_128(qtbot):
+    """Qwen3-30B-A3B's 6,144 experts: too many cells for the panel, so each layer is drawn as the bar
+    of its tier mix; Mixtral's 32 x 8 keeps one cell per expert."""
+    pytest.importorskip("PySide6")
+    from app.placement_map import PlacementMap
+
+    m = PlacementMap()
+    qtbot.addWidget(m)
+    m.resize(340, 260)
+    m.show()
+    m.set_placement(Placement.random(48, 128, [Tier.GPU16, Tier.GPU4, Tier.CPU16, Tier.CPU4], seed=1))
+    img = m.grab().toImage()  # paints it
+    assert m.aggregate and "one bar per layer" in m.toolTip() and "128 experts" in m.toolTip()
+    row = {img.pixelColor(x, 3).name() for x in range(0, 340, 2)}  # the first layer's bar: all four tiers
+    assert {"#2e7d32", "#81c784", "#1565c0", "#64b5f6"} <= row
+    m.set_placement(Placement.random(32, 8, [Tier.GPU16, Tier.CPU4], seed=1))
+    m.grab()
+    assert not m.aggregate and "one cell per expert" in m.toolTip()

@@ -8,13 +8,14 @@ template and correctness (tests/test_families.py compares logits with its own cl
 from __future__ import annotations
 
 from .family import Family
+from .gpt_oss import GPT_OSS
 from .mixtral import MIXTRAL
 from .olmoe import OLMOE
 from .qwen2_moe import QWEN2_MOE
 from .qwen3_moe import QWEN3_MOE
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (MIXTRAL, QWEN3_MOE, OLMOE, QWEN2_MOE)}
-SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (MIXTRAL, QWEN3_MOE, OLMOE, QWEN2_MOE, GPT_OSS)}
+SUPPORTED_MODEL_TYPES = tuple(t for t, f in FAMILIES.items() if f.runs)  # the ones whose weights run
 
 
 def family_of(model_type) -> Family | None:

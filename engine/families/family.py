@@ -18,6 +18,7 @@ class Family:
     qkv_bias: str | None = None         # the config field that turns q/k/v biases on, if the family has them
     shared_expert: bool = False         # a shared SwiGLU expert, always active, scaled by sigmoid(gate(x))
     clip_qkv: bool = False              # q, k, v clamped to +-config.clip_qkv (after the q/k norms)
+    runs: bool = True                   # False: planned from its config, its weights not run yet
 
     def expert_key(self, layer: int, expert: int, w: str) -> str:
         """w is the engine's name: w1 gate, w2 down, w3 up (SwiGLU: w2 @ (silu(w1 x) * w3 x))."""
