@@ -155,7 +155,7 @@ class MainWindow(QMainWindow):
         self.picker.open()
 
     def open_folder(self) -> None:
-        d = QFileDialog.getExistingDirectory(self, "Open a Mixtral-compatible model folder")
+        d = QFileDialog.getExistingDirectory(self, "Open a model folder (Mixtral, Qwen3-MoE, OLMoE or Qwen2-MoE)")
         if d:
             self.load_model(d)
 

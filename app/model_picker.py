@@ -61,7 +61,7 @@ class ModelPicker(QDialog):
         self.accept()
 
     def _folder(self) -> None:
-        d = QFileDialog.getExistingDirectory(self, "Open a Mixtral-compatible model folder")
+        d = QFileDialog.getExistingDirectory(self, "Open a model folder (Mixtral, Qwen3-MoE, OLMoE or Qwen2-MoE)")
         if d:
             self._pick(d)
 

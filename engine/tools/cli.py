@@ -61,7 +61,7 @@ MAX_CTX = 1 << 20
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
-                   help="a Mixtral-compatible model folder (safetensors), or a Hugging Face repo id "
+                   help="a model folder (safetensors; Mixtral, Qwen3-MoE, OLMoE or Qwen2-MoE), or a Hugging Face repo id "
                    "(owner/name, downloaded into the HF cache); default: the built-in demo")
     p.add_argument("--placement", default="auto", type=_placement,
                    help="auto (planned, re-placed live) | gpu | cpu | random:SEED | a JSON placement file; "
