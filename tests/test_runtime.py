@@ -336,3 +336,23 @@ def test_an_nvidia_machine_on_a_cpu_torch_is_told_how_to_fix_it(monkeypatch, cap
     version = __import__("torch").__version__.split("+")[0]
     assert f"pip install --force-reinstall torch=={version} --index-url https://download.pytorch.org/whl/cu128" in tip
     assert "`mixdesk runtime install`" in tip
+
+
+def test_cancel_keeps_what_was_downloaded_and_installs_nothing(index, rt):
+    import threading
+
+    from engine.tools.runtime.download import Cancelled
+
+    offer = prepare(index.url, "2.13.0")
+    cancel = threading.Event()
+    seen = []
+
+    def progress(done, total, what):
+        seen.append(done)
+        if done > 1 << 20:  # the user presses Cancel during the big wheel
+            cancel.set()
+    with pytest.raises(Cancelled, match="kept to resume"):
+        install(offer, progress, cancel)
+    assert not (rt / "active.json").exists() and not list(rt.glob(".staging-*"))
+    kept = sum(p.stat().st_size for p in downloads_dir().iterdir())
+    assert kept > 1 << 20 and prepare(index.url, "2.13.0").already > 0  # an install resumes from here
