@@ -133,7 +133,7 @@ def _activate(root: Path) -> Activation:
         if not _pid_alive(pid):
             why = (f"a start on {time.strftime('%Y-%m-%d %H:%M', time.localtime(marker.stat().st_mtime))} died "
                    "while importing its torch (a crash in its native libraries)")
-            _write(folder / SET_ASIDE, {"reason": why})
+            write_json(folder / SET_ASIDE, {"reason": why})
             marker.unlink(missing_ok=True)
             return _fallback(folder, why)
     site = folder / "site"
@@ -182,13 +182,14 @@ def smoke(torch) -> bool | str:
 def set_aside(folder: Path, why: str) -> None:
     """Stop using this runtime at start (until it is installed again or removed), with the reason."""
     try:
-        _write(folder / SET_ASIDE, {"reason": why})
+        write_json(folder / SET_ASIDE, {"reason": why})
     except OSError:
         pass  # a read-only folder: the caller's MIXDESK_RUNTIME=off still keeps this start off it
 
 
-def _write(path: Path, doc: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+def write_json(path: Path, doc: dict) -> None:
+    """Write doc to path atomically (a temporary file, then a rename)."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(doc, indent=1))
     tmp.replace(path)
 

@@ -211,14 +211,14 @@ def install(offer: Offer, progress: ProgressFn = lambda d, t, w: None, cancel: t
                "gpu": offer.gpu.describe() if offer.gpu else None, "unpacked_bytes": unpacked,
                "wheels": [{"file": w.filename, "sha256": w.sha256, "size": w.size} for w in offer.plan.wheels],
                "carried": offer.plan.carried}
-        _write_json(staging / act.MANIFEST, doc)
+        act.write_json(staging / act.MANIFEST, doc)
         final = root / name
         if final.exists():  # a reinstall of the same build: the old one goes only after the new one is in
             final = root / f"{name}-{secrets.token_hex(3)}"
         staging.rename(final)
         staging = None
         previous = act.active_folder(root)
-        _write_json(root / act.ACTIVE, {"folder": final.name})
+        act.write_json(root / act.ACTIVE, {"folder": final.name})
         if previous is not None and previous != final:
             shutil.rmtree(previous, ignore_errors=True)
     finally:
@@ -227,14 +227,6 @@ def install(offer: Offer, progress: ProgressFn = lambda d, t, w: None, cancel: t
     shutil.rmtree(dl, ignore_errors=True)  # the wheels are unpacked: give the GBs back
     doc["folder"] = str(final)
     return doc
-
-
-def _write_json(path: Path, doc: dict) -> None:
-    import json
-
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(path)
 
 
 def remove() -> str:
