@@ -16,7 +16,7 @@ from engine.tools.runtime import activate as runtime
 from engine.tools.runtime.download import Cancelled
 from engine.tools.runtime.gpu import default_index, find_nvidia
 from engine.tools.runtime.index import RuntimeProblem
-from engine.tools.runtime.install import gb, install, prepare, remove, status
+from engine.tools.runtime.install import build_name, gb, install, prepare, remove, status
 
 DISMISSED = "gpu_runtime/offer_dismissed"
 
@@ -145,7 +145,7 @@ class RuntimeDialog(QDialog):
 
     def refresh(self) -> None:
         s = status()
-        build = f"CUDA {s['cuda_build']} build" if s["cuda_build"] else "CPU build"
+        build = build_name(s["cuda_build"])
         rt = s["runtime"]
         lines = [f"<b>In use:</b> torch {s['torch']} ({build}) from {s['source']}<br><small>{s['torch_path']}</small>",
                  f"<b>GPU:</b> {s['gpu']}",
@@ -156,8 +156,7 @@ class RuntimeDialog(QDialog):
         elif rt and s["state"] != "active":
             lines.append("It is used from the next start of Mixdesk.")
         self.info.setText("<br>".join(lines))
-        gpu, _ = find_nvidia()
-        default, why = default_index(gpu)
+        default, why = default_index(s["nvidia"])
         self.index.setPlaceholderText(default or why)
         self.remove_btn.setEnabled(rt is not None)
 

@@ -50,10 +50,10 @@ def run() -> int:
 
     from engine.tools.runtime import activate as runtime
     from engine.tools.runtime.gpu import find_nvidia
-    from engine.tools.runtime.install import advice
+    from engine.tools.runtime.install import advice, build_name
 
     acc = detect()
-    build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build"
+    build = build_name(torch.version.cuda)
     source = "the GPU runtime" if runtime.CURRENT.state == "active" else (
         "the bundle" if getattr(sys, "frozen", False) else "this Python environment")
     print(f"torch {torch.__version__} ({build}) from {source}: {os.path.dirname(torch.__file__)}")

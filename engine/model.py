@@ -94,8 +94,8 @@ class MixtralModel:
             p = f"model.layers.{l}."
             wqkv = torch.cat([dense(p + f"self_attn.{n}_proj.weight") for n in "qkv"])  # [(H+2G)Hd, D]
             bqkv = torch.cat([dense(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if d.qkv_bias else None
-            qn, kn = ((dense(p + "self_attn.q_norm.weight"), dense(p + "self_attn.k_norm.weight")) if d.qk_norm
-                      else (None, None))
+            qn, kn = ((dense(p + "self_attn.q_norm.weight").to(self.attn_dtype),  # applied in attention's dtype
+                       dense(p + "self_attn.k_norm.weight").to(self.attn_dtype)) if d.qk_norm else (None, None))
             self.layers.append(DenseLayer(dense(p + "input_layernorm.weight"), wqkv,
                                           dense(p + "self_attn.o_proj.weight"),
                                           dense(p + "post_attention_layernorm.weight"), bqkv, qn, kn))
@@ -278,10 +278,10 @@ class MixtralModel:
         T, H, G, Hd = qkv.shape[0], d.heads, d.kv_heads, d.head_dim
         q, k, v = qkv.split([H * Hd, G * Hd, G * Hd], dim=-1)
         if d.qk_norm == "head":
-            q = self._rms(q.reshape(T, H, Hd), layer.q_norm.to(qkv.dtype)).reshape(T, H * Hd)
-            k = self._rms(k.reshape(T, G, Hd), layer.k_norm.to(qkv.dtype)).reshape(T, G * Hd)
+            q = self._rms(q.reshape(T, H, Hd), layer.q_norm).reshape(T, H * Hd)
+            k = self._rms(k.reshape(T, G, Hd), layer.k_norm).reshape(T, G * Hd)
         else:
-            q, k = self._rms(q, layer.q_norm.to(qkv.dtype)), self._rms(k, layer.k_norm.to(qkv.dtype))
+            q, k = self._rms(q, layer.q_norm), self._rms(k, layer.k_norm)
         return torch.cat([q, k, v], dim=-1)
 
     def _mask(self, T: int, pos: int) -> tuple[torch.Tensor | None, bool]:

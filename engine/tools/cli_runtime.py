@@ -6,7 +6,7 @@ import sys
 import time
 
 from .runtime import activate as act
-from .runtime.install import gb
+from .runtime.install import build_name, gb
 
 
 def add_parser(sub) -> None:
@@ -32,8 +32,8 @@ def cmd_status(a) -> int:
     from .runtime.install import status
 
     s = status()
-    cuda = (f"CUDA {s['cuda_build']} build, " + ("a GPU is usable" if s["cuda_available"] else "no usable GPU")
-            if s["cuda_build"] else "CPU build")
+    cuda = build_name(s["cuda_build"]) + (
+        (", a GPU is usable" if s["cuda_available"] else ", no usable GPU") if s["cuda_build"] else "")
     print(f"torch {s['torch']} ({cuda}) from {s['source']}: {s['torch_path']}")
     print(f"GPU: {s['gpu']}")
     rt = s["runtime"]

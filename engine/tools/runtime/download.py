@@ -10,12 +10,10 @@ import http.client
 import shutil
 import socket
 import threading
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Callable
 
-from .index import Dist, RuntimeProblem, open_url
+from .index import Dist, RuntimeProblem, local_path, open_url
 
 CHUNK = 1 << 20
 
@@ -54,7 +52,7 @@ def fetch(d: Dist, folder: Path, progress: Callable[[int], None] = lambda n: Non
             return final
         final.unlink()
     if d.url.startswith("file:"):  # a local mirror: a copy, checked like a download
-        src = Path(urllib.request.url2pathname(urllib.parse.urlparse(d.url).path))
+        src = local_path(d.url)
         with open(src, "rb") as fi, open(part, "wb") as fo:
             while chunk := fi.read(CHUNK):
                 if cancel is not None and cancel.is_set():

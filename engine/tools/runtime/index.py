@@ -72,11 +72,16 @@ def _ssl_context() -> ssl.SSLContext:
 _SSL = None
 
 
+def local_path(url: str) -> Path:
+    """The file a file:// URL names."""
+    return Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
+
+
 def open_url(url: str, headers: dict | None = None, method: str = "GET", timeout: float = TIMEOUT_S):
     """An open response, or RuntimeProblem saying in one line why not (offline, refused, HTTP error)."""
     global _SSL
     if url.startswith("file:"):
-        path = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
+        path = local_path(url)
         if path.is_dir():
             path = path / "index.html"
         if not path.exists():
@@ -222,7 +227,7 @@ class Index:
         """The file's size in bytes (from the index, else a HEAD request)."""
         if d.size is None:
             if d.url.startswith("file:"):
-                d.size = Path(urllib.request.url2pathname(urllib.parse.urlparse(d.url).path)).stat().st_size
+                d.size = local_path(d.url).stat().st_size
             else:
                 with open_url(d.url, method="HEAD") as r:
                     d.size = int(r.headers.get("Content-Length") or 0) or None
@@ -239,7 +244,7 @@ class Index:
                 raise RuntimeProblem(f"{d.metadata_url}: sha256 does not match the index's; refusing it")
             return email.parser.Parser().parsestr(raw.decode("utf-8", "replace"), headersonly=True)
         if d.url.startswith("file:"):
-            f = open(urllib.request.url2pathname(urllib.parse.urlparse(d.url).path), "rb")
+            f = open(local_path(d.url), "rb")
         else:
             f = io.BufferedReader(RangeFile(d.url, self.size(d)), buffer_size=1 << 16)
         try:

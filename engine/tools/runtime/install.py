@@ -52,6 +52,11 @@ def bundled_torch_version() -> str:
         return ""
 
 
+def build_name(cuda: str | None) -> str:
+    """How a torch build is named to people: "CUDA 12.8 build" or "CPU build"."""
+    return f"CUDA {cuda} build" if cuda else "CPU build"
+
+
 def gb(n: int) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
@@ -264,7 +269,7 @@ def status() -> dict:
         "the app's bundle" if getattr(sys, "frozen", False) else "this Python environment")
     out = {"torch": torch.__version__, "torch_path": str(where), "source": source,
            "cuda_build": torch.version.cuda, "cuda_available": bool(torch.cuda.is_available()),
-           "gpu": gpu.describe() if gpu else why, "has_gpu": gpu is not None, "activation": cur.message,
+           "gpu": gpu.describe() if gpu else why, "has_gpu": gpu is not None, "nvidia": gpu, "activation": cur.message,
            "state": cur.state, "runtime": None}
     if folder is not None:
         m = act.manifest(folder)
