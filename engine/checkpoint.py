@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from .errors import ModelError
-from .families import FAMILIES, SUPPORTED_MODEL_TYPES, Family, family_of
+from .families import FAMILIES, SUPPORTED_MODEL_TYPES, Family, family_of, fused
 from .safetensors_file import DTYPES, SafetensorsFile, regular_file
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -55,6 +55,18 @@ class Dims:
     qkv_bias: bool = False
     shared_ffn: int = 0             # width of the always-active shared expert (0: none)
     clip_qkv: float | None = None
+    # GPT-OSS (engine/families/gpt_oss.py)
+    router_kind: str = "softmax_topk"   # or "topk_softmax"
+    router_bias: bool = False
+    act: str = "silu"                   # or "swiglu_oai"
+    swiglu: tuple[float, float] = (1.702, 7.0)  # swiglu_oai's (alpha, limit)
+    attn_sinks: bool = False
+    o_bias: bool = False
+    layer_windows: tuple | None = None  # per layer: its sliding window, or None (full attention)
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of one layer's attention (None: it sees every earlier position)."""
+        return self.layer_windows[layer] if self.layer_windows is not None else self.sliding_window
 
     @property
     def adapter(self) -> Family:
@@ -84,6 +96,12 @@ def dense_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
         s[p + "self_attn.k_proj.weight"] = (kv, d.hidden)
         s[p + "self_attn.v_proj.weight"] = (kv, d.hidden)
         s[p + "self_attn.o_proj.weight"] = (d.hidden, q)
+        if d.o_bias:
+            s[p + "self_attn.o_proj.bias"] = (d.hidden,)
+        if d.attn_sinks:
+            s[p + "self_attn.sinks"] = (d.heads,)
+        if d.router_bias:
+            s[fam.router_key(l, bias=True)] = (d.experts,)
         if d.qkv_bias:
             s[p + "self_attn.q_proj.bias"], s[p + "self_attn.k_proj.bias"], s[p + "self_attn.v_proj.bias"] = (q,), (kv,), (kv,)
         if d.qk_norm:
@@ -98,7 +116,9 @@ def dense_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
     return s
 
 
-def expert_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
+def expert_shapes(d: Dims, mxfp4: bool = False) -> dict[str, tuple[int, ...]]:
+    if d.adapter.fused_experts:
+        return fused.shapes(d, mxfp4)
     s = {}
     key = d.adapter.expert_key
     for l in range(d.layers):
@@ -215,9 +235,10 @@ class Checkpoint:
             for name in f.tensors:
                 self.where[name] = f
         self._check_quantised()
-        self.expected = {**dense_shapes(self.dims), **expert_shapes(self.dims)}
+        self.expected = {**dense_shapes(self.dims), **expert_shapes(self.dims, self.mxfp4)}
         self._check_tensors()
-        self.dtype = DTYPES[self.info(self.expert_key(0, 0, "w1")).dtype]
+        # the experts' 16-bit source: MXFP4 is exact in bf16 (engine/families/fused.py)
+        self.dtype = torch.bfloat16 if self.mxfp4 else DTYPES[self.info(self.expert_key(0, 0, "w1")).dtype]
 
     # ---- validation -------------------------------------------------------------------------
     def _check_files(self) -> None:
@@ -252,7 +273,10 @@ class Checkpoint:
                              f"families: {names}")
         self.family = FAMILIES[mt]
         qc = self.raw_config.get("quantization_config")
-        if isinstance(qc, dict):
+        # MXFP4 experts, as gpt-oss ships: read (engine/families/fused.py); any other format is refused
+        self.mxfp4 = isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "mxfp4" and \
+            self.family.fused_experts
+        if isinstance(qc, dict) and not self.mxfp4:
             method = str(qc.get("quant_method", "unknown"))
             raise ModelError(self.config_path, _quant_refusal(QUANT_METHOD_NAMES.get(method.lower(), method)))
 
@@ -308,6 +332,10 @@ class Checkpoint:
                     f.path,
                     f"tensor '{name}' has shape {list(got)} but config.json implies {list(shape)}",
                 )
+            packed = name.endswith(("_blocks", "_scales"))  # MXFP4's bytes; everything else is a float
+            if (f.tensors[name].dtype == "U8") != packed:
+                raise ModelError(f.path, f"tensor '{name}' has dtype {f.tensors[name].dtype}; Mixdesk reads 16- "
+                                 "and 32-bit float checkpoints (BF16, F16, F32), and MXFP4 experts (U8)")
 
     # ---- reading ----------------------------------------------------------------------------
     def expert_key(self, layer: int, expert: int, w: str) -> str:
@@ -319,8 +347,15 @@ class Checkpoint:
     def read(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.where[name].read(name, out)
 
+    def read_rows(self, name: str, first: int, count: int) -> torch.Tensor:
+        """Rows of a tensor's first dimension (one expert of a fused layer tensor)."""
+        return self.where[name].read_rows(name, first, count)
+
     def expert_nbytes(self) -> int:
         """Bytes of one expert at the checkpoint's precision."""
+        if self.family.fused_experts:
+            return sum(self.info(n).nbytes for n in expert_shapes(self.dims, self.mxfp4)
+                       if n.startswith("model.layers.0.")) // self.dims.experts
         return sum(self.info(self.expert_key(0, 0, w)).nbytes for w in ("w1", "w2", "w3"))
 
     def dense_nbytes(self) -> int:
@@ -391,6 +426,11 @@ def dims_from_config(cfg, path: Path) -> Dims:
             qk_norm=fam.qk_norm, qkv_bias=bool(getattr(cfg, fam.qkv_bias, False)) if fam.qkv_bias else False,
             shared_ffn=int(getattr(cfg, "shared_expert_intermediate_size", 0) or 0) if fam.shared_expert else 0,
             clip_qkv=float(clip) if clip is not None else None,
+            router_kind=fam.router_kind, router_bias=fam.router_bias, act=fam.act,
+            swiglu=(float(getattr(cfg, "swiglu_alpha", 1.702)), float(getattr(cfg, "swiglu_limit", 7.0))),
+            attn_sinks=fam.attn_sinks, o_bias=bool(getattr(cfg, fam.o_bias, False)) if fam.o_bias else False,
+            layer_windows=tuple(window if t == "sliding_attention" else None for t in cfg.layer_types)
+            if fam.layer_types else None,
         )
     except (AttributeError, TypeError, ZeroDivisionError) as e:
         raise ModelError(path, f"lacks a field Mixdesk needs: {e}") from None

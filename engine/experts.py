@@ -7,6 +7,7 @@ The 16-bit source of truth stays in the checkpoint; a tier holds only its own co
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -14,11 +15,49 @@ import torch.nn.functional as F
 from . import native
 from .checkpoint import Checkpoint, expert_key
 from .errors import ModelError
+from .families import fused
 from .kernels import linear, weight_problem
 from .placement import Tier
 from .quant import NF4, Q4Native, cpu4_format, run_to_end
 
 CPU = torch.device("cpu")
+ACTS = {"silu": 0, "swiglu_oai": 1}  # the native kernel's codes (mdk.h)
+
+
+@dataclass(frozen=True)
+class Glu:
+    """What a family adds to the plain SwiGLU expert (GPT-OSS): fp32 biases on gate/up (b13 [2I],
+    gate half first) and on down (b2 [D]), and its activation: "silu", or "swiglu_oai",
+    (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g) with g = min(gate, limit)."""
+
+    b13: torch.Tensor | None = None
+    b2: torch.Tensor | None = None
+    act: str = "silu"
+    alpha: float = 1.702
+    limit: float = 7.0
+
+    def to(self, device: torch.device) -> "Glu":
+        move = lambda t: None if t is None else t.to(device, non_blocking=device.type == "cuda")
+        return Glu(move(self.b13), move(self.b2), self.act, self.alpha, self.limit)
+
+    def apply(self, h: torch.Tensor, ffn: int) -> torch.Tensor:
+        """h [T, 2I] = x @ w13.T -> the activation [T, I] that down multiplies."""
+        if self.b13 is not None:
+            h = h + self.b13.to(h.dtype)
+        gate, up = h.split(ffn, dim=-1)
+        if self.act == "silu":
+            return F.silu(gate) * up
+        g = gate.clamp(max=self.limit)
+        return (up.clamp(-self.limit, self.limit) + 1) * (g * torch.sigmoid(g * self.alpha))
+
+    def down(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.b2 is None else y + self.b2.to(y.dtype)
+
+    def fill(self, desc) -> None:
+        """Point a native expert descriptor at the biases and name the activation."""
+        desc.b13 = self.b13.data_ptr() if self.b13 is not None else None
+        desc.b2 = self.b2.data_ptr() if self.b2 is not None else None
+        desc.act, desc.alpha, desc.limit = ACTS[self.act], self.alpha, self.limit
 
 
 class Expert16:
@@ -26,12 +65,13 @@ class Expert16:
 
     copyable = True  # the prefill may copy it to the accelerator for one batch
 
-    def __init__(self, tier: Tier, w13: torch.Tensor, w2: torch.Tensor):
+    def __init__(self, tier: Tier, w13: torch.Tensor, w2: torch.Tensor, glu: Glu | None = None):
         self.tier = tier
         self.w13 = w13  # [2I, D]
         self.w2 = w2  # [D, I]
+        self.glu = glu
         self.ffn = w2.shape[1]
-        self.desc = _desc(w13, w2)  # the native kernel's view, when it runs this expert
+        self.desc = _desc(w13, w2, glu)  # the native kernel's view, when it runs this expert
 
     @property
     def device(self) -> torch.device:
@@ -45,16 +85,19 @@ class Expert16:
         if self.desc is not None:
             return run_native(self, x)
         h = linear(x, self.w13)  # [T, 2I]
+        if self.glu is not None:
+            return self.glu.down(linear(self.glu.apply(h, self.ffn), self.w2))
         gate, up = h.split(self.ffn, dim=-1)  # [T, I] each
         return linear(F.silu(gate) * up, self.w2)  # [T, D]
 
     def __deepcopy__(self, memo) -> "Expert16":  # new memory, and a descriptor pointing at it
-        return Expert16(self.tier, self.w13.clone(), self.w2.clone())
+        return Expert16(self.tier, self.w13.clone(), self.w2.clone(), self.glu)
 
     def to(self, device: torch.device) -> "Expert16":
         """A temporary copy on another device (the prefill 'copy the weights over' path)."""
         nb = device.type == "cuda"
-        return Expert16(self.tier, self.w13.to(device, non_blocking=nb), self.w2.to(device, non_blocking=nb))
+        return Expert16(self.tier, self.w13.to(device, non_blocking=nb), self.w2.to(device, non_blocking=nb),
+                        self.glu.to(device) if self.glu is not None else None)
 
 
 class QuantExpert:
@@ -62,13 +105,17 @@ class QuantExpert:
 
     copyable = False
 
-    def __init__(self, tier: Tier, w13, w2, device: torch.device):
+    def __init__(self, tier: Tier, w13, w2, device: torch.device, glu: Glu | None = None):
         self.tier = tier
         self.w13, self.w2 = w13, w2
+        self.glu = glu.to(device) if glu is not None else None
         self.ffn = w2.shape[1]
         self._device = device
-        self.desc = (native.ExpertDesc(w13.desc, w2.desc)
-                     if isinstance(w13, Q4Native) and isinstance(w2, Q4Native) else None)
+        self.desc = None
+        if isinstance(w13, Q4Native) and isinstance(w2, Q4Native):
+            self.desc = native.ExpertDesc(w13.desc, w2.desc)
+            if self.glu is not None:
+                self.glu.fill(self.desc)
 
     @property
     def device(self) -> torch.device:
@@ -81,22 +128,28 @@ class QuantExpert:
     def __deepcopy__(self, memo) -> "QuantExpert":
         import copy
 
-        return QuantExpert(self.tier, copy.deepcopy(self.w13, memo), copy.deepcopy(self.w2, memo), self._device)
+        return QuantExpert(self.tier, copy.deepcopy(self.w13, memo), copy.deepcopy(self.w2, memo), self._device,
+                           self.glu)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] -> [T, D]
         if self.desc is not None:
             return run_native(self, x)
         h = self.w13.matmul(x)  # [T, 2I]
+        if self.glu is not None:
+            return self.glu.down(self.w2.matmul(self.glu.apply(h, self.ffn).contiguous()))
         gate, up = h.split(self.ffn, dim=-1)
         return self.w2.matmul((F.silu(gate) * up).contiguous())  # [T, D]
 
 
-def _desc(w13: torch.Tensor, w2: torch.Tensor) -> "native.ExpertDesc | None":
+def _desc(w13: torch.Tensor, w2: torch.Tensor, glu: Glu | None = None) -> "native.ExpertDesc | None":
     """The native kernel's descriptor of a host expert, or None where torch runs it."""
     if (w13.device.type != "cpu" or w13.dtype not in native.FMT or not (w13.is_contiguous() and w2.is_contiguous())
             or not native.available()):
         return None
-    return native.ExpertDesc(native.matrix(w13), native.matrix(w2))
+    desc = native.ExpertDesc(native.matrix(w13), native.matrix(w2))
+    if glu is not None:
+        glu.fill(desc)
+    return desc
 
 
 def run_jobs(jobs: list, x: torch.Tensor, token: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -126,20 +179,34 @@ def run_native(ex, x: torch.Tensor) -> torch.Tensor:
 
 
 def quantise(tier: Tier, w13: torch.Tensor, w2: torch.Tensor, accel: torch.device,
-             dtype: torch.dtype, threads: int | None = None) -> QuantExpert:
+             dtype: torch.dtype, threads: int | None = None, glu: Glu | None = None) -> QuantExpert:
     """The 4-bit form of a 16-bit expert for `tier` (cpu-4: the native Q4 kernel, or torch int4 without it; gpu-4: NF4)."""
     if tier == Tier.CPU4:
         fmt = cpu4_format()
-        return QuantExpert(tier, fmt.quantize(w13, threads), fmt.quantize(w2, threads), CPU)
+        return QuantExpert(tier, fmt.quantize(w13, threads), fmt.quantize(w2, threads), CPU, glu)
     if tier == Tier.GPU4:
-        return QuantExpert(tier, NF4.quantize(w13, accel, dtype), NF4.quantize(w2, accel, dtype), accel)
+        return QuantExpert(tier, NF4.quantize(w13, accel, dtype), NF4.quantize(w2, accel, dtype), accel, glu)
     raise ValueError(f"{tier} is not a 4-bit tier")
+
+
+def read_glu(ckpt: Checkpoint, layer: int, expert: int) -> Glu | None:
+    """The expert's biases and activation, for the families that have them (GPT-OSS); else None."""
+    d = ckpt.dims
+    if d.act == "silu" and not d.adapter.expert_bias:
+        return None
+    b13 = b2 = None
+    if d.adapter.expert_bias:
+        b13, b2 = fused.read_biases(ckpt, layer, expert)
+    return Glu(b13, b2, d.act, *d.swiglu)
 
 
 def read_expert(ckpt: Checkpoint, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The expert's weights at checkpoint precision in host memory: w13 [2I, D], w2 [D, I].
-    w1 and w3 are read straight into the two halves of w13, with no intermediate copy."""
+    w1 and w3 are read straight into the two halves of w13, with no intermediate copy. A family
+    whose layer fuses its experts (GPT-OSS) is read by engine/families/fused.py."""
     d = ckpt.dims
+    if d.adapter.fused_experts:
+        return fused.read_weights(ckpt, layer, expert)
     w13 = torch.empty(2 * d.ffn, d.hidden, dtype=ckpt.dtype)
     ckpt.read(expert_key(layer, expert, "w1", d), out=w13[: d.ffn])
     ckpt.read(expert_key(layer, expert, "w3", d), out=w13[d.ffn:])
@@ -160,18 +227,21 @@ def build_steps(ckpt: Checkpoint, layer: int, expert: int, tier: Tier, accel: to
     """materialise as a generator: it yields between short steps (a read, a check, a slice of
     quantisation) and returns the form, so a build can be spread between decode steps."""
     w13, w2 = read_expert(ckpt, layer, expert)
+    glu = read_glu(ckpt, layer, expert)
     yield
     for w, names in ((w13, ("w1", "w3")), (w2, ("w2",))):
         why = weight_problem(w, dtype if tier.bits == 16 else torch.float32)
         if why:
             key = expert_key(layer, expert, names[0], ckpt.dims)
-            raise ModelError(ckpt.where[key].path, f"expert {expert} of layer {layer} ({key}) {why}")
+            where = ckpt.where.get(key) or ckpt.where[key + "_blocks"]  # MXFP4: the blocks hold the weight
+            raise ModelError(where.path, f"expert {expert} of layer {layer} ({key}) {why}")
     if tier == Tier.CPU4 and cpu4_format() is Q4Native and threads != 1:
         yield
         q13 = yield from Q4Native.quantize_steps(w13)
         q2 = yield from Q4Native.quantize_steps(w2)
-        return QuantExpert(tier, q13, q2, CPU)
+        return QuantExpert(tier, q13, q2, CPU, glu)
     if tier.bits == 4:
-        return quantise(tier, w13, w2, accel, dtype, threads)
+        return quantise(tier, w13, w2, accel, dtype, threads, glu)
     device = accel if tier.on_accelerator else torch.device("cpu")
-    return Expert16(tier, w13.to(device=device, dtype=dtype), w2.to(device=device, dtype=dtype))
+    return Expert16(tier, w13.to(device=device, dtype=dtype), w2.to(device=device, dtype=dtype),
+                    glu.to(device) if glu is not None else None)

@@ -40,13 +40,17 @@ class KVCache:
 
 
 class DenseLayer:
-    def __init__(self, ln1, wqkv, wo, ln2, bqkv=None, q_norm=None, k_norm=None):
+    def __init__(self, ln1, wqkv, wo, ln2, bqkv=None, q_norm=None, k_norm=None, bo=None, sinks=None,
+                 window: int | None = None):
         self.ln1, self.wqkv, self.wo, self.ln2 = ln1, wqkv, wo, ln2
-        self.bqkv, self.q_norm, self.k_norm = bqkv, q_norm, k_norm  # families that have them (engine/families)
+        # families that have them (engine/families): q/k/v and output biases, q/k norms, attention
+        # sinks [H] (GPT-OSS, in attention's dtype)
+        self.bqkv, self.q_norm, self.k_norm, self.bo, self.sinks = bqkv, q_norm, k_norm, bo, sinks
+        self.window = window  # this layer's sliding window (None: full attention)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.ln1, self.wqkv, self.wo, self.ln2, self.bqkv, self.q_norm, self.k_norm)
-                if t is not None]
+        return [t for t in (self.ln1, self.wqkv, self.wo, self.ln2, self.bqkv, self.q_norm, self.k_norm, self.bo,
+                            self.sinks) if t is not None]
 
 
 class MixtralModel:
@@ -96,9 +100,11 @@ class MixtralModel:
             bqkv = torch.cat([dense(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if d.qkv_bias else None
             qn, kn = ((dense(p + "self_attn.q_norm.weight").to(self.attn_dtype),  # applied in attention's dtype
                        dense(p + "self_attn.k_norm.weight").to(self.attn_dtype)) if d.qk_norm else (None, None))
-            self.layers.append(DenseLayer(dense(p + "input_layernorm.weight"), wqkv,
-                                          dense(p + "self_attn.o_proj.weight"),
-                                          dense(p + "post_attention_layernorm.weight"), bqkv, qn, kn))
+            self.layers.append(DenseLayer(
+                dense(p + "input_layernorm.weight"), wqkv, dense(p + "self_attn.o_proj.weight"),
+                dense(p + "post_attention_layernorm.weight"), bqkv, qn, kn,
+                dense(p + "self_attn.o_proj.bias") if d.o_bias else None,
+                dense(p + "self_attn.sinks").to(self.attn_dtype) if d.attn_sinks else None, d.window(l)))
             tick(f"layer {l} attention")
             experts = []
             for e in range(d.experts):
@@ -110,7 +116,8 @@ class MixtralModel:
                 shared = (Expert16(Tier.GPU16, w13.contiguous(), dense(fam.shared_key(l, "w2")).contiguous()),
                           dense(fam.shared_key(l, "gate")))
             self.moe.append(MoEBlock(dense(fam.router_key(l)), experts, d.top_k, accel, norm_topk=d.norm_topk,
-                                     shared=shared))
+                                     shared=shared, router_kind=d.router_kind,
+                                     gate_bias=dense(fam.router_key(l, bias=True)) if d.router_bias else None))
         if offload_costs is None and measure_offload and accel.type == "cuda":
             probe = self._any_cpu_expert() or materialise(ckpt, 0, 0, Tier.CPU16, accel, dtype)
             offload_costs = offload.measure(probe, accel)
@@ -236,7 +243,7 @@ class MixtralModel:
             native.quiet_torch.leave()  # a prefill's GEMMs get torch's threads back
         cos_t, sin_t = self.rope_tables(end)
         cos, sin = cos_t[pos:end], sin_t[pos:end]  # [T, 1, Hd]
-        mask, causal = self._mask(T, pos)
+        masks = {w: self._mask(T, pos, w) for w in {layer.window for layer in self.layers}}
         if start is None:
             first, x = 0, F.embedding(ids.to(self.accel), self.embed).to(self.residual_dtype)  # [T, D]
         else:  # calibration: resume at a layer from its recorded input (earlier layers unchanged)
@@ -260,10 +267,15 @@ class MixtralModel:
             cache.k[l, :, pos:end] = qk[:, H:].transpose(0, 1)
             cache.v[l, :, pos:end] = v.transpose(0, 1)
             q = qk[:, :H].transpose(0, 1)  # [H, T, Hd]
-            att = F.scaled_dot_product_attention(
-                q[None], cache.k[l, :, :end][None], cache.v[l, :, :end][None],
-                attn_mask=mask, is_causal=causal, enable_gqa=G != H)  # [1, H, T, Hd]
-            x = x + linear(att[0].transpose(0, 1).reshape(T, H * Hd).to(self.dtype), layer.wo)
+            mask, causal = masks[layer.window]
+            if layer.sinks is not None:
+                att = self._attend_with_sinks(q, cache.k[l, :, :end], cache.v[l, :, :end], mask, layer.sinks)
+            else:
+                att = F.scaled_dot_product_attention(
+                    q[None], cache.k[l, :, :end][None], cache.v[l, :, :end][None],
+                    attn_mask=mask, is_causal=causal, enable_gqa=G != H)[0]  # [H, T, Hd]
+            o = linear(att.transpose(0, 1).reshape(T, H * Hd).to(self.dtype), layer.wo)
+            x = x + (o if layer.bo is None else o + layer.bo)
             block = self.moe[l]
             if block.record is not None:
                 block.residual = x  # calibration measures perturbations relative to the stream
@@ -284,9 +296,24 @@ class MixtralModel:
             q, k = self._rms(q, layer.q_norm), self._rms(k, layer.k_norm)
         return torch.cat([q, k, v], dim=-1)
 
-    def _mask(self, T: int, pos: int) -> tuple[torch.Tensor | None, bool]:
-        """Attention mask for T queries at pos.. over keys 0..pos+T-1 (None + is_causal when we can)."""
-        win = self.dims.sliding_window
+    def _attend_with_sinks(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                           sinks: torch.Tensor) -> torch.Tensor:
+        """Attention whose softmax has one more logit per head, the sink, that weighs no value
+        (GPT-OSS). q [H, T, Hd], k/v [G, S, Hd], mask [T, S] bool or None (plain causal) -> [H, T, Hd]."""
+        H, T, Hd = q.shape
+        G, S = k.shape[0], k.shape[1]
+        qg = q.reshape(G, (H // G) * T, Hd)  # query head h uses kv head h // (H/G), as repeat_kv does
+        logits = torch.bmm(qg, k.transpose(1, 2)).view(H, T, S) * Hd ** -0.5
+        if mask is None:
+            mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+        logits = logits.masked_fill(~mask, float("-inf"))
+        full = torch.cat([logits, sinks.view(H, 1, 1).expand(H, T, 1)], dim=-1)
+        probs = torch.softmax(full.float(), dim=-1)[..., :S].to(v.dtype)  # the sink's share is dropped
+        return torch.bmm(probs.view(G, (H // G) * T, S), v).view(H, T, Hd)
+
+    def _mask(self, T: int, pos: int, win: int | None) -> tuple[torch.Tensor | None, bool]:
+        """Attention mask for T queries at pos.. over keys 0..pos+T-1 with a sliding window `win`
+        (None + is_causal when we can)."""
         end = pos + T
         if (win is None or end <= win) and (T == 1 or pos == 0):
             return None, T > 1

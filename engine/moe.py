@@ -32,8 +32,13 @@ MAX_SLOTS = 65536  # (token, expert) pairs one native routed call takes (moe.c);
 class MoEBlock:
     def __init__(self, gate: torch.Tensor, experts: list[Expert16 | QuantExpert], top_k: int,
                  accel: torch.device, offload: OffloadCosts | None = None, norm_topk: bool = True,
-                 shared: tuple[Expert16, torch.Tensor] | None = None):
+                 shared: tuple[Expert16, torch.Tensor] | None = None, gate_bias: torch.Tensor | None = None,
+                 router_kind: str = "softmax_topk"):
         self.gate = gate  # [E, D] on accel
+        self.gate_bias = gate_bias  # [E] (GPT-OSS) or None
+        # "softmax_topk": softmax over all E, top-k (renormalised when norm_topk); "topk_softmax" (GPT-OSS):
+        # top-k of the logits, softmax over those k
+        self.router_kind = router_kind
         self.top_k = top_k
         self.norm_topk = norm_topk  # renormalise the top-k weights (Mixtral; Qwen3-MoE per its config)
         self.shared = shared  # (shared expert, its sigmoid gate [1, D]) on accel: Qwen2-MoE
@@ -76,6 +81,11 @@ class MoEBlock:
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = linear(x, self.gate)  # [T, E]
+        if self.gate_bias is not None:
+            logits = logits + self.gate_bias
+        if self.router_kind == "topk_softmax":
+            top, idx = torch.topk(logits, self.top_k, dim=-1)  # [T, K]
+            return torch.softmax(top.float(), dim=-1), idx
         probs = torch.softmax(logits.float(), dim=-1)  # [T, E] fp32
         w, idx = torch.topk(probs, self.top_k, dim=-1)  # [T, K]
         return (w / w.sum(dim=-1, keepdim=True) if self.norm_topk else w), idx
@@ -90,7 +100,7 @@ class MoEBlock:
     def _routed(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
         if (self.record is None and self.all_native and self.router is not None and x.device.type == "cpu"
-                and self.norm_topk and (T == 1 or self.offload is None) and T * self.top_k <= MAX_SLOTS
+                and self.norm_topk and self.router_kind == "softmax_topk" and self.gate_bias is None and (T == 1 or self.offload is None) and T * self.top_k <= MAX_SLOTS
                 and 0 < self.top_k <= len(self.experts) <= 1024):
             return self._native_layer(x)  # (its router renormalises the top-k weights)
         w, idx = self.route(x)

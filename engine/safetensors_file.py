@@ -25,6 +25,9 @@ import torch
 from .errors import ModelError
 
 DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+# bytes, for the MXFP4 experts of GPT-OSS releases (packed 4-bit values and power-of-two scales):
+# the checkpoint checks which tensors may be bytes (Checkpoint._check_tensors)
+READABLE = {**DTYPES, "U8": torch.uint8}
 MAX_HEADER = 100 * 1024 * 1024  # the spec caps the header at 100 MB
 
 
@@ -104,13 +107,13 @@ class SafetensorsFile:
                 raise ModelError(self.path, f"is corrupt: tensor '{name}' has data_offsets {offsets!r}, not two "
                                  "whole numbers [begin, end]")
             shape, (a, b) = tuple(shape), offsets
-            if dtype not in DTYPES:
+            if dtype not in READABLE:
                 raise ModelError(
                     self.path,
                     f"tensor '{name}' has dtype {dtype}; Mixdesk reads 16- and 32-bit float checkpoints "
                     "(BF16, F16, F32) and quantises experts itself",
                 )
-            itemsize = torch.empty((), dtype=DTYPES[dtype]).element_size()
+            itemsize = torch.empty((), dtype=READABLE[dtype]).element_size()
             if b - a != math.prod(shape) * itemsize or a < 0:
                 raise ModelError(self.path, f"is corrupt: tensor '{name}' has a size that does not match its shape")
             out[name] = TensorInfo(dtype, shape, base + a, base + b)
@@ -129,16 +132,28 @@ class SafetensorsFile:
     def read(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
         """Read one tensor; into `out` (a CPU tensor of the same dtype and shape) when given."""
         info = self.tensors[name]
-        dtype = DTYPES[info.dtype]
+        return self._read_span(name, info.start, info.nbytes, info.shape, out)
+
+    def read_rows(self, name: str, first: int, count: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows first..first+count-1 of the tensor's first dimension (one expert of a tensor that
+        fuses a layer's experts): a contiguous span of the file, read alone."""
+        info = self.tensors[name]
+        if not info.shape or not 0 <= first <= first + count <= info.shape[0]:
+            raise ValueError(f"rows {first}..{first + count} of {name} {info.shape}")
+        row = info.nbytes // info.shape[0] if info.shape[0] else 0
+        return self._read_span(name, info.start + first * row, count * row, (count, *info.shape[1:]), out)
+
+    def _read_span(self, name: str, start: int, nbytes: int, shape: tuple, out: torch.Tensor | None) -> torch.Tensor:
+        dtype = READABLE[self.tensors[name].dtype]
         if out is None:
-            out = torch.empty(info.shape, dtype=dtype)
-        elif out.dtype != dtype or tuple(out.shape) != info.shape or not out.is_contiguous():
-            raise ValueError(f"buffer for {name} must be contiguous {dtype} {info.shape}")
+            out = torch.empty(shape, dtype=dtype)
+        elif out.dtype != dtype or tuple(out.shape) != tuple(shape) or not out.is_contiguous():
+            raise ValueError(f"buffer for {name} must be contiguous {dtype} {tuple(shape)}")
         view = out.view(torch.uint8).reshape(-1).numpy()
         with self._lock:
-            self._fh.seek(info.start)
+            self._fh.seek(start)
             got = self._fh.readinto(view)
-        if got != info.nbytes:
+        if got != nbytes:
             raise ModelError(self.path, f"is truncated: tensor '{name}' could not be read whole")
         return out
 

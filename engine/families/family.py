@@ -19,13 +19,26 @@ class Family:
     shared_expert: bool = False         # a shared SwiGLU expert, always active, scaled by sigmoid(gate(x))
     clip_qkv: bool = False              # q, k, v clamped to +-config.clip_qkv (after the q/k norms)
     runs: bool = True                   # False: planned from its config, its weights not run yet
+    # GPT-OSS and what only it has so far:
+    fused_experts: bool = False         # one tensor per layer and weight holds every expert (engine/families/fused.py)
+    router: str = "gate"                # the router's module name inside the MoE block
+    router_kind: str = "softmax_topk"   # or "topk_softmax": top-k of the logits, softmax over those k
+    router_bias: bool = False
+    act: str = "silu"                   # SwiGLU's activation: "silu", or "swiglu_oai" (clamped, with alpha)
+    expert_bias: bool = False           # experts' gate/up and down carry biases
+    attn_sinks: bool = False            # a learned logit per head in attention's softmax denominator
+    o_bias: str | None = None           # the config field that turns the output projection's bias on
+    layer_types: bool = False           # config.layer_types says which layers use the sliding window
 
     def expert_key(self, layer: int, expert: int, w: str) -> str:
-        """w is the engine's name: w1 gate, w2 down, w3 up (SwiGLU: w2 @ (silu(w1 x) * w3 x))."""
+        """w is the engine's name: w1 gate, w2 down, w3 up (SwiGLU: w2 @ (silu(w1 x) * w3 x)).
+        A fused family's key is the layer's tensor that holds this expert (gate and up together)."""
+        if self.fused_experts:
+            return f"model.layers.{layer}.{self.moe}.experts.{self.weights[w]}"
         return f"model.layers.{layer}.{self.moe}.experts.{expert}.{self.weights[w]}.weight"
 
-    def router_key(self, layer: int) -> str:
-        return f"model.layers.{layer}.{self.moe}.gate.weight"
+    def router_key(self, layer: int, bias: bool = False) -> str:
+        return f"model.layers.{layer}.{self.moe}.{self.router}." + ("bias" if bias else "weight")
 
     def shared_key(self, layer: int, w: str) -> str:
         """The shared expert's w1/w2/w3, or 'gate' (its sigmoid gate, [1, D])."""

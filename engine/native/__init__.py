@@ -31,12 +31,16 @@ PATHS = ("portable C", "AVX2", "AVX-512 VNNI")
 FMT = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
 
 
+ABI = 2  # mdk_abi() of the library these structs match (cpu.c)
+
+
 class Matrix(ctypes.Structure):
     _fields_ = [("fmt", c_int), ("n", c_int), ("k", c_int), ("w", c_void_p), ("d", c_void_p), ("m", c_void_p)]
 
 
 class ExpertDesc(ctypes.Structure):
-    _fields_ = [("w13", Matrix), ("w2", Matrix)]
+    _fields_ = [("w13", Matrix), ("w2", Matrix), ("b13", c_void_p), ("b2", c_void_p), ("act", c_int),
+                ("alpha", ctypes.c_float), ("limit", ctypes.c_float)]
 
 
 class Layer(ctypes.Structure):
@@ -102,7 +106,9 @@ def _load():
         return None
     try:
         _declare(lib)
-    except AttributeError as e:  # a library from an older build lacks a function
+        if lib.mdk_abi() != ABI:
+            raise AttributeError(f"its struct layout is version {lib.mdk_abi()}, this code's {ABI}")
+    except AttributeError as e:  # a library from an older build lacks a function or has other structs
         _why = f"the native library {path.name} is out of date ({e}); reinstall with pip"
         return None
     want = os.environ.get("MIXDESK_KERNEL_PATH", "").lower()
@@ -114,6 +120,7 @@ def _load():
 
 def _declare(lib) -> None:
     vp, i = c_void_p, c_int
+    lib.mdk_abi.restype = i
     lib.mdk_select_path.argtypes, lib.mdk_select_path.restype = [i], i
     lib.mdk_cpu_has_bf16.restype = i
     lib.mdk_q4_bytes.argtypes, lib.mdk_q4_bytes.restype = [i, i], ctypes.c_size_t

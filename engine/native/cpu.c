@@ -90,6 +90,10 @@ MDK_API int mdk_select_path(int want) {
     return mdk_path;
 }
 
+/* The layout of the structs Python fills (engine/native/__init__.py): a library built before a change
+ * of them is refused as out of date. 2: mdk_expert gained biases and an activation (GPT-OSS). */
+MDK_API int mdk_abi(void) { return 2; }
+
 MDK_API int mdk_cpu_has_bf16(void) { return mdk_has_bf16; }
 
 /* ---------------- thread pool ---------------- */

@@ -57,14 +57,30 @@ static void phase1(void *c, int t) {
                              m->h + (size_t)s * 2 * I + half * I + r);
                 }
         }
-        int fmt = m->ex[j]->w2.fmt;
+        const mdk_expert *ex = m->ex[j];
+        int fmt = ex->w2.fmt;
         for (int s = m->offs[j]; s < m->offs[j + 1]; s++) {
             const float *h = m->h + (size_t)s * 2 * I;
             float *act = m->act + (size_t)s * I;
-            for (int i = a; i < b; i++) {
-                float g = h[i];
-                act[i] = g / (1.f + expf(-g)) * h[I + i];
-            }
+            if (ex->act == MDK_ACT_SWIGLU_OAI) {
+                const float *bg = ex->b13, *bu = ex->b13 ? ex->b13 + I : NULL;
+                float lim = ex->limit, al = ex->alpha;
+                for (int i = a; i < b; i++) {
+                    float g = h[i] + (bg ? bg[i] : 0.f), u = h[I + i] + (bu ? bu[i] : 0.f);
+                    g = fminf(g, lim);
+                    u = fminf(fmaxf(u, -lim), lim);
+                    act[i] = (u + 1.f) * (g / (1.f + expf(-al * g)));
+                }
+            } else if (ex->b13) {
+                for (int i = a; i < b; i++) {
+                    float g = h[i] + ex->b13[i];
+                    act[i] = g / (1.f + expf(-g)) * (h[I + i] + ex->b13[I + i]);
+                }
+            } else
+                for (int i = a; i < b; i++) {
+                    float g = h[i];
+                    act[i] = g / (1.f + expf(-g)) * h[I + i];
+                }
             if (fmt == MDK_Q4) mdk_quantize_act_range(act, I, a, b, &m->aq[s]);
             else if (fmt == MDK_BF16 && m->actbf) mdk_store_row(MDK_BF16, act + a, m->actbf + (size_t)s * I + a, b - a);
         }
@@ -83,7 +99,11 @@ static void phase3(void *c, int t) {
                 rows_any(w, r, re, m->act + (size_t)s * I, m->actbf ? m->actbf + (size_t)s * I : NULL,
                          m->aq ? &m->aq[s] : NULL, y);
                 float *o = m->out + (size_t)m->tok[s] * D, rwt = m->rw[s];
-                for (int i = r; i < re; i++) o[i] += rwt * y[i - r];
+                const float *b2 = m->ex[j]->b2;
+                if (b2)
+                    for (int i = r; i < re; i++) o[i] += rwt * (y[i - r] + b2[i]);
+                else
+                    for (int i = r; i < re; i++) o[i] += rwt * y[i - r];
             }
         }
     }

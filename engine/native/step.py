@@ -34,7 +34,9 @@ class DecodeStep:
     @staticmethod
     def supported(model) -> bool:
         d = model.dims
-        plain = (d.norm_topk and not d.qk_norm and not d.qkv_bias and not d.shared_ffn and d.clip_qkv is None)
+        plain = (d.norm_topk and not d.qk_norm and not d.qkv_bias and not d.shared_ffn and d.clip_qkv is None
+                 and d.router_kind == "softmax_topk" and not d.router_bias and d.act == "silu" and not d.attn_sinks
+                 and not d.o_bias and d.layer_windows is None)
         return (plain and model.accel.type == "cpu" and model.dtype in FMT and model.attn_dtype == torch.float32
                 and d.head_dim <= 1024 and 0 < d.top_k <= min(64, d.experts) and d.experts <= 1024
                 and d.heads % d.kv_heads == 0)

@@ -35,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from ..experts import Expert16, quantise, read_expert
+from ..experts import Expert16, quantise, read_expert, read_glu
 from ..quant import run_to_end
 from ..model import MixtralModel
 from ..placement import Tier
@@ -177,14 +177,15 @@ def calibrate_steps(model: MixtralModel, ids: list[int], tiers: tuple[Tier, ...]
             else:  # too few tokens: all of the layer's tokens at a typical route weight
                 xe, g, re2 = x, torch.full((x.shape[0],), 1.0 / d.top_k), r2
             w13, w2 = read_expert(ckpt, l, e)
-            ref16 = Expert16(Tier.CPU16, w13.to(model.dtype), w2.to(model.dtype))
+            glu = read_glu(ckpt, l, e)
+            ref16 = Expert16(Tier.CPU16, w13.to(model.dtype), w2.to(model.dtype), glu)
             # kept only where the model holds this expert at 4 bits (the layer's 16-bit reference
             # for its KL pass); elsewhere the model's own 16-bit form serves
             ref16s.append(ref16 if model.moe[l].experts[e].tier.bits < 16 else None)
             y16 = ref16(xe).float()
             sizes[Tier.CPU16.value] = sizes[Tier.GPU16.value] = ref16.nbytes
             for t in tiers:
-                q = quantise(t, w13, w2, model.accel if t.on_accelerator else cpu, model.dtype)
+                q = quantise(t, w13, w2, model.accel if t.on_accelerator else cpu, model.dtype, glu=glu)
                 quants[t.value].append(q)
                 dy2 = (q(xe.to(q.device)).float().to(cpu) - y16).pow(2).sum(-1)  # [rows]
                 err[t.value][l][e] = float(dy2.sum().sqrt() / y16.norm().clamp(min=1e-12))

@@ -75,13 +75,22 @@ TINY_FAMILIES = {
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
                   lambda ffn, experts: dict(moe_intermediate_size=ffn, num_experts=experts,
                                             shared_expert_intermediate_size=96, qkv_bias=True)),
+    # a 4-token window on every other layer, so a 16-token prompt exercises it; yarn rope as released
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                lambda ffn, experts: dict(intermediate_size=ffn, num_local_experts=experts, head_dim=16,
+                                          sliding_window=4, attention_bias=True,
+                                          rope_parameters={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0,
+                                                           "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0,
+                                                           "original_max_position_embeddings": 64})),
 }
 
 
 def write_tiny_model(folder: str | Path, family: str = "mixtral", *, layers: int = 2, hidden: int = 64, ffn: int = 128,
                      experts: int = 4, top_k: int = 2, heads: int = 4, kv_heads: int = 2, vocab: int = 320,
-                     seed: int = 0, shard_size: str | None = None, tokenizer: bool = True, **extra) -> Path:
-    """A tiny random model of one family (engine/families), written by transformers' own classes."""
+                     seed: int = 0, shard_size: str | None = None, tokenizer: bool = True, mxfp4: bool = False,
+                     **extra) -> Path:
+    """A tiny random model of one family (engine/families), written by transformers' own classes.
+    mxfp4 (GPT-OSS): its experts then stored as the release stores them (to_mxfp4)."""
     if family == "mixtral":
         return write_tiny_mixtral(folder, layers=layers, hidden=hidden, ffn=ffn, experts=experts, top_k=top_k,
                                   heads=heads, kv_heads=kv_heads, vocab=vocab, seed=seed, shard_size=shard_size,
@@ -106,6 +115,42 @@ def write_tiny_model(folder: str | Path, family: str = "mixtral", *, layers: int
                 p.normal_(0.0, 0.1)
     kw = {"max_shard_size": shard_size} if shard_size else {}
     model.save_pretrained(str(folder), **kw)
+    if mxfp4:
+        to_mxfp4(folder)
     if tokenizer:
         write_tokenizer(folder, vocab)
     return folder
+
+
+def to_mxfp4(folder: Path) -> None:
+    """Rewrite a GPT-OSS folder's expert weights as MXFP4 blocks and scales, the layout and config
+    entry gpt-oss is released with (engine/families/fused.py), in place."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from ..families.fused import float_to_mxfp4
+
+    files = sorted(folder.glob("*.safetensors"))
+    renamed = {}
+    for f in files:
+        tensors = load_file(str(f))
+        for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+            w = tensors.pop(name).transpose(1, 2)  # [E, out, in]
+            E, R, K = w.shape
+            blocks, scales = float_to_mxfp4(w.reshape(E * R, K))
+            tensors[name + "_blocks"] = blocks.reshape(E, R, K // 32, 16)
+            tensors[name + "_scales"] = scales.reshape(E, R, K // 32)
+            renamed[name] = f.name
+        save_file(tensors, str(f), metadata={"format": "pt"})
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        data = json.loads(index.read_text())
+        for name, file in renamed.items():
+            del data["weight_map"][name]
+            data["weight_map"][name + "_blocks"] = data["weight_map"][name + "_scales"] = file
+        index.write_text(json.dumps(data, indent=2))
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
