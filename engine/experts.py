@@ -18,7 +18,7 @@ from .errors import ModelError
 from .families import fused
 from .kernels import linear, weight_problem
 from .placement import Tier
-from .quant import NF4, Q4Native, cpu4_format, run_to_end
+from .quant import NF4, MX4Native, Q4Native, cpu4_format, run_to_end
 
 CPU = torch.device("cpu")
 ACTS = {"silu": 0, "swiglu_oai": 1}  # the native kernel's codes (mdk.h)
@@ -189,6 +189,14 @@ def quantise(tier: Tier, w13: torch.Tensor, w2: torch.Tensor, accel: torch.devic
     raise ValueError(f"{tier} is not a 4-bit tier")
 
 
+def mxfp4_form(ckpt: Checkpoint, layer: int, expert: int, glu: Glu | None) -> QuantExpert | None:
+    """cpu-4 of an MXFP4 checkpoint's expert: its released blocks in the Q4 kernel's tiles, exact
+    (quant.MX4Native); None where a scale is out of the tiles' range (then it is rounded to Q4)."""
+    (b13, s13), (b2, s2) = fused.read_mxfp4(ckpt, layer, expert)
+    w13, w2 = MX4Native.pack(b13, s13), MX4Native.pack(b2, s2)
+    return QuantExpert(Tier.CPU4, w13, w2, CPU, glu) if w13 is not None and w2 is not None else None
+
+
 def read_glu(ckpt: Checkpoint, layer: int, expert: int) -> Glu | None:
     """The expert's biases and activation, for the families that have them (GPT-OSS); else None."""
     d = ckpt.dims
@@ -235,6 +243,10 @@ def build_steps(ckpt: Checkpoint, layer: int, expert: int, tier: Tier, accel: to
             key = expert_key(layer, expert, names[0], ckpt.dims)
             where = ckpt.where.get(key) or ckpt.where[key + "_blocks"]  # MXFP4: the blocks hold the weight
             raise ModelError(where.path, f"expert {expert} of layer {layer} ({key}) {why}")
+    if tier == Tier.CPU4 and ckpt.mxfp4 and cpu4_format() is Q4Native:
+        mx = mxfp4_form(ckpt, layer, expert, glu)
+        if mx is not None:
+            return mx
     if tier == Tier.CPU4 and cpu4_format() is Q4Native and threads != 1:
         yield
         q13 = yield from Q4Native.quantize_steps(w13)

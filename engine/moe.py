@@ -1,7 +1,8 @@
 """The MoE block: route -> group tokens by expert -> run each expert in its tier -> combine.
 
 Shapes: T tokens, E experts, K top-k, D hidden.
-Routing is Mixtral's: softmax over E in fp32, top-K, renormalise. Weights multiply in fp32 and the
+Routing is Mixtral's (softmax over E in fp32, top-K, renormalised where the family does), or
+GPT-OSS's (a biased router: top-K of the logits, softmax over those K). Weights multiply in fp32 and the
 product is cast to the activation dtype before it is summed, as transformers does, so 16-bit
 placements reproduce its numbers.
 

@@ -14,6 +14,9 @@ Shapes: a weight is W [N, K] (out, in); x [T, K] -> x @ W.T [T, N].
   perplexity 19% and groups of 32 0% (its weights come from a Q4_1 file with 32-blocks, which this
   grid reproduces; real bf16 checkpoints will show a cost). Plain min/max ranges: a per-group
   search for the clipping ratio with the least weight error made the demo worse (18.3 -> 19.5).
+- MX4Native (tier cpu-4 for MXFP4 checkpoints, gpt-oss): the released MXFP4 blocks placed in
+  Q4Native's tiles and read through a table (q = 2 * value + 12, d = 2^(e-128), m = -12 d), so the
+  same integer kernel runs them without a second rounding.
 - NF4 (tier gpu-4): bitsandbytes NF4, blocksize 64, computing in the activations' dtype; on CUDA it
   takes bitsandbytes' fast batch-1 path. bitsandbytes also runs on the CPU (slowly), which keeps
   the tier testable on machines without a GPU.
@@ -71,13 +74,15 @@ class Int4CPU:
 
 
 class Q4Native:
+    fmt = native.Q4
+
     def __init__(self, packed: torch.Tensor, shape: tuple[int, int]):
         self.packed = packed  # uint8: tiles of 16 rows x blocks of 32, 320 bytes each (quant4.c)
         self.shape = shape
-        self.desc = native.Matrix(native.Q4, shape[0], shape[1], packed.data_ptr(), None, None)
+        self.desc = native.Matrix(self.fmt, shape[0], shape[1], packed.data_ptr(), None, None)
 
     def __deepcopy__(self, memo) -> "Q4Native":  # new memory, and a descriptor pointing at it
-        return Q4Native(self.packed.clone(), self.shape)
+        return type(self)(self.packed.clone(), self.shape)
 
     @classmethod
     def quantize(cls, w: torch.Tensor, threads: int | None = None) -> "Q4Native":
@@ -114,12 +119,30 @@ class Q4Native:
         """The weight this form stands for, [N, K] fp32."""
         n, k = self.shape
         out = torch.empty(n, k, dtype=torch.float32)
-        native.lib().mdk_q4_dequantize(self.packed.data_ptr(), n, k, out.data_ptr())
+        native.lib().mdk_q4_dequantize_fmt(self.packed.data_ptr(), self.fmt, n, k, out.data_ptr())
         return out
 
     @property
     def nbytes(self) -> int:
         return self.packed.numel()
+
+
+class MX4Native(Q4Native):
+    """MXFP4 weights (gpt-oss as released) in Q4Native's tiles, read through a table by the same
+    integer kernel: the released values exactly, at Q4's 5 bits a weight (quant4.c, MDK_MX4)."""
+
+    fmt = native.MX4
+
+    @classmethod
+    def pack(cls, blocks: torch.Tensor, scales: torch.Tensor) -> "MX4Native | None":
+        """blocks [N, K/32, 16] and scales [N, K/32] uint8 -> the form, or None where a block's
+        scale has no fp16 form in the tiles (then the caller rounds the weight to Q4 instead)."""
+        n, g = scales.shape
+        blocks, scales = blocks.contiguous(), scales.contiguous()
+        packed = torch.empty(native.lib().mdk_q4_bytes(n, 32 * g), dtype=torch.uint8)
+        if native.lib().mdk_mx4_pack(blocks.data_ptr(), scales.data_ptr(), n, 32 * g, packed.data_ptr()):
+            return None
+        return cls(packed, (n, 32 * g))
 
 
 def run_to_end(steps):

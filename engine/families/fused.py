@@ -14,9 +14,10 @@ The engine's layout: w13 [2I, D] gate rows then up rows, w2 [D, I], and fp32 bia
 MXFP4 values are E2M1 numbers times a power of two, so bf16 (8 exponent bits, 1 mantissa bit
 needed) holds each one exactly: the 16-bit tiers run the released weights unchanged. fp16 would
 flush the smallest blocks' values (scales below 2^-14) towards zero, so MXFP4 is dequantised to
-bf16 whatever the model's dtype, and the tier converts from there. The 4-bit tiers quantise
-those exact values into their own grids (cpu-4: blocks of 32 with a scale and minimum; gpu-4:
-NF4): a second rounding, measured in tests/test_gpt_oss.py.
+bf16 whatever the model's dtype, and the tier converts from there. cpu-4 runs the released blocks
+as they are (quant.MX4Native: the Q4 kernel reads each nibble through a table), exact and
+without a 16-bit detour. gpu-4 quantises the exact values into NF4: a second rounding, measured
+in tests/test_gpt_oss.py.
 """
 from __future__ import annotations
 
@@ -73,6 +74,17 @@ def read_weights(ckpt, layer: int, expert: int) -> tuple[torch.Tensor, torch.Ten
         return _halves(weight("gate_up_proj")), weight("down_proj")
     gate_up = ckpt.read_rows(p + "gate_up_proj", expert, 1)[0]  # [D, 2I]
     return _halves(gate_up.t()), ckpt.read_rows(p + "down_proj", expert, 1)[0].t().contiguous()
+
+
+def read_mxfp4(ckpt, layer: int, expert: int) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """An MXFP4 expert as released, rows in the engine's order: (blocks, scales) of w13 [2I, D/32, 16]
+    / [2I, D/32] (gate rows, then up rows) and of w2 [D, I/32, 16] / [D, I/32], uint8."""
+    p = _prefix(ckpt, layer)
+
+    def part(name):
+        return (ckpt.read_rows(p + name + "_blocks", expert, 1)[0], ckpt.read_rows(p + name + "_scales", expert, 1)[0])
+    (b13, s13), w2 = part("gate_up_proj"), part("down_proj")
+    return (_halves(b13), _halves(s13)), w2
 
 
 def read_biases(ckpt, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,7 +24,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-F32, F16, BF16, Q4 = 0, 1, 2, 3
+F32, F16, BF16, Q4, MX4 = 0, 1, 2, 3, 4
 ERRORS = {-1: "out of memory for its scratch buffers", -2: "a selected expert is not a native CPU expert",
           -3: "top-k outside 1..experts, or more than 1024 experts"}
 PATHS = ("portable C", "AVX2", "AVX-512 VNNI")
@@ -128,6 +128,10 @@ def _declare(lib) -> None:
     lib.mdk_q4_quantize.restype = None
     lib.mdk_q4_dequantize.argtypes = [vp, i, i, vp]
     lib.mdk_q4_dequantize.restype = None
+    lib.mdk_q4_dequantize_fmt.argtypes = [vp, i, i, i, vp]
+    lib.mdk_q4_dequantize_fmt.restype = None
+    lib.mdk_mx4_pack.argtypes = [vp, vp, i, i, vp]
+    lib.mdk_mx4_pack.restype = i
     lib.mdk_matmul.argtypes = [POINTER(Matrix), vp, i, i, vp, i]
     lib.mdk_matmul.restype = i
     lib.mdk_experts.argtypes = [vp, i, vp, vp, vp, vp, i, i, vp, i, i]

@@ -4,6 +4,9 @@
  * Formats of one matrix:
  *   MDK_Q4   4-bit, blocks of 32 along K with an fp16 scale d and an fp16 minimum m per block:
  *            w = q * d + m, q in 0..15, in tiles of 16 rows (see quant4.c); d and m unused.
+ *   MDK_MX4  MXFP4 (GPT-OSS's released experts) in the same tiles: each nibble is an E2M1 code,
+ *            read through a table as q = 2 * value + 12 (0..24), with d = 2^(e - 128), m = -12 d
+ *            for the block's E8M0 exponent e: the released weights exactly (quant4.c).
  *   MDK_F16, MDK_BF16, MDK_F32   plain row-major weights.
  * Activations and outputs are fp32, fp16 or bf16 (MDK_F32 / MDK_F16 / MDK_BF16 codes).
  *
@@ -28,13 +31,20 @@
 #define MDK_TARGET(s)
 #endif
 
+#if defined(_MSC_VER)
+#define MDK_INLINE __forceinline
+#else
+#define MDK_INLINE inline __attribute__((always_inline))
+#endif
+
 #if defined(__x86_64__) || defined(_M_X64)
 #define MDK_X86 1
 #else
 #define MDK_X86 0
 #endif
 
-enum { MDK_F32 = 0, MDK_F16 = 1, MDK_BF16 = 2, MDK_Q4 = 3 };
+enum { MDK_F32 = 0, MDK_F16 = 1, MDK_BF16 = 2, MDK_Q4 = 3, MDK_MX4 = 4 };
+#define MDK_IS_Q4(fmt) ((fmt) == MDK_Q4 || (fmt) == MDK_MX4)  /* both use the Q4 tiles and dot products */
 enum { MDK_PATH_C = 0, MDK_PATH_AVX2 = 1, MDK_PATH_AVX512 = 2 };
 
 typedef struct {
@@ -93,6 +103,8 @@ void mdk_q8_init(mdk_q8 *a, void *mem, int k);
 void mdk_quantize_act(const float *x, int k, mdk_q8 *out);
 void mdk_quantize_act_range(const float *x, int k, int e0, int e1, mdk_q8 *a);
 void mdk_q4_rows(const mdk_matrix *w, int r0, int r1, const mdk_q8 *a, float *y);  /* y[r - r0], r0 % 16 == 0 */
+
+MDK_API void mdk_q4_dequantize_fmt(const uint8_t *packed, int fmt, int n, int k, float *out);
 
 /* ---- dense.c ---- */
 void mdk_dense_rows(const mdk_matrix *w, int r0, int r1, const float *x, const uint16_t *xbf, float *y);

@@ -35,7 +35,7 @@ typedef struct {
 
 static void rows_any(const mdk_matrix *w, int r0, int r1, const float *xf, const uint16_t *xbf, const mdk_q8 *xq,
                      float *y) {
-    if (w->fmt == MDK_Q4) mdk_q4_rows(w, r0, r1, xq, y);
+    if (MDK_IS_Q4(w->fmt)) mdk_q4_rows(w, r0, r1, xq, y);
     else mdk_dense_rows(w, r0, r1, xf, xbf, y);
 }
 
@@ -81,7 +81,7 @@ static void phase1(void *c, int t) {
                     float g = h[i];
                     act[i] = g / (1.f + expf(-g)) * h[I + i];
                 }
-            if (fmt == MDK_Q4) mdk_quantize_act_range(act, I, a, b, &m->aq[s]);
+            if (MDK_IS_Q4(fmt)) mdk_quantize_act_range(act, I, a, b, &m->aq[s]);
             else if (fmt == MDK_BF16 && m->actbf) mdk_store_row(MDK_BF16, act + a, m->actbf + (size_t)s * I + a, b - a);
         }
     }
@@ -135,8 +135,8 @@ MDK_API int mdk_experts(const mdk_expert *const *ex, int njobs, const int32_t *o
     int D = ex[0]->w13.k, I = ex[0]->w2.k, S = offs[njobs];
     int any_q4_in = 0, any_q4_out = 0, any_bf_in = 0, any_bf_out = 0;
     for (int j = 0; j < njobs; j++) {
-        any_q4_in |= ex[j]->w13.fmt == MDK_Q4;
-        any_q4_out |= ex[j]->w2.fmt == MDK_Q4;
+        any_q4_in |= MDK_IS_Q4(ex[j]->w13.fmt);
+        any_q4_out |= MDK_IS_Q4(ex[j]->w2.fmt);
         any_bf_in |= ex[j]->w13.fmt == MDK_BF16;
         any_bf_out |= ex[j]->w2.fmt == MDK_BF16;
     }
@@ -258,8 +258,8 @@ MDK_API int mdk_matmul(const mdk_matrix *w, const void *x, int x_fmt, int T, flo
     int k = w->k;
     size_t q8 = mdk_q8_bytes(k);
     float *xf = (float *)mdk_scratch(0, (size_t)T * k * 4);
-    char *mem = w->fmt == MDK_Q4 ? (char *)mdk_scratch(1, (size_t)T * (q8 + sizeof(mdk_q8))) : NULL;
-    if (!xf || (w->fmt == MDK_Q4 && !mem)) return -1;
+    char *mem = MDK_IS_Q4(w->fmt) ? (char *)mdk_scratch(1, (size_t)T * (q8 + sizeof(mdk_q8))) : NULL;
+    if (!xf || (MDK_IS_Q4(w->fmt) && !mem)) return -1;
     mdk_q8 *xq = NULL;
     if (mem) {
         xq = (mdk_q8 *)mem;

@@ -13,6 +13,12 @@
  * reduction), and the 16 row scales of the block load as one vector. (llama.cpp's repacked Q4_0
  * GEMV interleaves rows for the same reason.) One tile-block is one 320-byte stream: the layout is
  * written once when an expert is built, from the 16-bit source.
+ *
+ * MDK_MX4 (MXFP4, as gpt-oss is released) uses the same tiles: a nibble holds the E2M1 code, and
+ * the kernels read it through MX4_Q as q = 2 * value + 12 in 0..24, unsigned as the dot product
+ * wants. With d = 2^(e - 128) and m = -12 d (e the block's E8M0 exponent), q * d + m is the
+ * released value exactly, so MXFP4 experts run at 4 bits without being rounded again. (maddubs
+ * then sums at most 2 * 24 * 127 = 6096 per pair, 12192 with both nibbles: still no saturation.)
  */
 #include "mdk.h"
 
@@ -25,6 +31,10 @@
 #endif
 
 #define TB 320 /* bytes per (tile, block) */
+
+/* E2M1 code -> q = 2 * value + 12 (values 0, .5, 1, 1.5, 2, 3, 4, 6 and their negatives) */
+static const uint8_t MX4_Q[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+static const uint8_t ID_Q[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
 size_t mdk_q8_bytes(int k) { return (size_t)k + 2 * (size_t)(k / 32) * sizeof(float) + 128; }
 
@@ -103,8 +113,39 @@ MDK_API void mdk_q4_quantize(const void *src, int fmt, int n, int k, uint8_t *ou
     mdk_parallel((n + 15) / 16, quantize_tile, &j, nthreads);
 }
 
-/* The weight a Q4 matrix stands for, fp32 [n, k]. */
+/* MXFP4 blocks [n, k/32, 16] (two E2M1 codes a byte, the low nibble first) and E8M0 scales
+ * [n, k/32] -> the tiles of MDK_MX4. Returns 0, or -1 when a block's scale has no fp16 d and m
+ * (exponent outside 2^-24..2^12, or 255, E8M0's NaN): the caller then rounds that matrix to Q4. */
+MDK_API int mdk_mx4_pack(const uint8_t *blocks, const uint8_t *scales, int n, int k, uint8_t *out) {
+    int nb = k / 32;
+    for (size_t i = 0; i < (size_t)n * nb; i++)
+        if (scales[i] < 128 - 24 || scales[i] > 128 + 12) return -1;
+    memset(out, 0, mdk_q4_bytes(n, k));
+    for (int r = 0; r < n; r++)
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *src = blocks + ((size_t)r * nb + b) * 16;
+            uint8_t code[32];
+            for (int j = 0; j < 16; j++) { code[2 * j] = src[j] & 15; code[2 * j + 1] = src[j] >> 4; }
+            uint8_t *blk = out + ((size_t)(r / 16) * nb + b) * TB;
+            int rr = r % 16;
+            float d = ldexpf(1.f, (int)scales[(size_t)r * nb + b] - 128);
+            uint16_t d16 = mdk_f2h(d), m16 = mdk_f2h(-12.f * d);
+            memcpy(blk + 256 + 2 * rr, &d16, 2);
+            memcpy(blk + 288 + 2 * rr, &m16, 2);
+            for (int cc = 0; cc < 4; cc++)
+                for (int i = 0; i < 4; i++)
+                    blk[64 * cc + 4 * rr + i] = (uint8_t)(code[4 * cc + i] | code[16 + 4 * cc + i] << 4);
+        }
+    return 0;
+}
+
+/* The weight a Q4 or MX4 matrix stands for, fp32 [n, k]. */
 MDK_API void mdk_q4_dequantize(const uint8_t *packed, int n, int k, float *out) {
+    mdk_q4_dequantize_fmt(packed, MDK_Q4, n, k, out);
+}
+
+MDK_API void mdk_q4_dequantize_fmt(const uint8_t *packed, int fmt, int n, int k, float *out) {
+    const uint8_t *lut = fmt == MDK_MX4 ? MX4_Q : ID_Q;
     int nb = k / 32;
     for (int r = 0; r < n; r++) {
         for (int b = 0; b < nb; b++) {
@@ -117,15 +158,15 @@ MDK_API void mdk_q4_dequantize(const uint8_t *packed, int n, int k, float *out) 
             for (int cc = 0; cc < 4; cc++)
                 for (int i = 0; i < 4; i++) {
                     uint8_t byte = blk[64 * cc + 4 * (r % 16) + i];
-                    o[4 * cc + i] = (float)(byte & 15) * d + m;
-                    o[16 + 4 * cc + i] = (float)(byte >> 4) * d + m;
+                    o[4 * cc + i] = (float)lut[byte & 15] * d + m;
+                    o[16 + 4 * cc + i] = (float)lut[byte >> 4] * d + m;
                 }
         }
     }
 }
 
 /* ---------------- one tile of 16 rows against one token: y[16] ---------------- */
-static void tile_c(const uint8_t *tile, int nb, const mdk_q8 *a, float *y) {
+static void tile_c(const uint8_t *tile, int nb, const mdk_q8 *a, float *y, const uint8_t *lut) {
     float acc[16] = {0};
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = tile + (size_t)b * TB;
@@ -135,7 +176,7 @@ static void tile_c(const uint8_t *tile, int nb, const mdk_q8 *a, float *y) {
             for (int cc = 0; cc < 4; cc++)
                 for (int i = 0; i < 4; i++) {
                     uint8_t byte = blk[64 * cc + 4 * r + i];
-                    s += (byte & 15) * x[4 * cc + i] + (byte >> 4) * x[16 + 4 * cc + i];
+                    s += lut[byte & 15] * x[4 * cc + i] + lut[byte >> 4] * x[16 + 4 * cc + i];
                 }
             uint16_t d16, m16;
             memcpy(&d16, blk + 256 + 2 * r, 2);
@@ -150,8 +191,10 @@ static void tile_c(const uint8_t *tile, int nb, const mdk_q8 *a, float *y) {
 static inline int32_t load4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
 
 MDK_TARGET("avx2,fma,f16c")
-static void tile_avx2(const uint8_t *tile, int nb, const mdk_q8 *a, float *y) {
+static void tile_avx2(const uint8_t *tile, int nb, const mdk_q8 *a, float *y, const uint8_t *lut) {
     const __m256i mask = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lut));
+#define NIB2(v) _mm256_shuffle_epi8(tab, _mm256_and_si256((v), mask))  /* nibble -> q (identity for Q4) */
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = tile + (size_t)b * TB;
@@ -161,10 +204,10 @@ static void tile_avx2(const uint8_t *tile, int nb, const mdk_q8 *a, float *y) {
             __m256i xl = _mm256_set1_epi32(load4(x + 4 * cc)), xh = _mm256_set1_epi32(load4(x + 16 + 4 * cc));
             __m256i v0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * cc));
             __m256i v1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * cc + 32));
-            __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v0, mask), xl),
-                                          _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v0, 4), mask), xh));
-            __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v1, mask), xl),
-                                          _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v1, 4), mask), xh));
+            __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(NIB2(v0), xl),
+                                          _mm256_maddubs_epi16(NIB2(_mm256_srli_epi16(v0, 4)), xh));
+            __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(NIB2(v1), xl),
+                                          _mm256_maddubs_epi16(NIB2(_mm256_srli_epi16(v1, 4)), xh));
             s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(p0, ones));
             s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(p1, ones));
         }
@@ -178,13 +221,18 @@ static void tile_avx2(const uint8_t *tile, int nb, const mdk_q8 *a, float *y) {
     }
     _mm256_storeu_ps(y, acc0);
     _mm256_storeu_ps(y + 8, acc1);
+#undef NIB2
 }
 /* (maddubs sums two u8*s8 products into int16: at most 2 * 15 * 127 = 3810 per pair, no saturation;
  * adding the low- and high-nibble pairs gives at most 7620.) */
 
+/* mx is a constant in each of the two callers below, so Q4's hot path has no shuffle and no branch */
 MDK_TARGET("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
-static void tile_avx512(const uint8_t *tile, int nb, const mdk_q8 *a, float *y) {
+static MDK_INLINE void tile_avx512_body(const uint8_t *tile, int nb, const mdk_q8 *a,
+                                                                   float *y, const int mx) {
     const __m512i mask = _mm512_set1_epi8(0x0f);
+    const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)MX4_Q));
+#define NIB(v) (mx ? _mm512_shuffle_epi8(tab, _mm512_and_si512((v), mask)) : _mm512_and_si512((v), mask))
     __m512 acc = _mm512_setzero_ps(), accm = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = tile + (size_t)b * TB;
@@ -193,14 +241,14 @@ static void tile_avx512(const uint8_t *tile, int nb, const mdk_q8 *a, float *y) 
         __m512i i2 = _mm512_setzero_si512(), i3 = _mm512_setzero_si512();
         __m512i v0 = _mm512_loadu_si512((const void *)blk), v1 = _mm512_loadu_si512((const void *)(blk + 64));
         __m512i v2 = _mm512_loadu_si512((const void *)(blk + 128)), v3 = _mm512_loadu_si512((const void *)(blk + 192));
-        i0 = _mm512_dpbusd_epi32(i0, _mm512_and_si512(v0, mask), _mm512_set1_epi32(load4(x)));
-        i1 = _mm512_dpbusd_epi32(i1, _mm512_and_si512(_mm512_srli_epi16(v0, 4), mask), _mm512_set1_epi32(load4(x + 16)));
-        i2 = _mm512_dpbusd_epi32(i2, _mm512_and_si512(v1, mask), _mm512_set1_epi32(load4(x + 4)));
-        i3 = _mm512_dpbusd_epi32(i3, _mm512_and_si512(_mm512_srli_epi16(v1, 4), mask), _mm512_set1_epi32(load4(x + 20)));
-        i0 = _mm512_dpbusd_epi32(i0, _mm512_and_si512(v2, mask), _mm512_set1_epi32(load4(x + 8)));
-        i1 = _mm512_dpbusd_epi32(i1, _mm512_and_si512(_mm512_srli_epi16(v2, 4), mask), _mm512_set1_epi32(load4(x + 24)));
-        i2 = _mm512_dpbusd_epi32(i2, _mm512_and_si512(v3, mask), _mm512_set1_epi32(load4(x + 12)));
-        i3 = _mm512_dpbusd_epi32(i3, _mm512_and_si512(_mm512_srli_epi16(v3, 4), mask), _mm512_set1_epi32(load4(x + 28)));
+        i0 = _mm512_dpbusd_epi32(i0, NIB(v0), _mm512_set1_epi32(load4(x)));
+        i1 = _mm512_dpbusd_epi32(i1, NIB(_mm512_srli_epi16(v0, 4)), _mm512_set1_epi32(load4(x + 16)));
+        i2 = _mm512_dpbusd_epi32(i2, NIB(v1), _mm512_set1_epi32(load4(x + 4)));
+        i3 = _mm512_dpbusd_epi32(i3, NIB(_mm512_srli_epi16(v1, 4)), _mm512_set1_epi32(load4(x + 20)));
+        i0 = _mm512_dpbusd_epi32(i0, NIB(v2), _mm512_set1_epi32(load4(x + 8)));
+        i1 = _mm512_dpbusd_epi32(i1, NIB(_mm512_srli_epi16(v2, 4)), _mm512_set1_epi32(load4(x + 24)));
+        i2 = _mm512_dpbusd_epi32(i2, NIB(v3), _mm512_set1_epi32(load4(x + 12)));
+        i3 = _mm512_dpbusd_epi32(i3, NIB(_mm512_srli_epi16(v3, 4)), _mm512_set1_epi32(load4(x + 28)));
         __m512i s = _mm512_add_epi32(_mm512_add_epi32(i0, i1), _mm512_add_epi32(i2, i3));
         __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 256)));
         __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 288)));
@@ -208,24 +256,32 @@ static void tile_avx512(const uint8_t *tile, int nb, const mdk_q8 *a, float *y) 
         accm = _mm512_fmadd_ps(m, _mm512_set1_ps(a->sx[b]), accm);
     }
     _mm512_storeu_ps(y, _mm512_add_ps(acc, accm));
+#undef NIB
 }
+
+MDK_TARGET("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+static void tile_avx512_q4(const uint8_t *tile, int nb, const mdk_q8 *a, float *y) { tile_avx512_body(tile, nb, a, y, 0); }
+
+MDK_TARGET("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+static void tile_avx512_mx4(const uint8_t *tile, int nb, const mdk_q8 *a, float *y) { tile_avx512_body(tile, nb, a, y, 1); }
 #endif
 
 /* y[0..r1-r0) = rows r0..r1-1 of W (MDK_Q4; r0 a multiple of 16) dotted with one quantised token */
 void mdk_q4_rows(const mdk_matrix *w, int r0, int r1, const mdk_q8 *a, float *y) {
     int nb = w->k / 32;
     const uint8_t *base = (const uint8_t *)w->w;
+    const uint8_t *lut = w->fmt == MDK_MX4 ? MX4_Q : ID_Q;
     float tmp[16];
     for (int r = r0; r < r1; r += 16) {
         const uint8_t *tile = base + (size_t)(r / 16) * nb * TB;
         int n = r1 - r < 16 ? r1 - r : 16;
         float *dst = n == 16 ? y + (r - r0) : tmp;
 #if MDK_X86
-        if (mdk_path == MDK_PATH_AVX512) tile_avx512(tile, nb, a, dst);
-        else if (mdk_path == MDK_PATH_AVX2) tile_avx2(tile, nb, a, dst);
+        if (mdk_path == MDK_PATH_AVX512) (lut == ID_Q ? tile_avx512_q4 : tile_avx512_mx4)(tile, nb, a, dst);
+        else if (mdk_path == MDK_PATH_AVX2) tile_avx2(tile, nb, a, dst, lut);
         else
 #endif
-            tile_c(tile, nb, a, dst);
+            tile_c(tile, nb, a, dst, lut);
         if (n < 16) memcpy(y + (r - r0), tmp, (size_t)n * 4);
     }
 }

@@ -67,20 +67,38 @@ class SyntheticCheckpoint:
         self.where = {name: _Where(self.folder / MARKER) for name in self.expected}
         self.gen_device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
+    mxfp4 = False
+
     def read(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
         shape = self.expected[name]
         if len(shape) == 1:  # norms: ones, as a fresh model has
             t = torch.ones(shape, dtype=self.dtype, device=self.gen_device)
+        elif len(shape) == 3:  # a layer's fused experts (GPT-OSS): expert by expert, as read_rows makes them
+            t = torch.cat([self._random(name, shape[1:], e) for e in range(shape[0])])
         else:
-            g = torch.Generator(device=self.gen_device).manual_seed(self.seed * 1_000_003 + zlib.crc32(name.encode()))
-            t = torch.randn(shape, generator=g, device=self.gen_device, dtype=torch.float32)
-            t = t.mul_(0.5 / shape[-1] ** 0.5).to(self.dtype)  # the tiny model's scale: routing not all ties
+            t = self._random(name, shape)
         if out is not None:
             out.copy_(t)
             return out
         return t.cpu()
 
+    def read_rows(self, name: str, first: int, count: int) -> torch.Tensor:
+        shape = self.expected[name]
+        if len(shape) == 3:
+            return torch.cat([self._random(name, shape[1:], e).cpu() for e in range(first, first + count)])
+        return self.read(name)[first:first + count]
+
+    def _random(self, name: str, shape: tuple, part: int | None = None) -> torch.Tensor:
+        key = name if part is None else f"{name}#{part}"
+        g = torch.Generator(device=self.gen_device).manual_seed(self.seed * 1_000_003 + zlib.crc32(key.encode()))
+        t = torch.randn(shape, generator=g, device=self.gen_device, dtype=torch.float32)
+        t = t.mul_(0.5 / shape[-1] ** 0.5).to(self.dtype)  # the tiny model's scale: routing not all ties
+        return t if part is None else t[None]
+
     def expert_nbytes(self) -> int:
+        if self.dims.adapter.fused_experts:
+            return sum(int(torch.tensor(s[1:]).prod()) for n, s in self.expected.items()
+                       if ".layers.0." in n and ".experts." in n) * self.dtype.itemsize
         return sum(int(torch.tensor(s).prod()) for n, s in self.expected.items()
                    if ".experts.0." in n and ".layers.0." in n) * self.dtype.itemsize
 
