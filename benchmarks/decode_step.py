@@ -1,7 +1,10 @@
 """The demo's decode step, before and after the native path: time per token, the bandwidth-bound
 time for the bytes a step reads, and the per-layer overhead (step time beyond that bound, per layer).
 
-    python benchmarks/decode_step.py
+    python benchmarks/decode_step.py [--model FOLDER] [--tiers cpu-4,cpu-16]
+
+--model takes any model folder, a synthetic one included (`mixdesk synthetic-model`); the default
+is the demo.
 
 Three variants, each in its own process (the library is chosen at load):
 - "torch": MIXDESK_NATIVE=0, the engine as it was before the native kernels (torch's int4 and
@@ -26,13 +29,13 @@ CHILD = r"""
 import json, sys, time, statistics, torch
 from engine import native
 from engine.tools.bench_kernels import read_bandwidth
-from engine.checkpoint import Checkpoint
+from engine.load import open_checkpoint
 from engine.kernels import auto_dtype
 from engine.model import MixtralModel
 from engine.placement import Placement, Tier
 from engine.sources.demo import demo_dir
-tier, variant = sys.argv[1], sys.argv[2]
-ck = Checkpoint(demo_dir()); d = ck.dims
+tier, variant, folder = sys.argv[1], sys.argv[2], sys.argv[3] or str(demo_dir())
+ck = open_checkpoint(folder); d = ck.dims
 m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier(tier)), torch.device("cpu"), auto_dtype(torch.device("cpu")))
 if variant == "native experts":
     m.native_step = None
@@ -48,15 +51,16 @@ step = statistics.median(steps[8:])
 ex = m.moe[0].experts[0].nbytes
 nbytes = d.layers * d.top_k * ex + m.dense_bytes()
 print(json.dumps({"step_s": step, "bytes": nbytes, "bandwidth": bw, "kernel": native.status(),
-                  "dtype": str(m.dtype), "layers": d.layers}))
+                  "dtype": str(m.dtype), "layers": d.layers, "family": d.family,
+                  "native_step": m.native_step is not None and m.native_step.ready()}))
 """
 
 
-def run(tier: str, variant: str) -> dict:
+def run(tier: str, variant: str, model: str) -> dict:
     env = dict(os.environ)
     if variant == "torch":
         env["MIXDESK_NATIVE"] = "0"
-    r = subprocess.run([sys.executable, "-c", CHILD, tier, variant], capture_output=True, text=True, env=env,
+    r = subprocess.run([sys.executable, "-c", CHILD, tier, variant, model], capture_output=True, text=True, env=env,
                        cwd=Path(__file__).resolve().parents[1], timeout=900)
     if r.returncode:
         raise SystemExit(r.stderr[-2000:])
@@ -64,12 +68,20 @@ def run(tier: str, variant: str) -> dict:
 
 
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="", help="a model folder (default: the demo)")
+    ap.add_argument("--tiers", default="cpu-4,cpu-16")
+    args = ap.parse_args()
     rows = ["| tier | variant | kernel | step ms | tok/s | bytes/step MiB | bound ms | of bound | overhead per layer us |",
             "|---|---|---|---|---|---|---|---|---|"]
     res = {}
-    for tier in ("cpu-4", "cpu-16"):
+    for tier in args.tiers.split(","):
         for variant in ("torch", "native experts", "native step"):
-            r = run(tier, variant)
+            r = run(tier, variant, args.model)
+            if variant == "native step" and not r["native_step"]:
+                raise SystemExit(f"the native step does not take this model ({r['family']})")
             bound = r["bytes"] / r["bandwidth"]
             r["overhead_per_layer_s"] = (r["step_s"] - bound) / r["layers"]
             res[f"{tier} {variant}"] = r
@@ -81,7 +93,8 @@ def main() -> None:
              "measured in the same process; overhead per layer = (step - bound) / layers"]
     table = "\n".join(rows)
     print(table)
-    print(f"recorded {record('decode_step', res, table)}")
+    name = "decode_step" + (f"_{Path(args.model).name}" if args.model else "")
+    print(f"recorded {record(name, res, table)}")
 
 
 if __name__ == "__main__":

@@ -91,8 +91,8 @@ MDK_API int mdk_select_path(int want) {
 }
 
 /* The layout of the structs Python fills (engine/native/__init__.py): a library built before a change
- * of them is refused as out of date. 2: mdk_expert gained biases and an activation (GPT-OSS). */
-MDK_API int mdk_abi(void) { return 2; }
+ * of them is refused as out of date. 2: mdk_expert gained biases and an activation (GPT-OSS); 3: mdk_layer and mdk_model q/k norms. */
+MDK_API int mdk_abi(void) { return 3; }
 
 MDK_API int mdk_cpu_has_bf16(void) { return mdk_has_bf16; }
 

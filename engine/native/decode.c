@@ -2,7 +2,8 @@
  *
  * Shapes: D hidden, H query heads, G kv heads, Hd head dim, P cached positions (pos + 1 after the
  * write), E experts, K top-k. Per layer, as engine/model.py does it in torch:
- *   h = rms(x) * ln1 (rounded to the model dtype);  qkv = Wqkv . h;  rope on q and k;
+ *   h = rms(x) * ln1 (rounded to the model dtype);  qkv = Wqkv . h;  q/k norms and clip where the
+ *   family has them (Qwen3-MoE, OLMoE);  rope on q and k;
  *   k, v -> cache[pos];  att = softmax(q . K / sqrt(Hd)) . V over the window;  x += Wo . att;
  *   h = rms(x) * ln2;  x += moe(h)   (mdk_moe: route, experts, weighted sum)
  * The residual x stays in its own format (fp32, or the model dtype) and is rounded after each add,
@@ -22,6 +23,7 @@ typedef struct {
     const mdk_expert *const *experts;  /* [E] */
     mdk_matrix router;              /* [E, D] */
     float *k, *v;                   /* this layer's cache [G, ctx, Hd] fp32 */
+    const float *q_norm, *k_norm;   /* RMSNorm weights of q and k (qk_norm 1: [Hd]; 2: [H*Hd], [G*Hd]) */
 } mdk_layer;
 
 typedef struct {
@@ -31,7 +33,17 @@ typedef struct {
     const mdk_layer *layer;
     const void *norm;               /* final norm [D] (norm_fmt) */
     mdk_matrix lm_head;             /* [V, D] */
+    int qk_norm;                    /* 0 none; 1 RMSNorm of each q and k head (Qwen3-MoE); 2 of all of q, of all of k (OLMoE) */
+    float clip;                     /* > 0: q, k, v clamped to +-clip after the norms (OLMoE's clip_qkv) */
 } mdk_model;
+
+/* v[0..n) = w * (v / rms(v)), in fp32 as the torch forward does it in attention's dtype */
+static void rms_inplace(float *v, const float *w, int n, float eps) {
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)v[i] * v[i];
+    float r = 1.f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) v[i] = w[i] * (v[i] * r);
+}
 
 typedef struct { const mdk_matrix *w; const float *x; const uint16_t *xbf; float *y; int rows; } gemv_ctx;
 
@@ -127,6 +139,14 @@ MDK_API int mdk_decode(const mdk_model *m, void *x, int pos, const float *cos, c
         rmsnorm(xf, L->ln1, m->norm_fmt, D, m->eps, m->dtype, hf, use_bf ? hb : NULL);
         gemv(&L->wqkv, hf, use_bf ? hb : NULL, qkv, nthreads);
         for (int i = 0; i < nq; i++) qkv[i] = mdk_round_to(m->dtype, qkv[i]);
+        if (m->qk_norm == 1)
+            for (int hd = 0; hd < H + G; hd++) rms_inplace(qkv + (size_t)hd * Hd, hd < H ? L->q_norm : L->k_norm, Hd, m->eps);
+        else if (m->qk_norm == 2) {
+            rms_inplace(qkv, L->q_norm, H * Hd, m->eps);
+            rms_inplace(qkv + (size_t)H * Hd, L->k_norm, G * Hd, m->eps);
+        }
+        if (m->clip > 0.f)
+            for (int i = 0; i < nq; i++) qkv[i] = fminf(fmaxf(qkv[i], -m->clip), m->clip);
         for (int hd = 0; hd < H + G; hd++) {  /* rope on q and k heads */
             float *v = qkv + (size_t)hd * Hd, tmp[1024];
             int half = Hd / 2;

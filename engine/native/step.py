@@ -25,16 +25,20 @@ class DecodeStep:
             L.wqkv, L.wo = matrix(layer.wqkv), matrix(layer.wo)
             L.experts = ctypes.cast(block.table, ctypes.c_void_p)
             L.router = block.router if block.router is not None else Matrix()
+            if layer.q_norm is not None:  # fp32: attention's dtype on the CPU (supported() checks it)
+                L.q_norm, L.k_norm = layer.q_norm.data_ptr(), layer.k_norm.data_ptr()
         resid = FMT[model.residual_dtype]
         self.desc = Model(d.layers, d.hidden, d.heads, d.kv_heads, d.head_dim, 0, d.experts, d.top_k,
                           d.sliding_window or 0, d.rms_eps, FMT[model.dtype], resid, FMT[model.dtype],
-                          ctypes.addressof(self.layers), model.norm.data_ptr(), matrix(model.lm_head))
+                          ctypes.addressof(self.layers), model.norm.data_ptr(), matrix(model.lm_head),
+                          {None: 0, "head": 1, "full": 2}[d.qk_norm], d.clip_qkv or 0.0)
         self._cache = None
 
     @staticmethod
     def supported(model) -> bool:
         d = model.dims
-        plain = (d.norm_topk and not d.qk_norm and not d.qkv_bias and not d.shared_ffn and d.clip_qkv is None
+        # q/k norms and clip_qkv run natively (Qwen3-MoE, OLMoE); the native router always renormalises
+        plain = (d.norm_topk and not d.qkv_bias and not d.shared_ffn
                  and d.router_kind == "softmax_topk" and not d.router_bias and d.act == "silu" and not d.attn_sinks
                  and not d.o_bias and d.layer_windows is None)
         return (plain and model.accel.type == "cpu" and model.dtype in FMT and model.attn_dtype == torch.float32
