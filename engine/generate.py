@@ -1,8 +1,11 @@
 """Generation: chat template, prefill with KV-cache prefix reuse, sampling, stopping, and streaming
 text that is correct across multi-byte characters split between tokens.
 
-`Generator.stream` is a generator: it yields a `Token` per new token and one `Finished` at the end.
-The session thread (or the CLI) consumes it; cancellation is a threading.Event checked every step.
+`Generator.sequence` is one sequence's generation as a coroutine: it yields a `Need` whenever it
+wants a forward pass (its feed, position and KV cache) and is sent the logits back, and it yields a
+`Token` per new token and one `Finished` at the end. Whoever drives it runs the forwards: `stream`
+runs each alone (the CLI, one chat), the session's scheduler (engine/batch.py) runs the decode steps
+of several sequences as one batched forward. Cancellation is a threading.Event checked every step.
 """
 from __future__ import annotations
 
@@ -159,6 +162,30 @@ class StopMatcher:
         return out
 
 
+@dataclass(frozen=True)
+class Need:
+    """A sequence asks for one forward pass: the logits after the last of `feed`, placed at
+    positions pos.. of `cache` (send them back into the sequence)."""
+
+    feed: list[int]
+    pos: int
+    cache: KVCache
+
+
+def drive(seq, forward) -> Iterator["Token | Finished"]:
+    """Run a sequence on its own: each Need answered by forward(need) -> logits [V]."""
+    try:
+        item = next(seq)
+        while True:
+            if isinstance(item, Need):
+                item = seq.send(forward(item))
+            else:
+                yield item
+                item = next(seq)
+    except StopIteration:
+        return
+
+
 class NonFiniteOutput(MixdeskError):
     def __init__(self, index: int, dtype: torch.dtype):
         where = "reading the prompt" if index == 0 else f"at new token {index}"
@@ -187,28 +214,45 @@ class Generator:
             self.template = ChatTemplate.of(self.tok, self.model.ckpt.folder)
         return self.template.ids(messages)
 
-    def _forward(self, feed: list[int], pos: int) -> torch.Tensor:
-        """One step; on CUDA out-of-memory, let the owner evict, then retry (the step rewrites the
-        same cache slots, so a retry is exact)."""
+    def retrying(self, step):
+        """step(); on CUDA out-of-memory, let the owner evict, then retry (a step rewrites the same
+        cache slots, so a retry is exact)."""
         for attempt in range(4):
             try:
-                return self.model.forward(torch.tensor(feed, dtype=torch.long), self.cache, pos)[-1]
+                return step()
             except torch.cuda.OutOfMemoryError:
                 if self.on_oom is None or attempt == 3:
                     raise
                 self.on_oom()
         raise AssertionError("unreachable")
 
+    def forward(self, need: Need) -> torch.Tensor:
+        """One sequence's forward pass alone: logits [V] fp32."""
+        return self.retrying(lambda: self.model.forward(torch.tensor(need.feed, dtype=torch.long), need.cache,
+                                                        need.pos)[-1])
+
     def count_tokens(self, text: str) -> int:
         return len(self.tok.encode(text, add_special_tokens=False))
 
     def stream(self, prompt: list[int], p: SamplingParams = SamplingParams(),
-               cancel: threading.Event | None = None) -> Iterator[Token | Finished]:
+               cancel: threading.Event | None = None, cache: KVCache | None = None) -> Iterator[Token | Finished]:
+        """One sequence, its forwards run one at a time (the KV cache: the chat's own by default)."""
+        return drive(self.sequence(prompt, p, cancel, cache), self.forward)
+
+    def new_cache(self) -> KVCache:
+        return self.model.new_cache(self.ctx)
+
+    def sequence(self, prompt: list[int], p: SamplingParams = SamplingParams(), cancel=None,
+                 cache: KVCache | None = None, chunk: int = 0):
+        """The coroutine behind stream (see the module's docstring). The prompt's tokens already in
+        `cache` (a common prefix with what it holds) are reused. chunk > 0: the prompt is fed in
+        chunks of that many tokens, each its own Need, so a driver can run other sequences' decode
+        steps between them. cancel: anything with is_set()."""
         if len(prompt) == 0:
             raise ValueError("empty prompt")
         if len(prompt) >= self.ctx:
             raise ContextOverflow(len(prompt), self.ctx)
-        cache = self.cache
+        cache = self.cache if cache is None else cache
         reuse = 0  # keys/values already cached from the previous turn
         limit = min(len(cache.tokens), len(prompt) - 1)
         while reuse < limit and cache.tokens[reuse] == prompt[reuse]:
@@ -231,7 +275,16 @@ class Generator:
                 reason = "context"
                 break
             step0 = time.perf_counter()
-            logits = self._forward(feed, pos)
+            while chunk and len(feed) > chunk:  # a long prompt, a chunk at a time
+                yield Need(feed[:chunk], pos, cache)
+                cache.tokens.extend(feed[:chunk])
+                pos, feed = pos + chunk, feed[chunk:]
+                if cancel is not None and cancel.is_set():
+                    break
+            if cancel is not None and cancel.is_set():
+                reason = "cancelled"
+                break
+            logits = yield Need(feed, pos, cache)
             if not bool(torch.isfinite(logits).all()):
                 raise NonFiniteOutput(i, self.model.dtype)
             cache.tokens.extend(feed)

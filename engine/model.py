@@ -284,6 +284,52 @@ class MixtralModel:
             x = x[-1:]
         return linear(self._rms(x, self.norm), self.lm_head).float()  # [T or 1, V]
 
+    @torch.inference_mode()
+    def forward_batch(self, ids: torch.Tensor, caches: list[KVCache], positions: list[int]) -> torch.Tensor:
+        """One decode step for B sequences at once: token ids[b] at positions[b] of caches[b].
+        Returns logits [B, V] fp32. The dense matmuls and the MoE block take the B tokens together
+        (each layer's weights, and each expert any token chose, are read once); attention runs per
+        sequence over its own cache. The same values as B separate forward() calls, up to the
+        summation order of batched matmuls."""
+        d = self.dims
+        B, H, G, Hd = ids.shape[0], d.heads, d.kv_heads, d.head_dim
+        for c, p in zip(caches, positions):
+            if p + 1 > c.ctx:
+                raise ValueError(f"position {p + 1} exceeds the cache ({c.ctx})")
+        if native.available():
+            native.quiet_torch.enter()  # small ops: torch stays at one thread, as in forward's decode
+        cos_t, sin_t = self.rope_tables(max(positions) + 1)
+        at = torch.tensor(positions, device=self.accel)
+        cos, sin = cos_t[at], sin_t[at]  # [B, 1, Hd]
+        x = F.embedding(ids.to(self.accel), self.embed).to(self.residual_dtype)  # [B, D]
+        for l, layer in enumerate(self.layers):
+            h = self._rms(x, layer.ln1)
+            qkv = linear(h, layer.wqkv)  # [B, (H+2G)Hd]
+            if layer.bqkv is not None:
+                qkv = qkv + layer.bqkv
+            qkv = qkv.to(self.attn_dtype)
+            if layer.q_norm is not None:
+                qkv = self._qk_norm(qkv, layer)
+            if d.clip_qkv is not None:
+                qkv = qkv.clamp(-d.clip_qkv, d.clip_qkv)
+            qk = qkv[:, : (H + G) * Hd].view(B, H + G, Hd)
+            qk = qk * cos + qk.roll(Hd // 2, dims=-1) * sin
+            v = qkv[:, (H + G) * Hd:].view(B, G, Hd)
+            att = []
+            for b, (c, p) in enumerate(zip(caches, positions)):
+                c.k[l, :, p] = qk[b, H:]
+                c.v[l, :, p] = v[b]
+                first = max(0, p + 1 - layer.window) if layer.window else 0
+                k, vv, q = c.k[l, :, first:p + 1], c.v[l, :, first:p + 1], qk[b, :H, None]  # q [H, 1, Hd]
+                if layer.sinks is not None:
+                    att.append(self._attend_with_sinks(q, k, vv, None, layer.sinks)[:, 0])
+                else:
+                    att.append(F.scaled_dot_product_attention(q[None], k[None], vv[None], enable_gqa=G != H)[0, :, 0])
+            o = linear(torch.stack(att).reshape(B, H * Hd).to(self.dtype), layer.wo)  # [B, D]
+            x = x + (o if layer.bo is None else o + layer.bo)
+            x = x + self.moe[l](self._rms(x, layer.ln2))
+        return linear(self._rms(x, self.norm), self.lm_head).float()  # [B, V]
+
     def _qk_norm(self, qkv: torch.Tensor, layer: DenseLayer) -> torch.Tensor:
         """RMSNorm of q and of k, per head (Qwen3-MoE) or over all heads at once (OLMoE); v unchanged."""
         d = self.dims

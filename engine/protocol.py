@@ -36,6 +36,10 @@ class Generate:
     prompt_ids: list[int] | None = None
     params: SamplingParams = SamplingParams()
     fresh: bool = False  # ignore keys/values cached from the previous request (a cold prefill)
+    prompt_text: str | None = None  # a plain-text prompt, tokenised as is (no chat template)
+    # "chat": the conversation's own KV cache (one such request at a time, its prefix carried over
+    # between turns); "pool": a cache of its own, running beside others (the local server)
+    slot: str = "chat"
 
 
 @dataclass(frozen=True, kw_only=True)

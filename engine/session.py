@@ -8,6 +8,13 @@ Error boundary: any exception in a command, a decode step or a migration becomes
 (one line for the user; the traceback of an unexpected one goes to the log file, see errorlog) and
 the thread keeps serving. A request that failed ends with its own error.
 
+Concurrency: requests run together in one Batch (engine/batch.py): each decode step is one
+batched forward for every running request, and a new request's prompt is read a chunk at a time
+between steps. The chat's request uses the generator's own KV cache (its prefix carries over
+between turns), so a second chat request waits for the first; requests with slot "pool" (the
+local server's) take pool caches, up to `max_streams` requests at once. Stop(request_id) ends one
+request; Stop() ends all of them (and a calibration).
+
 Re-placement: the memory monitor and the slider feed the planner; a new placement becomes a list
 of moves that the Migrator builds on a worker thread and that are swapped in between decode steps
 (safe points), so generation goes on while experts move. When a budget shrinks below what is
@@ -28,6 +35,7 @@ import torch
 
 from . import errorlog, native
 from .errors import MixdeskError
+from .batch import Batch, Either
 from .generate import Finished, Token
 from .migrator import Migrator
 from .monitor import MemorySource, Monitor, SystemSource
@@ -48,8 +56,14 @@ class Session(Profiling):
     def __init__(self, emit: Callable[[object], None], source: MemorySource | None = None,
                  poll_s: float = 0.5, tiers: tuple[Tier, ...] | None = None, seam: bool = False,
                  hysteresis: float = 0.05, slice_s: float = 0.002, slider: float = 0.5,
-                 tier_costs: dict | None = None, background_moves: bool | None = None):
-        self.emit = emit
+                 tier_costs: dict | None = None, background_moves: bool | None = None, max_streams: int = 4):
+        self._primary = emit
+        self.emit = self._fanout
+        # more consumers of every event (the local server beside the window); called on this thread
+        self.listeners: list[Callable[[object], None]] = []
+        self.max_streams = max_streams
+        self.batch: Batch | None = None
+        self._stops: dict[int, threading.Event] = {}  # each running or queued request's own Stop
         self._source = source
         self.poll_s = poll_s
         self.tiers = tiers  # restrict the planner to these tiers (None: all the machine has)
@@ -79,8 +93,6 @@ class Session(Profiling):
         self.monitor: Monitor | None = None
         self.target: Placement | None = None
         self._frontier: tuple | None = None  # (inputs, budgets, points): slider moves reuse it
-        self._gen = None
-        self._request: int | None = None
         self._queued: deque = deque()
         self._quit = False
         self._decode_ema = 0.0
@@ -88,16 +100,30 @@ class Session(Profiling):
         self._prefill = 0.0
         self._last_stats = 0.0
 
+    def _fanout(self, ev) -> None:
+        self._primary(ev)
+        for listener in list(self.listeners):
+            listener(ev)
+
+    @property
+    def _busy(self) -> bool:
+        """Some request is generating."""
+        return self.batch is not None and self.batch.active
+
     # ---- API (any thread) ----
     def start(self) -> "Session":
         self.thread.start()
         return self
 
     def submit(self, cmd) -> None:
-        if isinstance(cmd, Stop):
-            self.cancel.set()  # effective at the next step, even mid-queue
+        if isinstance(cmd, Generate):
+            self._stops.setdefault(cmd.request_id, threading.Event())
+        if isinstance(cmd, Stop):  # effective at the next step, even mid-queue
             if cmd.request_id is None:
+                self.cancel.set()
                 self.calib_cancel.set()
+            else:
+                self._stops.setdefault(cmd.request_id, threading.Event()).set()
         self.commands.put(cmd)
 
     def shutdown(self, timeout: float = 10.0) -> bool:
@@ -117,7 +143,7 @@ class Session(Profiling):
         why = ""
         try:
             while not self._quit:
-                self._guard("engine", self._iteration, self._request)
+                self._guard("engine", self._iteration)
         except BaseException as e:  # noqa: BLE001 - not even this may pass silently
             why = f"{errorlog.one_line(e)}"
             log = errorlog.record(e, "engine thread")
@@ -126,12 +152,12 @@ class Session(Profiling):
             self._teardown()
 
     def _iteration(self) -> None:
-        if self._gen is not None:
+        if self._busy:
             self._drain(block=False)
             if self._quit:
                 return
             self._swap()
-            if self._gen is not None:
+            if self._busy:
                 self._step()
         elif self.migrator is not None and self.migrator.pending:
             self._drain(block=False)
@@ -139,13 +165,20 @@ class Session(Profiling):
                 self.migrator.wait_ready(0.02)  # the worker is building what is left
         elif self._calib is not None:  # between requests: a slice of the background calibration
             self._drain(block=False)
-            if not self._quit and self._gen is None and self._calib is not None and not self._queued:
+            if not self._quit and not self._busy and self._calib is not None and not self._queued:
                 self._guard("calibrating", self._calibrate_slice)
         else:
             self._drain(block=True)
-        if self._gen is None and self._queued and not self._quit:
+        while self._queued and not self._quit and self._may_start(self._queued[0]):
             cmd = self._queued.popleft()
             self._guard(_describe(cmd), lambda: self._begin(cmd), cmd.request_id)
+
+    def _may_start(self, cmd) -> bool:
+        """Whether a command can start now: a task or a load waits for every request to end; a
+        request joins the running ones while the batch has room for its slot."""
+        if not self._busy:
+            return True
+        return isinstance(cmd, Generate) and self.batch.can_take(cmd.slot)
 
     def _guard(self, what: str, fn, request_id: int | None = None) -> bool:
         """Run fn; any exception becomes an ErrorEvent and the engine carries on. True if it ran."""
@@ -164,18 +197,13 @@ class Session(Profiling):
         return False
 
     def _failed(self, request_id: int | None) -> None:
-        """After an error: the request it belonged to is over, and the KV cache may hold a step
-        that did not finish, so the next request starts from a clean cache."""
-        if request_id is not None and request_id == self._request and self._gen is not None:
-            self._gen = None
-            self._request = None
-            if self.loaded is not None:
-                self.loaded.generator.cache.tokens = []
-            native.quiet_torch.leave()
-            self.cancel.clear()
+        """After an error: a request that failed before it joined the batch is over."""
+        if request_id is not None:
+            self._stops.pop(request_id, None)
 
     def _teardown(self) -> None:
-        self._gen = None
+        if self.batch is not None:
+            self.batch.end_all()
         self._queued.clear()
         self._unload()
         if torch.cuda.is_available():
@@ -200,25 +228,25 @@ class Session(Profiling):
             self._quit = True
         elif isinstance(cmd, Load):
             self._load(cmd)
-        elif isinstance(cmd, Generate):
-            if self._gen is None:
-                self._begin(cmd)
-            else:
-                self._queued.append(cmd)
-        elif isinstance(cmd, Task):
-            if self._gen is None:
+        elif isinstance(cmd, (Generate, Task)):
+            if not self._queued and self._may_start(cmd):
                 self._begin(cmd)
             else:
                 self._queued.append(cmd)
         elif isinstance(cmd, Stop):
-            if self._gen is None:
+            if cmd.request_id is not None:  # a request still queued ends here, without a token
+                for q in [q for q in self._queued if isinstance(q, Generate) and q.request_id == cmd.request_id]:
+                    self._queued.remove(q)
+                    self._stops.pop(q.request_id, None)
+                    self.emit(Done(request_id=q.request_id, finished=Finished("cancelled", "")))
+            if not self._busy:
                 self.cancel.clear()
         elif isinstance(cmd, SetSlider):
             if abs(cmd.value - self.slider) > 1e-9:
                 self.slider = min(max(cmd.value, 0.0), 1.0)
                 self._replan("slider")
         elif isinstance(cmd, Reprofile):
-            if self.loaded is not None and self._gen is None:
+            if self.loaded is not None and not self._busy:
                 self.cancel.clear()
                 try:
                     self._profile(remeasure=True)
@@ -242,6 +270,9 @@ class Session(Profiling):
         if self.migrator is not None:
             self.migrator.stop()
             self.migrator = None
+        if self.batch is not None:
+            self.batch.end_all()
+            self.batch = None
         if self.loaded is not None:
             self.loaded.ckpt.close()
             self.loaded = None
@@ -271,6 +302,7 @@ class Session(Profiling):
         self.loaded = loaded = load(path, placement, cmd.device, cmd.dtype, cmd.ctx, progress=self._progress("load"),
                                     budgets=self._first_budgets(cmd.device), slider=self.slider)
         loaded.generator.on_oom = self._on_oom
+        self.batch = Batch(loaded.generator, self.max_streams)
         background = self.background_moves
         if background is None:
             background = (os.cpu_count() or 1) >= native.threads() + 2
@@ -378,7 +410,7 @@ class Session(Profiling):
         if m is None:
             return
         build_s = IDLE_BUILD_S
-        if self._gen is not None:
+        if self._busy:
             build_s = BUILD_SHARE * statistics.median(self._steps) if self._steps else 0.0
         n = m.install_ready(self.slice_s, build_s)
         if n and not m.pending:
@@ -401,46 +433,68 @@ class Session(Profiling):
             self.emit(TaskDone(request_id=cmd.request_id, value=cmd.fn(self)))
             return
         if self.loaded is None:
+            self._stops.pop(cmd.request_id, None)
             self.emit(ErrorEvent(message="no model is loaded", request_id=cmd.request_id))
             return
-        self.cancel.clear()
+        if not self._busy:
+            self.cancel.clear()
         gen = self.loaded.generator
         cmd.params.check()
-        ids = cmd.prompt_ids if cmd.prompt_ids is not None else gen.chat_prompt(cmd.messages or [])
-        if cmd.fresh:
+        if cmd.prompt_ids is not None:
+            ids = list(cmd.prompt_ids)
+        elif cmd.prompt_text is not None:
+            ids = gen.tok.encode(cmd.prompt_text, add_special_tokens=True)
+        else:
+            ids = gen.chat_prompt(cmd.messages or [])
+        if cmd.fresh and cmd.slot == "chat":
             gen.cache.tokens = []
-        self._gen = gen.stream(ids, cmd.params, self.cancel)
-        self._request = cmd.request_id
+        own = self._stops.setdefault(cmd.request_id, threading.Event())
+        self.batch.add(cmd.request_id, ids, cmd.params, Either(own, self.cancel), cmd.slot)
 
     def _step(self) -> None:
-        request = self._request
-        ok = self._guard("generating", self._next, request)
-        if not ok and self._gen is not None:  # _failed only clears a request it recognises
-            self._gen = None
-
-    def _next(self) -> None:
+        """One round of the batch; each request's tokens, end or error goes out as its event."""
         try:
-            ev = next(self._gen)
-        except StopIteration:
-            self._gen = None
+            results = self.batch.step()
+        except Exception as e:  # noqa: BLE001 - outside any one request: every running one ends
+            log = errorlog.record(e, "generating")
+            for rid in self.batch.end_all():
+                self._stops.pop(rid, None)
+                self.emit(ErrorEvent(message=f"generating failed: {errorlog.one_line(e)} (details in {log})",
+                                     request_id=rid, log=log, kind=type(e).__name__))
+            native.quiet_torch.leave()
             return
-        if isinstance(ev, Token):
-            if ev.index == 0:
-                self._prefill = 0.0
-            else:
-                self._steps.append(ev.seconds)
-                rate = 1.0 / max(ev.seconds, 1e-9)
-                self._decode_ema = rate if self._decode_ema == 0 else 0.8 * self._decode_ema + 0.2 * rate
-            self.emit(TokenOut(request_id=self._request, token_id=ev.id, text=ev.text, index=ev.index,
-                               seconds=ev.seconds))
-            self._stats()
-        elif isinstance(ev, Finished):
-            self._prefill = ev.prefill_tok_s
-            if ev.decode_tok_s:
-                self._decode_ema = ev.decode_tok_s
-            self._gen = None
-            self.emit(Done(request_id=self._request, finished=ev))
-            self._stats(force=True)
+        n, seconds = self.batch.last_decode
+        if n > 1 and seconds > 0:  # a batched step: the aggregate rate
+            self._steps.append(seconds)
+            self._decode_ema = 0.8 * self._decode_ema + 0.2 * n / seconds if self._decode_ema else n / seconds
+            self.batch.last_decode = (0, 0.0)
+        for rid, ev in results:
+            if isinstance(ev, Token):
+                if ev.index == 0:
+                    self._prefill = 0.0
+                elif len(self.batch.streams) <= 1:
+                    self._steps.append(ev.seconds)
+                    rate = 1.0 / max(ev.seconds, 1e-9)
+                    self._decode_ema = rate if self._decode_ema == 0 else 0.8 * self._decode_ema + 0.2 * rate
+                self.emit(TokenOut(request_id=rid, token_id=ev.id, text=ev.text, index=ev.index, seconds=ev.seconds))
+            elif isinstance(ev, Finished):
+                self._prefill = ev.prefill_tok_s or self._prefill
+                if ev.decode_tok_s and not self.batch.streams:
+                    self._decode_ema = ev.decode_tok_s
+                self._stops.pop(rid, None)
+                self.emit(Done(request_id=rid, finished=ev))
+            elif isinstance(ev, BaseException):
+                self._stops.pop(rid, None)
+                if isinstance(ev, MixdeskError):
+                    self.emit(ErrorEvent(message=str(ev), request_id=rid, kind=type(ev).__name__))
+                else:
+                    log = errorlog.record(ev, "generating")
+                    self.emit(ErrorEvent(message=f"generating failed: {errorlog.one_line(ev)} (details in {log})",
+                                         request_id=rid, log=log, kind=type(ev).__name__))
+        if not self._busy:
+            native.quiet_torch.leave()
+            self.cancel.clear()
+        self._stats(force=any(isinstance(ev, Finished) for _, ev in results))
 
     def _stats(self, force: bool = False) -> None:
         now = time.perf_counter()

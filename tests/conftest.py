@@ -21,13 +21,13 @@ def _pace(generator, per_token_s: float = 0.005) -> None:
     """Holds each of the generator's decode steps to at least per_token_s. Tests that act while a
     reply streams (stop it, move the slider, watch the window) need it to last: with the native
     kernels the tiny model decodes ~6,000 tok/s and a reply can end before the test can act."""
-    inner = generator._forward
+    inner = generator.retrying  # every forward pass, alone or batched, goes through it
 
-    def paced(feed, pos):
+    def paced(step):
         time.sleep(per_token_s)
-        return inner(feed, pos)
+        return inner(step)
 
-    generator._forward = paced
+    generator.retrying = paced
 
 
 @pytest.fixture

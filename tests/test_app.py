@@ -257,21 +257,21 @@ def test_errors_in_a_step_and_in_the_template_leave_generating_and_the_engine_se
     gen = session.loaded.generator
     seen = []
     window.bridge.events.connect(lambda batch: seen.extend(e for e in batch if isinstance(e, ErrorEvent)))
-    inner, calls = gen._forward, []
+    inner, calls = gen.forward, []
 
-    def broken(feed, pos):  # the second step of the reply fails with an error nobody expected
-        calls.append(pos)
+    def broken(need):  # the second step of the reply fails with an error nobody expected
+        calls.append(need.pos)
         if len(calls) == 2:
             raise IndexError("injected failure in a decode step")
-        return inner(feed, pos)
+        return inner(need)
 
     gen.eos_ids.clear()
-    gen._forward = broken
+    gen.forward = broken
     send(qtbot, window, "first", 20)
     qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
     assert seen and "IndexError: injected failure" in seen[-1].message and seen[-1].log
     assert "injected failure" in window.statusBar().currentMessage()
-    gen._forward = inner
+    gen.forward = inner
 
     gen.template = ChatTemplate("{% if 'boom' in messages[-1]['content'] %}{{ raise_exception('no booms here') }}"
                                 "{% endif %}{% for m in messages %}{{ m['content'] }}\n{% endfor %}", gen.tok,

@@ -1,0 +1,128 @@
+"""Concurrent requests (engine/batch.py, MixtralModel.forward_batch): a batched decode step gives
+each sequence the logits it gets alone; requests running together through the session produce the
+greedy tokens each produces alone; a long prompt is read in chunks while another request keeps
+streaming; Stop ends one request and not the other."""
+import threading
+import time
+
+import pytest
+import torch
+
+from engine.checkpoint import Checkpoint
+from engine.generate import SamplingParams
+from engine.model import MixtralModel
+from engine.placement import Placement, Tier
+from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded, Stop, TokenOut
+from engine.session import Session
+from engine.sources.tiny_model import write_tiny_model
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    made = {}
+
+    def get(family):
+        if family not in made:
+            made[family] = write_tiny_model(tmp_path_factory.mktemp(family), family, seed=4,
+                                            **({"sliding_window": 6} if family == "mixtral" else {}))
+        return made[family]
+    return get
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("tier", [Tier.CPU16, Tier.CPU4])
+def test_a_batched_step_gives_each_sequence_its_own_logits(models, family, tier):
+    ck = Checkpoint(models(family))
+    d = ck.dims
+    m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, tier), CPU, torch.float32)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, d.vocab, (n,), generator=g) for n in (3, 9, 14)]  # past the sliding windows
+    caches = [m.new_cache(32) for _ in prompts]
+    for p, c in zip(prompts, caches):
+        m.forward(p, c, 0)
+    alone = [m.new_cache(32) for _ in prompts]
+    for p, c in zip(prompts, alone):
+        m.forward(p, c, 0)
+    nxt = torch.randint(0, d.vocab, (3,), generator=g)
+    pos = [len(p) for p in prompts]
+    got = m.forward_batch(nxt, caches, pos)
+    want = torch.cat([m.forward(nxt[b:b + 1], alone[b], pos[b]) for b in range(3)])
+    tol = 1e-5 if tier == Tier.CPU16 else 2e-3  # cpu-4: int8 activations, quantised per call
+    assert (got - want).abs().max() <= tol * want.abs().max()
+    for c, a, p in zip(caches, alone, pos):  # the caches hold the same keys and values
+        assert torch.allclose(c.k[:, :, :p + 1], a.k[:, :, :p + 1], atol=1e-5)
+        assert torch.allclose(c.v[:, :, :p + 1], a.v[:, :, :p + 1], atol=1e-5)
+
+
+def run(session_kwargs, folder, requests, stop_after=None, pace_s=0.0):
+    """Submit requests [(rid, prompt_ids, max_new)] at once; returns ({rid: token ids}, event log)."""
+    events, got = [], threading.Event()
+    s = Session(events.append, **session_kwargs).start()
+    try:
+        s.submit(Load(path=str(folder), device="cpu", dtype="fp32", placement="cpu", ctx=256))
+        deadline = time.time() + 120
+        while not any(isinstance(e, Loaded) for e in events):
+            assert time.time() < deadline and not any(isinstance(e, ErrorEvent) for e in events), events
+            time.sleep(0.05)
+        s.loaded.generator.eos_ids.clear()
+        if pace_s:
+            inner = s.loaded.generator.retrying
+            s.loaded.generator.retrying = lambda step: (time.sleep(pace_s), inner(step))[1]
+        for rid, ids, n in requests:
+            s.submit(Generate(request_id=rid, prompt_ids=ids, params=SamplingParams(max_new_tokens=n), slot="pool"))
+        if stop_after is not None:
+            rid, k = stop_after
+            while sum(isinstance(e, TokenOut) and e.request_id == rid for e in events) < k:
+                time.sleep(0.01)
+            s.submit(Stop(request_id=rid))
+        while sum(isinstance(e, (Done, ErrorEvent)) and e.request_id in {r for r, _, _ in requests}
+                  for e in list(events)) < len(requests):
+            assert time.time() < deadline + 120
+            time.sleep(0.02)
+    finally:
+        s.shutdown()
+    del got
+    done = {e.request_id: e.finished for e in events if isinstance(e, Done)}
+    return done, events
+
+
+def test_two_requests_at_once_give_what_each_gives_alone(models):
+    folder = models("mixtral")
+    a, b = [5, 9, 11, 3], [7, 7, 2, 40, 41, 42, 8]
+    alone_a, _ = run({}, folder, [(1, a, 24)])
+    alone_b, _ = run({}, folder, [(2, b, 24)])
+    both, events = run({}, folder, [(1, a, 24), (2, b, 24)], pace_s=0.002)
+    assert both[1].token_ids == alone_a[1].token_ids and both[2].token_ids == alone_b[2].token_ids
+    # they ran together: each had tokens out before the other was done
+    order = [e for e in events if isinstance(e, (TokenOut, Done))]
+    first_done = min(i for i, e in enumerate(order) if isinstance(e, Done))
+    assert {1, 2} <= {e.request_id for e in order[:first_done]}
+
+
+def test_a_long_prompt_is_read_in_chunks_while_another_streams(models):
+    folder = models("mixtral")
+    long = list(range(10, 10 + 200))  # four chunks of 64
+    both, events = run({}, folder, [(1, [5, 6, 7], 60), (2, long, 4)], pace_s=0.002)
+    assert both[1].reason == "length" and both[2].reason == "length"
+    seq = [(e.request_id, e.index) for e in events if isinstance(e, TokenOut)]
+    first_b = seq.index((2, 0))
+    a_before = [i for r, i in seq[:first_b] if r == 1]
+    assert len(a_before) >= 3  # request 1 kept streaming while request 2's prompt was read
+
+
+def test_stop_ends_one_request_and_not_the_other(models):
+    folder = models("mixtral")
+    done, _ = run({}, folder, [(1, [5, 6, 7], 200), (2, [8, 9], 30)], stop_after=(1, 5), pace_s=0.002)
+    assert done[1].reason == "cancelled" and len(done[1].token_ids) < 200
+    assert done[2].reason == "length" and len(done[2].token_ids) == 30
+
+
+def test_more_requests_than_streams_wait_their_turn(models):
+    folder = models("mixtral")
+    reqs = [(r, [5 + r, 6, 7], 6) for r in range(1, 6)]
+    done, _ = run({"max_streams": 2}, folder, reqs)
+    alone, _ = run({}, folder, [reqs[4]])
+    assert sorted(done) == [1, 2, 3, 4, 5] and all(f.reason == "length" for f in done.values())
+    assert done[5].token_ids == alone[5].token_ids
