@@ -63,6 +63,7 @@ class Session(Profiling):
         self.listeners: list[Callable[[object], None]] = []
         self.max_streams = max_streams
         self.batch: Batch | None = None
+        self.last_loaded: Loaded | None = None  # the model ready now, as last announced (for late listeners)
         self._stops: dict[int, threading.Event] = {}  # each running or queued request's own Stop
         self._source = source
         self.poll_s = poll_s
@@ -276,6 +277,7 @@ class Session(Profiling):
         if self.loaded is not None:
             self.loaded.ckpt.close()
             self.loaded = None
+        self.last_loaded = None
         self.inputs = self.scale = self.budgets = self.target = self._frontier = None
         self._calib = self._timings = None
         gc.collect()
@@ -323,11 +325,12 @@ class Session(Profiling):
         ld = self.loaded
         d = ld.ckpt.dims
         share = self.inputs.share if self.inputs is not None else ()
-        self.emit(Loaded(name=ld.ckpt.folder.name, description=ld.describe(), cpu_only=ld.accel.cpu_only,
+        self.last_loaded = Loaded(name=ld.ckpt.folder.name, description=ld.describe(), cpu_only=ld.accel.cpu_only,
                          layers=d.layers, experts=d.experts, ctx=ld.generator.ctx, share=share,
                          params=d.layers * d.experts * d.expert_params()
                          + ld.model.dense_bytes() // ld.model.embed.element_size(),
-                         count_tokens=_token_counter(ld.tokenizer)))
+                         count_tokens=_token_counter(ld.tokenizer))
+        self.emit(self.last_loaded)
 
     def _first_budgets(self, device: str | None) -> Budgets | None:
         """The budgets the first placement is planned under: free memory within the user's caps
@@ -434,7 +437,7 @@ class Session(Profiling):
             return
         if self.loaded is None:
             self._stops.pop(cmd.request_id, None)
-            self.emit(ErrorEvent(message="no model is loaded", request_id=cmd.request_id))
+            self.emit(ErrorEvent(message="no model is loaded", request_id=cmd.request_id, kind="NoModel"))
             return
         if not self._busy:
             self.cancel.clear()

@@ -63,7 +63,7 @@ def refused(capsys, home: Path, argv: list[str], *words: str, folder: Path | Non
     assert rc == 2, err
     assert "Traceback" not in err, err
     problem = lines[-1]
-    assert problem.startswith(("mixdesk: ", "usage:", "mixdesk chat: error", "mixdesk bench: error", "mixdesk runtime: error",
+    assert problem.startswith(("mixdesk: ", "usage:", "mixdesk chat: error", "mixdesk bench: error", "mixdesk runtime: error", "mixdesk serve: error",
                                "mixdesk: error")), err
     for w in words:
         assert w.lower() in problem.lower(), problem
@@ -273,7 +273,8 @@ def test_chat_templates_that_fail(capsys, home, model, template, words):
     (["bench", "--prompt-tokens", "0"], ["--prompt-tokens"]),
     (["bench", "--repeats", "0"], ["--repeats"]),
     (["bench", "--new-tokens", "0"], ["--new-tokens"]),
-    (["serve"], ["invalid choice", "serve"]),
+    (["serve", "--port", "70000"], ["--port"]),
+    (["server"], ["invalid choice", "server"]),
     (["runtime", "upgrade"], ["invalid choice", "upgrade"]),
     (["runtime", "install", "--index-url", "ftp://example/simple"], ["--index-url", "http(s)://"]),
     (["chat", "--model", "a..b/c"], ["a..b/c", "repo id"]),

@@ -125,7 +125,7 @@ def test_mixdesk_without_a_display_starts_the_terminal_chat_on_the_same_engine(t
     assert p.stdout.count("mixdesk> ") == 1 and "decode" in p.stderr
 
 
-@pytest.mark.parametrize("argv", [["serve"], ["runtime", "upgrade"], ["--no-such-flag"], ["chat", "--bogus"]])
+@pytest.mark.parametrize("argv", [["server"], ["runtime", "upgrade"], ["--no-such-flag"], ["chat", "--bogus"]])
 def test_the_app_entry_uses_the_one_parser(argv, capsys):
     from app.entry import main
 

@@ -61,7 +61,7 @@ MAX_CTX = 1 << 20
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
-                   help="a model folder (safetensors; Mixtral, Qwen3-MoE, OLMoE or Qwen2-MoE), or a Hugging Face repo id "
+                   help="a model folder (safetensors; Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE or GPT-OSS), or a Hugging Face repo id "
                    "(owner/name, downloaded into the HF cache); default: the built-in demo")
     p.add_argument("--placement", default="auto", type=_placement,
                    help="auto (planned, re-placed live) | gpu | cpu | random:SEED | a JSON placement file; "
@@ -251,9 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(fn=cmd_demo_model)
     from .cli_plan import add_parsers
     from .cli_runtime import add_parser as add_runtime_parser
+    from .cli_serve import add_parser as add_serve_parser
 
     add_parsers(sub, _add_model_args, _float)
     add_runtime_parser(sub)
+    add_serve_parser(sub, _add_model_args, _int)
     t = sub.add_parser("tiny-model", help="write a tiny random Mixtral (for tests and self-checks)")
     t.add_argument("--out", required=True)
     t.add_argument("--shard-size", default=None)

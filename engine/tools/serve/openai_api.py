@@ -1,0 +1,175 @@
+"""The OpenAI-compatible HTTP API (`mixdesk serve`, and the window's Local server switch): one more
+client of the engine thread, through the same commands and events as the window.
+
+Routes: GET /v1/models, POST /v1/chat/completions and POST /v1/completions, streamed (server-sent
+events ending with `data: [DONE]`) or not. Errors have OpenAI's JSON shape
+{"error": {"message", "type", "param", "code"}} and status: 400 for a bad field or a prompt longer
+than the context, 401 for a wrong key, 404 for an unknown model or route, 503 while no model is
+loaded. A streamed request's status is decided before its first byte: the response waits for the
+first token (or the error) before it starts.
+
+A client that disconnects stops its generation: the response's generator is closed, which sends
+Stop for its request, and the engine frees its slot at the next step.
+
+Stack: Starlette on uvicorn. FastAPI would add request models and docs pages on top of the same
+Starlette; Mixdesk validates its few fields itself, to give OpenAI's error shape and status, so
+the layer would go unused. benchmarks/server_stack.py measures both (results in
+benchmarks/results/server_stack-*.md).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+from ...generate import SamplingParams
+from ...protocol import ErrorEvent, Generate, Loaded, Stop
+
+REQUEST_BASE = 1 << 40  # request ids of the API, apart from the window's and the CLI's
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class RequestLog:
+    """One line of the window's request log."""
+
+    when: float
+    method: str
+    path: str
+    status: int
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+class EngineLink:
+    """The API's side of the engine thread: it submits commands and receives the events of its own
+    requests on the asyncio loop (the engine thread hands them over with call_soon_threadsafe)."""
+
+    def __init__(self, session, loop: asyncio.AbstractEventLoop):
+        self.session, self.loop = session, loop
+        self.ids = itertools.count(REQUEST_BASE)
+        self.queues: dict[int, asyncio.Queue] = {}
+        self.loaded: Loaded | None = session.last_loaded
+        session.listeners.append(self._on_event)
+
+    def close(self) -> None:
+        if self._on_event in self.session.listeners:
+            self.session.listeners.remove(self._on_event)
+
+    def _on_event(self, ev) -> None:  # on the engine thread
+        if isinstance(ev, Loaded):
+            self.loaded = ev
+        q = self.queues.get(getattr(ev, "request_id", None))
+        if q is not None:
+            self.loop.call_soon_threadsafe(q.put_nowait, ev)
+
+    def start(self, **kw) -> tuple[int, asyncio.Queue]:
+        rid = next(self.ids)
+        q = self.queues[rid] = asyncio.Queue()
+        self.session.submit(Generate(request_id=rid, slot="pool", **kw))
+        return rid, q
+
+    def stop(self, rid: int) -> None:
+        if self.queues.pop(rid, None) is not None:
+            self.session.submit(Stop(request_id=rid))
+
+    def finish(self, rid: int) -> None:
+        self.queues.pop(rid, None)
+
+
+# ---- request fields --------------------------------------------------------------------------
+
+def _field(body: dict, name: str, kinds, default=None, check=None, want: str = ""):
+    """body[name] (default when absent or null); 400 naming it when it is not `want` (true and
+    false are not numbers here, though Python counts them as ints)."""
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, kinds) or (check is not None and not check(v)):
+        raise ApiError(400, f"'{name}' must be {want}, not {json.dumps(v)}", param=name)
+    return v
+
+
+def sampling(body: dict) -> SamplingParams:
+    """OpenAI's sampling fields -> SamplingParams (a bad value: 400 naming the field)."""
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = _field({"max_tokens": max_tokens}, "max_tokens", int, 512, lambda v: v >= 1, "a whole number >= 1")
+    temperature = _field(body, "temperature", (int, float), 1.0, lambda v: 0 <= v <= 2, "a number from 0 to 2")
+    top_p = _field(body, "top_p", (int, float), 1.0, lambda v: 0 < v <= 1, "a number in (0, 1]")
+    seed = _field(body, "seed", int, None, lambda v: 0 <= v < 2**63, "a whole number >= 0")
+    stop = body.get("stop")
+    if stop is None:
+        stop = ()
+    elif isinstance(stop, str):
+        stop = (stop,)
+    elif isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) for s in stop):
+        stop = tuple(stop)
+    else:
+        raise ApiError(400, "'stop' must be a string or a list of up to 4 strings", param="stop")
+    n = body.get("n", 1)
+    if n != 1:
+        raise ApiError(400, "'n' must be 1: Mixdesk returns one choice per request", param="n")
+    return SamplingParams(max_new_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
+                          seed=seed, stop=stop)
+
+
+def messages_of(body: dict) -> list[dict]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects", param="messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
+            raise ApiError(400, f"messages[{i}] needs a role: system, user, assistant or tool", param="messages")
+        content = m.get("content", "")
+        if isinstance(content, list):  # content parts: the text ones are read
+            parts = []
+            for p in content:
+                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                    raise ApiError(400, f"messages[{i}].content: Mixdesk reads text parts only", param="messages")
+                parts.append(p["text"])
+            content = "".join(parts)
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts", param="messages")
+        role = "system" if m["role"] == "developer" else m["role"]
+        out.append({"role": role, "content": content})
+    return out
+
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
+
+
+def error_of(ev: ErrorEvent) -> ApiError:
+    if ev.kind == "ContextOverflow":
+        return ApiError(400, ev.message, code="context_length_exceeded", param="messages")
+    if ev.kind in ("InputError",):
+        return ApiError(400, ev.message)
+    if ev.kind == "NoModel":
+        return ApiError(503, ev.message, kind="server_error", code="model_not_loaded")
+    return ApiError(500, ev.message, kind="server_error")
+
+
+def chunk_id(kind: str) -> str:
+    return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"

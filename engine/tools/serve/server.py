@@ -1,0 +1,260 @@
+"""The local server: the routes of the OpenAI-compatible API (openai_api.py holds its pieces) on
+Starlette, run by uvicorn in a thread of its own, beside an engine thread it shares with whoever
+else drives it (the window's chat, or nothing more under `mixdesk serve`).
+
+Safe by default: it binds to 127.0.0.1; any other address needs an API key (Server refuses to
+start without one), and with a key every /v1 request must carry `Authorization: Bearer KEY`.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import threading
+import time
+from collections import deque
+
+from .openai_api import (FINISH, ApiError, EngineLink, RequestLog, chunk_id, error_of, messages_of, now,
+                         sampling, sse)
+from ...protocol import Done, ErrorEvent, TokenOut
+
+LOG_LINES = 200  # the request log the window shows keeps this many
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Server:
+    """Serves `session` on http://host:port/v1 until stop(). on_log(RequestLog) is called (on the
+    server's thread) after each request, for the window's log."""
+
+    def __init__(self, session, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
+                 on_log=None):
+        if not is_loopback(host) and not api_key:
+            raise ValueError(f"serving on {host} reaches other machines: give an API key (--api-key) to do that")
+        self.session, self.host, self.port, self.api_key = session, host, port, api_key or None
+        self.on_log = on_log
+        self.log: deque = deque(maxlen=LOG_LINES)
+        self.thread: threading.Thread | None = None
+        self._server = None
+        self.link: EngineLink | None = None
+        self.ready = threading.Event()
+        self.error: str | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    # ---- lifecycle ----
+    def start(self, timeout: float = 15.0) -> "Server":
+        """Start serving in a thread; returns once it listens (raises OSError when it cannot)."""
+        import uvicorn
+
+        config = uvicorn.Config(self.app(), host=self.host, port=self.port, log_level="warning", lifespan="off",
+                                access_log=False)
+        self._server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self._run, name="mixdesk-server", daemon=True)
+        self.thread.start()
+        for _ in range(int(timeout / 0.02)):
+            if self._server.started or self.error or not self.thread.is_alive():
+                break
+            time.sleep(0.02)
+        if not self._server.started:
+            self.stop()
+            raise OSError(self.error or f"the server could not listen on {self.host}:{self.port}")
+        if self.port == 0:  # an ephemeral port: read the one the OS gave
+            self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self.link = EngineLink(self.session, loop)
+        try:
+            loop.run_until_complete(self._server.serve())
+        except BaseException as e:  # noqa: BLE001 - reported by start()
+            self.error = f"the server stopped: {e}"
+        finally:
+            self.link.close()
+            loop.close()
+        if not self._server.started and self.error is None:
+            self.error = f"the server could not listen on {self.host}:{self.port} (in use?)"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+    # ---- the app ----
+    def app(self):
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse
+        from starlette.routing import Route
+
+        server = self
+
+        def error(e: ApiError) -> JSONResponse:
+            return JSONResponse(e.body(), status_code=e.status)
+
+        async def logged(request: Request, call):
+            t0 = time.perf_counter()
+            try:
+                server.check_key(request)
+                response, tokens = await call(request)
+            except ApiError as e:
+                response, tokens = error(e), 0
+            entry = RequestLog(time.time(), request.method, request.url.path, response.status_code, tokens,
+                               time.perf_counter() - t0)
+            server.log.append(entry)
+            if server.on_log is not None:
+                server.on_log(entry)
+            return response
+
+        async def models(request: Request):
+            async def run(_):
+                ld = server.link.loaded
+                data = [] if ld is None else [{"id": ld.name, "object": "model", "created": now(),
+                                                "owned_by": "mixdesk"}]
+                return JSONResponse({"object": "list", "data": data}), 0
+            return await logged(request, run)
+
+        async def chat(request: Request):
+            return await logged(request, lambda r: server.complete(r, "chat"))
+
+        async def completions(request: Request):
+            return await logged(request, lambda r: server.complete(r, "text"))
+
+        async def not_found(request: Request):
+            async def run(_):
+                raise ApiError(404, f"no route {request.method} {request.url.path}", code="not_found")
+            return await logged(request, run)
+
+        routes = [Route("/v1/models", models, methods=["GET"]),
+                  Route("/v1/chat/completions", chat, methods=["POST"]),
+                  Route("/v1/completions", completions, methods=["POST"]),
+                  Route("/{path:path}", not_found, methods=["GET", "POST", "PUT", "DELETE", "PATCH"])]
+        return Starlette(routes=routes)
+
+    def check_key(self, request) -> None:
+        if self.api_key is None:
+            return
+        got = request.headers.get("authorization", "")
+        token = got[7:] if got.lower().startswith("bearer ") else ""
+        if not hmac.compare_digest(token.encode(), self.api_key.encode()):
+            raise ApiError(401, "a wrong or missing API key (send Authorization: Bearer KEY)",
+                           kind="invalid_request_error", code="invalid_api_key")
+
+    async def complete(self, request, kind: str):
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        try:
+            body = await request.json()
+        except ValueError:
+            raise ApiError(400, "the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        ld = self.link.loaded
+        if ld is None:
+            raise ApiError(503, "no model is loaded yet", kind="server_error", code="model_not_loaded")
+        model = body.get("model")
+        if model != ld.name:
+            raise ApiError(404, f"the model {model!r} does not exist; this server runs {ld.name!r}", param="model",
+                           code="model_not_found")
+        params = sampling(body)
+        if kind == "chat":
+            kw = {"messages": messages_of(body)}
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1:
+                prompt = prompt[0]
+            if not isinstance(prompt, str) or not prompt:
+                raise ApiError(400, "'prompt' must be a non-empty string", param="prompt")
+            kw = {"prompt_text": prompt}
+        stream = body.get("stream", False) is True
+        usage_in_stream = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
+        rid, q = self.link.start(params=params, **kw)
+        first = await q.get()  # the status is decided here: an error before any token is an HTTP error
+        if isinstance(first, ErrorEvent):
+            self.link.finish(rid)
+            raise error_of(first)
+        cid, created = chunk_id(kind), now()
+        if not stream:
+            text, tokens, ev = [], 0, first
+            try:
+                while True:
+                    if isinstance(ev, ErrorEvent):
+                        raise error_of(ev)
+                    if isinstance(ev, TokenOut):
+                        text.append(ev.text)
+                    elif isinstance(ev, Done):
+                        break
+                    ev = await q.get()
+            finally:
+                self.link.stop(rid) if not isinstance(ev, Done) else self.link.finish(rid)
+            fin = ev.finished
+            usage = {"prompt_tokens": fin.prompt_tokens, "completion_tokens": len(fin.token_ids),
+                     "total_tokens": fin.prompt_tokens + len(fin.token_ids)}
+            reason = FINISH.get(fin.reason, "stop")
+            if kind == "chat":
+                choice = {"index": 0, "message": {"role": "assistant", "content": fin.text}, "finish_reason": reason,
+                          "logprobs": None}
+                obj = "chat.completion"
+            else:
+                choice = {"index": 0, "text": fin.text, "finish_reason": reason, "logprobs": None}
+                obj = "text_completion"
+            return JSONResponse({"id": cid, "object": obj, "created": created, "model": ld.name,
+                                 "choices": [choice], "usage": usage}), len(fin.token_ids)
+        return StreamingResponse(self._events(rid, q, first, kind, cid, created, ld.name, usage_in_stream),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"}), 0
+
+    async def _events(self, rid, q, first, kind, cid, created, model, include_usage):
+        """The SSE body. If the client goes away, the generator is closed: its Stop ends the request."""
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        done = False
+
+        def chunk(delta: str | None, reason=None, role=False):
+            if kind == "chat":
+                d = {"role": "assistant", "content": ""} if role else ({} if delta is None else {"content": delta})
+                choice = {"index": 0, "delta": d, "finish_reason": reason, "logprobs": None}
+            else:
+                choice = {"index": 0, "text": delta or "", "finish_reason": reason, "logprobs": None}
+            return {"id": cid, "object": obj, "created": created, "model": model, "choices": [choice]}
+
+        try:
+            if kind == "chat":
+                yield sse(chunk(None, role=True))
+            ev = first
+            while True:
+                if isinstance(ev, TokenOut):
+                    if ev.text:
+                        yield sse(chunk(ev.text))
+                elif isinstance(ev, ErrorEvent):
+                    e = error_of(ev)
+                    yield sse(e.body())
+                    break
+                elif isinstance(ev, Done):
+                    fin = ev.finished
+                    yield sse(chunk(None, FINISH.get(fin.reason, "stop")))
+                    if include_usage:
+                        n = len(fin.token_ids)
+                        yield sse({"id": cid, "object": obj, "created": created, "model": model, "choices": [],
+                                   "usage": {"prompt_tokens": fin.prompt_tokens, "completion_tokens": n,
+                                             "total_tokens": fin.prompt_tokens + n}})
+                    done = True
+                    break
+                ev = await q.get()
+            yield b"data: [DONE]\n\n"
+        finally:
+            if done:
+                self.link.finish(rid)
+            else:
+                self.link.stop(rid)  # the client left (or an error ended it): stop generating
