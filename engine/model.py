@@ -298,6 +298,10 @@ class MixtralModel:
                 raise ValueError(f"position {p + 1} exceeds the cache ({c.ctx})")
         if native.available():
             native.quiet_torch.enter()  # small ops: torch stays at one thread, as in forward's decode
+            if self.native_step is not None and self.native_step.ready():
+                out = self.native_step.batch(ids, caches, positions)  # every layer, all B, in one call
+                if out is not None:
+                    return out
         cos_t, sin_t = self.rope_tables(max(positions) + 1)
         at = torch.tensor(positions, device=self.accel)
         cos, sin = cos_t[at], sin_t[at]  # [B, 1, Hd]

@@ -140,6 +140,8 @@ def _declare(lib) -> None:
     lib.mdk_moe.restype = i
     lib.mdk_decode.argtypes = [POINTER(Model), vp, i, vp, vp, vp, i]
     lib.mdk_decode.restype = i
+    lib.mdk_decode_batch.argtypes = [POINTER(Model), i, vp, vp, vp, vp, vp, vp, vp, i]
+    lib.mdk_decode_batch.restype = i
 
 
 def lib():

@@ -45,18 +45,29 @@ static void rms_inplace(float *v, const float *w, int n, float eps) {
     for (int i = 0; i < n; i++) v[i] = w[i] * (v[i] * r);
 }
 
-typedef struct { const mdk_matrix *w; const float *x; const uint16_t *xbf; float *y; int rows; } gemv_ctx;
+/* y [B, n] = x [B, k] . W^T for B tokens: tasks are row ranges, and inside a task each block of 16
+ * rows serves every token before the next is read, so the weights cross the memory bus once */
+typedef struct { const mdk_matrix *w; const float *x; const uint16_t *xbf; float *y; int rows, B; } gemv_ctx;
 
 static void gemv_task(void *c, int t) {
     gemv_ctx *g = (gemv_ctx *)c;
-    int a = t * g->rows, b = a + g->rows < g->w->n ? a + g->rows : g->w->n;
-    mdk_dense_rows(g->w, a, b, g->x, g->xbf, g->y + a);
+    int n = g->w->n, k = g->w->k, a = t * g->rows, b = a + g->rows < n ? a + g->rows : n;
+    if (g->B == 1) {
+        mdk_dense_rows(g->w, a, b, g->x, g->xbf, g->y + a);
+        return;
+    }
+    for (int r = a; r < b; r += 16) {
+        int re = r + 16 < b ? r + 16 : b;
+        for (int tk = 0; tk < g->B; tk++)
+            mdk_dense_rows(g->w, r, re, g->x + (size_t)tk * k, g->xbf ? g->xbf + (size_t)tk * k : NULL,
+                           g->y + (size_t)tk * n + r);
+    }
 }
 
-static void gemv(const mdk_matrix *w, const float *x, const uint16_t *xbf, float *y, int nthreads) {
+static void gemv(const mdk_matrix *w, const float *x, const uint16_t *xbf, float *y, int B, int nthreads) {
     int tasks = 4 * nthreads, rows = (w->n + tasks - 1) / tasks;  /* see rows_per_task in moe.c */
     if (rows < 64) rows = 64;
-    gemv_ctx g = {w, x, xbf, y, rows};
+    gemv_ctx g = {w, x, xbf, y, rows, B};
     mdk_parallel((w->n + rows - 1) / rows, gemv_task, &g, nthreads);
 }
 
@@ -75,11 +86,11 @@ static void rmsnorm(const float *x, const void *w, int wfmt, int D, float eps, i
 
 typedef struct {
     const mdk_model *m;
-    const float *q;      /* [H, Hd] after rope */
-    const float *k, *v;  /* [G, ctx, Hd] */
-    int first, last;     /* key positions first..last */
-    float *att;          /* [H, Hd] */
-    float *scores;       /* [H, ctx] */
+    const float *q;        /* [B, H, Hd] after rope */
+    float *const *k, *const *v;  /* per token: its sequence's cache for this layer [G, ctx, Hd] */
+    const int *first, *last;     /* per token: key positions first..last */
+    float *att;            /* [B, H, Hd] */
+    float *scores;         /* [B, H, ctx] */
 } attn_ctx;
 
 static float dot8(const float *a, const float *b, int n) {  /* eight partial sums: vectorises */
@@ -93,89 +104,124 @@ static float dot8(const float *a, const float *b, int n) {  /* eight partial sum
     return s;
 }
 
-static void attn_task(void *c, int h) {
+static void attn_task(void *c, int task) {  /* task = token * H + head */
     attn_ctx *a = (attn_ctx *)c;
     const mdk_model *m = a->m;
-    int Hd = m->Hd, g = h / (m->H / m->G);
-    const float *q = a->q + (size_t)h * Hd;
-    const float *kb = a->k + (size_t)g * m->ctx * Hd, *vb = a->v + (size_t)g * m->ctx * Hd;
-    float *s = a->scores + (size_t)h * m->ctx, mx = -INFINITY, scale = 1.f / sqrtf((float)Hd);
-    for (int j = a->first; j <= a->last; j++) {
+    int tk = task / m->H, h = task % m->H, Hd = m->Hd, g = h / (m->H / m->G);
+    int first = a->first[tk], last = a->last[tk];
+    const float *q = a->q + (size_t)task * Hd;
+    const float *kb = a->k[tk] + (size_t)g * m->ctx * Hd, *vb = a->v[tk] + (size_t)g * m->ctx * Hd;
+    float *s = a->scores + (size_t)task * m->ctx, mx = -INFINITY, scale = 1.f / sqrtf((float)Hd);
+    for (int j = first; j <= last; j++) {
         s[j] = dot8(q, kb + (size_t)j * Hd, Hd) * scale;
         if (s[j] > mx) mx = s[j];
     }
     float sum = 0.f;
-    for (int j = a->first; j <= a->last; j++) { s[j] = expf(s[j] - mx); sum += s[j]; }
-    float *o = a->att + (size_t)h * Hd, inv = 1.f / sum;
+    for (int j = first; j <= last; j++) { s[j] = expf(s[j] - mx); sum += s[j]; }
+    float *o = a->att + (size_t)task * Hd, inv = 1.f / sum;
     for (int i = 0; i < Hd; i++) o[i] = 0.f;
-    for (int j = a->first; j <= a->last; j++) {
+    for (int j = first; j <= last; j++) {
         const float *vj = vb + (size_t)j * Hd;
         float p = s[j] * inv;
         for (int i = 0; i < Hd; i++) o[i] += p * vj[i];
     }
 }
 
-/* x [D] (resid_fmt) is the embedded token at position pos; on return it is the last layer's output,
- * and logits [V] (fp32, holding values of the model dtype, as torch's lm_head gives) are written.
- * cos, sin: [Hd] rope rows for pos (sin already signed for the rotate-half trick). Returns 0, or
- * -1 (scratch memory), -2 (a layer's expert is not a native CPU expert: nothing was changed after
- * that layer's attention, so the caller must not reuse this step). */
-MDK_API int mdk_decode(const mdk_model *m, void *x, int pos, const float *cos, const float *sin, float *logits,
-                       int nthreads) {
+#define MAX_BATCH 64
+
+/* One decode step for B sequences (B <= 64): token b's embedding x[b] (resid_fmt) at position pos[b]
+ * of its own KV cache, whose keys and values start at kbase[b] / vbase[b] ([layers, G, ctx, Hd] fp32,
+ * every cache of the same ctx). On return x holds the last layer's outputs and logits [B, V] (fp32,
+ * values of the model dtype, as torch's lm_head gives) are written. cos, sin: [B, Hd] rope rows
+ * (sin already signed for the rotate-half trick). The dense weights and each expert any token
+ * chose are read once for all B. Returns 0, -1 (scratch memory, or B out of range), -2 (a layer's
+ * expert is not a native CPU expert: the caller must not reuse this step). */
+MDK_API int mdk_decode_batch(const mdk_model *m, int B, void *x, const int *pos, float *const *kbase,
+                             float *const *vbase, const float *cos, const float *sin, float *logits, int nthreads) {
     int D = m->D, H = m->H, G = m->G, Hd = m->Hd, nq = (H + 2 * G) * Hd;
-    float *xf = (float *)mdk_scratch(8, (size_t)(2 * D + nq + H * Hd + D) * 4 + (size_t)H * m->ctx * 4 + 256);
-    uint16_t *hb = (uint16_t *)mdk_scratch(9, (size_t)(D + H * Hd + D) * 2 + 64);
-    int32_t idx[64];
-    float wts[64];
-    if (!xf || !hb || m->K > 64) return -1;
-    float *hf = xf + D, *qkv = hf + D, *att = qkv + nq, *o = att + H * Hd, *scores = o + D;
-    uint16_t *attb = hb + D, *hin = attb + H * Hd;
+    if (B < 1 || B > MAX_BATCH || m->K > 64) return -1;
+    size_t floats = (size_t)B * (2 * D + nq + H * Hd + D) + (size_t)B * H * m->ctx + 64;
+    float *xf = (float *)mdk_scratch(8, floats * 4);
+    uint16_t *hb = (uint16_t *)mdk_scratch(9, (size_t)B * (D + H * Hd + D) * 2 + 64);
+    if (!xf || !hb) return -1;
+    float *hf = xf + (size_t)B * D, *qkv = hf + (size_t)B * D, *att = qkv + (size_t)B * nq, *o = att + (size_t)B * H * Hd;
+    float *scores = o + (size_t)B * D;
+    uint16_t *attb = hb + (size_t)B * D, *hin = attb + (size_t)B * H * Hd;
+    int32_t idx[MAX_BATCH * 64];
+    float wts[MAX_BATCH * 64];
+    float *kl[MAX_BATCH], *vl[MAX_BATCH];
+    int first[MAX_BATCH];
+    size_t layer_stride = (size_t)G * m->ctx * Hd, esz = m->resid_fmt == MDK_F32 ? 4 : 2;
     int use_bf = m->dtype == MDK_BF16;
-    mdk_load_row(m->resid_fmt, x, xf, D);
-    int first = 0;
-    if (m->window > 0 && pos - first + 1 > m->window) first = pos - m->window + 1;
+    for (int b = 0; b < B; b++) {
+        mdk_load_row(m->resid_fmt, (const char *)x + (size_t)b * D * esz, xf + (size_t)b * D, D);
+        first[b] = m->window > 0 && pos[b] + 1 > m->window ? pos[b] - m->window + 1 : 0;
+    }
     for (int l = 0; l < m->layers; l++) {
         const mdk_layer *L = &m->layer[l];
-        rmsnorm(xf, L->ln1, m->norm_fmt, D, m->eps, m->dtype, hf, use_bf ? hb : NULL);
-        gemv(&L->wqkv, hf, use_bf ? hb : NULL, qkv, nthreads);
-        for (int i = 0; i < nq; i++) qkv[i] = mdk_round_to(m->dtype, qkv[i]);
-        if (m->qk_norm == 1)
-            for (int hd = 0; hd < H + G; hd++) rms_inplace(qkv + (size_t)hd * Hd, hd < H ? L->q_norm : L->k_norm, Hd, m->eps);
-        else if (m->qk_norm == 2) {
-            rms_inplace(qkv, L->q_norm, H * Hd, m->eps);
-            rms_inplace(qkv + (size_t)H * Hd, L->k_norm, G * Hd, m->eps);
+        for (int b = 0; b < B; b++) {
+            rmsnorm(xf + (size_t)b * D, L->ln1, m->norm_fmt, D, m->eps, m->dtype, hf + (size_t)b * D,
+                    use_bf ? hb + (size_t)b * D : NULL);
+            kl[b] = kbase[b] + l * layer_stride;
+            vl[b] = vbase[b] + l * layer_stride;
         }
-        if (m->clip > 0.f)
-            for (int i = 0; i < nq; i++) qkv[i] = fminf(fmaxf(qkv[i], -m->clip), m->clip);
-        for (int hd = 0; hd < H + G; hd++) {  /* rope on q and k heads */
-            float *v = qkv + (size_t)hd * Hd, tmp[1024];
-            int half = Hd / 2;
-            for (int i = 0; i < Hd; i++) tmp[i] = v[i] * cos[i] + v[(i + half) % Hd] * sin[i];
-            memcpy(v, tmp, (size_t)Hd * 4);
+        gemv(&L->wqkv, hf, use_bf ? hb : NULL, qkv, B, nthreads);
+        for (int b = 0; b < B; b++) {
+            float *r = qkv + (size_t)b * nq;
+            for (int i = 0; i < nq; i++) r[i] = mdk_round_to(m->dtype, r[i]);
+            if (m->qk_norm == 1)
+                for (int hd = 0; hd < H + G; hd++) rms_inplace(r + (size_t)hd * Hd, hd < H ? L->q_norm : L->k_norm, Hd, m->eps);
+            else if (m->qk_norm == 2) {
+                rms_inplace(r, L->q_norm, H * Hd, m->eps);
+                rms_inplace(r + (size_t)H * Hd, L->k_norm, G * Hd, m->eps);
+            }
+            if (m->clip > 0.f)
+                for (int i = 0; i < nq; i++) r[i] = fminf(fmaxf(r[i], -m->clip), m->clip);
+            const float *cb = cos + (size_t)b * Hd, *sb = sin + (size_t)b * Hd;
+            for (int hd = 0; hd < H + G; hd++) {  /* rope on q and k heads */
+                float *v = r + (size_t)hd * Hd, tmp[1024];
+                int half = Hd / 2;
+                for (int i = 0; i < Hd; i++) tmp[i] = v[i] * cb[i] + v[(i + half) % Hd] * sb[i];
+                memcpy(v, tmp, (size_t)Hd * 4);
+            }
+            for (int g = 0; g < G; g++) {
+                memcpy(kl[b] + ((size_t)g * m->ctx + pos[b]) * Hd, r + (size_t)(H + g) * Hd, (size_t)Hd * 4);
+                memcpy(vl[b] + ((size_t)g * m->ctx + pos[b]) * Hd, r + (size_t)(H + G + g) * Hd, (size_t)Hd * 4);
+            }
         }
-        for (int g = 0; g < G; g++) {
-            memcpy(L->k + ((size_t)g * m->ctx + pos) * Hd, qkv + (size_t)(H + g) * Hd, (size_t)Hd * 4);
-            memcpy(L->v + ((size_t)g * m->ctx + pos) * Hd, qkv + (size_t)(H + G + g) * Hd, (size_t)Hd * 4);
-        }
-        attn_ctx ac = {m, qkv, L->k, L->v, first, pos, att, scores};
-        mdk_parallel(H, attn_task, &ac, nthreads);
-        for (int i = 0; i < H * Hd; i++) {
+        /* q of token b is its row's first H*Hd values: gather them contiguous for the tasks */
+        for (int b = 1; b < B; b++) memmove(qkv + (size_t)b * H * Hd, qkv + (size_t)b * nq, (size_t)H * Hd * 4);
+        attn_ctx ac = {m, qkv, kl, vl, first, pos, att, scores};
+        mdk_parallel(B * H, attn_task, &ac, nthreads);
+        for (int i = 0; i < B * H * Hd; i++) {
             att[i] = mdk_round_to(m->dtype, att[i]);
             if (use_bf) attb[i] = mdk_f2bf(att[i]);
         }
-        gemv(&L->wo, att, use_bf ? attb : NULL, o, nthreads);
-        for (int i = 0; i < D; i++) xf[i] = mdk_round_to(m->resid_fmt, xf[i] + mdk_round_to(m->dtype, o[i]));
-        rmsnorm(xf, L->ln2, m->norm_fmt, D, m->eps, m->dtype, hf, NULL);
-        mdk_store_row(m->dtype, hf, hin, D);
+        gemv(&L->wo, att, use_bf ? attb : NULL, o, B, nthreads);
+        for (int i = 0; i < B * D; i++) xf[i] = mdk_round_to(m->resid_fmt, xf[i] + mdk_round_to(m->dtype, o[i]));
+        for (int b = 0; b < B; b++) {
+            rmsnorm(xf + (size_t)b * D, L->ln2, m->norm_fmt, D, m->eps, m->dtype, hf + (size_t)b * D, NULL);
+            mdk_store_row(m->dtype, hf + (size_t)b * D, hin + (size_t)b * D, D);
+        }
         void *hin_p = m->dtype == MDK_F32 ? (void *)hf : (void *)hin;
-        int rc = mdk_moe(L->experts, m->E, &L->router, m->K, m->dtype, hin_p, m->dtype, 1, o, MDK_F32, idx, wts, nthreads);
+        int rc = mdk_moe(L->experts, m->E, &L->router, m->K, m->dtype, hin_p, m->dtype, B, o, MDK_F32, idx, wts, nthreads);
         if (rc) return rc;
-        for (int i = 0; i < D; i++) xf[i] = mdk_round_to(m->resid_fmt, xf[i] + mdk_round_to(m->dtype, o[i]));
+        for (int i = 0; i < B * D; i++) xf[i] = mdk_round_to(m->resid_fmt, xf[i] + mdk_round_to(m->dtype, o[i]));
     }
-    mdk_store_row(m->resid_fmt, xf, x, D);
-    rmsnorm(xf, m->norm, m->norm_fmt, D, m->eps, m->dtype, hf, use_bf ? hb : NULL);
-    gemv(&m->lm_head, hf, use_bf ? hb : NULL, logits, nthreads);
+    for (int b = 0; b < B; b++) {
+        mdk_store_row(m->resid_fmt, xf + (size_t)b * D, (char *)x + (size_t)b * D * esz, D);
+        rmsnorm(xf + (size_t)b * D, m->norm, m->norm_fmt, D, m->eps, m->dtype, hf + (size_t)b * D,
+                use_bf ? hb + (size_t)b * D : NULL);
+    }
+    gemv(&m->lm_head, hf, use_bf ? hb : NULL, logits, B, nthreads);
     if (m->dtype != MDK_F32)
-        for (int i = 0; i < m->lm_head.n; i++) logits[i] = mdk_round_to(m->dtype, logits[i]);
+        for (size_t i = 0; i < (size_t)B * m->lm_head.n; i++) logits[i] = mdk_round_to(m->dtype, logits[i]);
     return 0;
+}
+
+/* One sequence's decode step, its cache the one its layers point at (see mdk_decode_batch). */
+MDK_API int mdk_decode(const mdk_model *m, void *x, int pos, const float *cos, const float *sin, float *logits,
+                       int nthreads) {
+    float *k = m->layer[0].k, *v = m->layer[0].v;
+    return mdk_decode_batch(m, 1, x, &pos, &k, &v, cos, sin, logits, nthreads);
 }

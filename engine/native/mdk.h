@@ -103,6 +103,7 @@ void mdk_q8_init(mdk_q8 *a, void *mem, int k);
 void mdk_quantize_act(const float *x, int k, mdk_q8 *out);
 void mdk_quantize_act_range(const float *x, int k, int e0, int e1, mdk_q8 *a);
 void mdk_q4_rows(const mdk_matrix *w, int r0, int r1, const mdk_q8 *a, float *y);  /* y[r - r0], r0 % 16 == 0 */
+void mdk_q4_rows_multi(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y);
 
 MDK_API void mdk_q4_dequantize_fmt(const uint8_t *packed, int fmt, int n, int k, float *out);
 

@@ -50,11 +50,24 @@ static void phase1(void *c, int t) {
         for (int r = a; r < b; r += SUB) {
             int re = r + SUB < b ? r + SUB : b;
             for (int half = 0; half < 2; half++)
-                for (int s = m->offs[j]; s < m->offs[j + 1]; s++) {
+                for (int s = m->offs[j]; s < m->offs[j + 1];) {
+                    int ns = m->offs[j + 1] - s < 4 ? m->offs[j + 1] - s : 4;
+                    if (MDK_IS_Q4(w->fmt) && ns > 1) {  /* up to 4 tokens per read of the rows */
+                        const mdk_q8 *aa[4];
+                        float *yy[4];
+                        for (int t = 0; t < ns; t++) {
+                            aa[t] = &m->xq[m->tok[s + t]];
+                            yy[t] = m->h + (size_t)(s + t) * 2 * I + half * I + r;
+                        }
+                        mdk_q4_rows_multi(w, half * I + r, half * I + re, aa, ns, yy);
+                        s += ns;
+                        continue;
+                    }
                     int tk = m->tok[s];
                     rows_any(w, half * I + r, half * I + re, m->xf + (size_t)tk * m->D,
                              m->xbf ? m->xbf + (size_t)tk * m->D : NULL, m->xq ? &m->xq[tk] : NULL,
                              m->h + (size_t)s * 2 * I + half * I + r);
+                    s++;
                 }
         }
         const mdk_expert *ex = m->ex[j];
@@ -90,20 +103,33 @@ static void phase1(void *c, int t) {
 static void phase3(void *c, int t) {
     moe_ctx *m = (moe_ctx *)c;
     int D = m->D, I = m->I, a = t * m->rows3, b = a + m->rows3 < D ? a + m->rows3 : D;
-    float y[SUB];
+    float y4[4][SUB];
     for (int j = 0; j < m->njobs; j++) {
         const mdk_matrix *w = &m->ex[j]->w2;
+        const float *b2 = m->ex[j]->b2;
         for (int r = a; r < b; r += SUB) {
             int re = r + SUB < b ? r + SUB : b;
-            for (int s = m->offs[j]; s < m->offs[j + 1]; s++) {
-                rows_any(w, r, re, m->act + (size_t)s * I, m->actbf ? m->actbf + (size_t)s * I : NULL,
-                         m->aq ? &m->aq[s] : NULL, y);
-                float *o = m->out + (size_t)m->tok[s] * D, rwt = m->rw[s];
-                const float *b2 = m->ex[j]->b2;
-                if (b2)
-                    for (int i = r; i < re; i++) o[i] += rwt * (y[i - r] + b2[i]);
-                else
-                    for (int i = r; i < re; i++) o[i] += rwt * y[i - r];
+            for (int s = m->offs[j]; s < m->offs[j + 1];) {
+                int ns = m->offs[j + 1] - s < 4 ? m->offs[j + 1] - s : 4;
+                if (MDK_IS_Q4(w->fmt) && ns > 1) {  /* up to 4 slots per read of the rows */
+                    const mdk_q8 *aa[4];
+                    float *yy[4] = {y4[0], y4[1], y4[2], y4[3]};
+                    for (int t = 0; t < ns; t++) aa[t] = &m->aq[s + t];
+                    mdk_q4_rows_multi(w, r, re, aa, ns, yy);
+                } else {
+                    ns = 1;
+                    rows_any(w, r, re, m->act + (size_t)s * I, m->actbf ? m->actbf + (size_t)s * I : NULL,
+                             m->aq ? &m->aq[s] : NULL, y4[0]);
+                }
+                for (int t = 0; t < ns; t++) {
+                    float *o = m->out + (size_t)m->tok[s + t] * D, rwt = m->rw[s + t];
+                    const float *y = y4[t];
+                    if (b2)
+                        for (int i = r; i < re; i++) o[i] += rwt * (y[i - r] + b2[i]);
+                    else
+                        for (int i = r; i < re; i++) o[i] += rwt * y[i - r];
+                }
+                s += ns;
             }
         }
     }
@@ -242,13 +268,23 @@ typedef struct { const mdk_matrix *w; const float *xf; const uint16_t *xbf; mdk_
 static void mm_task(void *c, int t) {
     mm_ctx *m = (mm_ctx *)c;
     int n = m->w->n, k = m->w->k, a = t * m->rows, b = a + m->rows < n ? a + m->rows : n;
-    float y[SUB];
+    float y4[4][SUB];
     for (int r = a; r < b; r += SUB) {
         int re = r + SUB < b ? r + SUB : b;
-        for (int tk = 0; tk < m->T; tk++) {
-            rows_any(m->w, r, re, m->xf + (size_t)tk * k, m->xbf ? m->xbf + (size_t)tk * k : NULL,
-                     m->xq ? &m->xq[tk] : NULL, y);
-            memcpy(m->y + (size_t)tk * n + r, y, (size_t)(re - r) * 4);
+        for (int tk = 0; tk < m->T;) {
+            int nt = m->T - tk < 4 ? m->T - tk : 4;
+            if (MDK_IS_Q4(m->w->fmt) && nt > 1) {
+                const mdk_q8 *aa[4];
+                float *yy[4] = {y4[0], y4[1], y4[2], y4[3]};
+                for (int t = 0; t < nt; t++) aa[t] = &m->xq[tk + t];
+                mdk_q4_rows_multi(m->w, r, re, aa, nt, yy);
+            } else {
+                nt = 1;
+                rows_any(m->w, r, re, m->xf + (size_t)tk * k, m->xbf ? m->xbf + (size_t)tk * k : NULL,
+                         m->xq ? &m->xq[tk] : NULL, y4[0]);
+            }
+            for (int t = 0; t < nt; t++) memcpy(m->y + (size_t)(tk + t) * n + r, y4[t], (size_t)(re - r) * 4);
+            tk += nt;
         }
     }
 }

@@ -259,6 +259,53 @@ static MDK_INLINE void tile_avx512_body(const uint8_t *tile, int nb, const mdk_q
 #undef NIB
 }
 
+/* Up to 4 tokens against one tile: each block's nibbles are loaded and unpacked once for all of
+ * them (a batched decode step or a prefill reads each weight once, and does not unpack it per token) */
+MDK_TARGET("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+static MDK_INLINE void tiles_avx512_body(const uint8_t *tile, int nb, const mdk_q8 *const *a, int nt, float *const *y,
+                                         const int mx) {
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+    const __m512i tab = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)MX4_Q));
+#define NIBM(v) (mx ? _mm512_shuffle_epi8(tab, _mm512_and_si512((v), mask)) : _mm512_and_si512((v), mask))
+    __m512 acc[4], accm[4];
+    for (int t = 0; t < 4; t++) acc[t] = accm[t] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = tile + (size_t)b * TB;
+        __m512i v0 = _mm512_loadu_si512((const void *)blk), v1 = _mm512_loadu_si512((const void *)(blk + 64));
+        __m512i v2 = _mm512_loadu_si512((const void *)(blk + 128)), v3 = _mm512_loadu_si512((const void *)(blk + 192));
+        __m512i n0 = NIBM(v0), n1 = NIBM(_mm512_srli_epi16(v0, 4)), n2 = NIBM(v1), n3 = NIBM(_mm512_srli_epi16(v1, 4));
+        __m512i n4 = NIBM(v2), n5 = NIBM(_mm512_srli_epi16(v2, 4)), n6 = NIBM(v3), n7 = NIBM(_mm512_srli_epi16(v3, 4));
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 256)));
+        __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + 288)));
+        for (int t = 0; t < nt; t++) {
+            const int8_t *x = a[t]->q + 32 * b;
+            __m512i i0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), n0, _mm512_set1_epi32(load4(x)));
+            __m512i i1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), n1, _mm512_set1_epi32(load4(x + 16)));
+            i0 = _mm512_dpbusd_epi32(i0, n2, _mm512_set1_epi32(load4(x + 4)));
+            i1 = _mm512_dpbusd_epi32(i1, n3, _mm512_set1_epi32(load4(x + 20)));
+            i0 = _mm512_dpbusd_epi32(i0, n4, _mm512_set1_epi32(load4(x + 8)));
+            i1 = _mm512_dpbusd_epi32(i1, n5, _mm512_set1_epi32(load4(x + 24)));
+            i0 = _mm512_dpbusd_epi32(i0, n6, _mm512_set1_epi32(load4(x + 12)));
+            i1 = _mm512_dpbusd_epi32(i1, n7, _mm512_set1_epi32(load4(x + 28)));
+            __m512 sf = _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1));
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(sf, _mm512_set1_ps(a[t]->dx[b])), d, acc[t]);
+            accm[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(a[t]->sx[b]), accm[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) _mm512_storeu_ps(y[t], _mm512_add_ps(acc[t], accm[t]));
+#undef NIBM
+}
+
+MDK_TARGET("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+static void tiles_avx512_q4(const uint8_t *tile, int nb, const mdk_q8 *const *a, int nt, float *const *y) {
+    tiles_avx512_body(tile, nb, a, nt, y, 0);
+}
+
+MDK_TARGET("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+static void tiles_avx512_mx4(const uint8_t *tile, int nb, const mdk_q8 *const *a, int nt, float *const *y) {
+    tiles_avx512_body(tile, nb, a, nt, y, 1);
+}
+
 MDK_TARGET("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 static void tile_avx512_q4(const uint8_t *tile, int nb, const mdk_q8 *a, float *y) { tile_avx512_body(tile, nb, a, y, 0); }
 
@@ -284,4 +331,28 @@ void mdk_q4_rows(const mdk_matrix *w, int r0, int r1, const mdk_q8 *a, float *y)
             tile_c(tile, nb, a, dst, lut);
         if (n < 16) memcpy(y + (r - r0), tmp, (size_t)n * 4);
     }
+}
+
+/* As mdk_q4_rows for nt tokens (1..4) at once: y[t][0..r1-r0) for token a[t]. The AVX-512 path
+ * unpacks each block once for all of them; the others run token by token. */
+void mdk_q4_rows_multi(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y) {
+#if MDK_X86
+    if (mdk_path == MDK_PATH_AVX512 && nt > 1) {
+        int nb = w->k / 32;
+        const uint8_t *base = (const uint8_t *)w->w;
+        int mx = w->fmt == MDK_MX4;
+        float tmp[4][16];
+        for (int r = r0; r < r1; r += 16) {
+            const uint8_t *tile = base + (size_t)(r / 16) * nb * TB;
+            int n = r1 - r < 16 ? r1 - r : 16;
+            float *dst[4];
+            for (int t = 0; t < nt; t++) dst[t] = n == 16 ? y[t] + (r - r0) : tmp[t];
+            (mx ? tiles_avx512_mx4 : tiles_avx512_q4)(tile, nb, a, nt, dst);
+            if (n < 16)
+                for (int t = 0; t < nt; t++) memcpy(y[t] + (r - r0), tmp[t], (size_t)n * 4);
+        }
+        return;
+    }
+#endif
+    for (int t = 0; t < nt; t++) mdk_q4_rows(w, r0, r1, a[t], y[t]);
 }

@@ -68,3 +68,26 @@ class DecodeStep:
         if rc:
             raise RuntimeError(f"native decode step failed: {ERRORS.get(rc, rc)}")
         return logits
+
+    def batch(self, ids: torch.Tensor, caches: list, positions: list[int]) -> torch.Tensor | None:
+        """Logits [B, V] fp32 for B sequences' next tokens, each in its own cache (one native call);
+        None where it cannot run them (caches of different lengths, or more than 64)."""
+        m = self.model
+        B = len(caches)
+        if not 1 <= B <= 64 or any(c.ctx != caches[0].ctx for c in caches):
+            return None
+        self._cache = None  # the layers' own cache pointers are not used here; re-point them next call
+        self.desc.ctx = caches[0].ctx
+        x = m.embed[ids].to(m.residual_dtype).contiguous()  # [B, D]
+        cos_t, sin_t = m.rope_tables(max(positions) + 1)
+        at = torch.tensor(positions)
+        cos, sin = cos_t[at, 0].contiguous(), sin_t[at, 0].contiguous()  # [B, Hd]
+        pos = (ctypes.c_int * B)(*positions)
+        kb = (ctypes.c_void_p * B)(*[c.k.data_ptr() for c in caches])
+        vb = (ctypes.c_void_p * B)(*[c.v.data_ptr() for c in caches])
+        logits = torch.empty(B, m.lm_head.shape[0], dtype=torch.float32)
+        rc = lib().mdk_decode_batch(ctypes.byref(self.desc), B, x.data_ptr(), pos, kb, vb, cos.data_ptr(),
+                                    sin.data_ptr(), logits.data_ptr(), threads())
+        if rc:
+            raise RuntimeError(f"native decode step failed: {ERRORS.get(rc, rc)}")
+        return logits
