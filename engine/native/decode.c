@@ -58,9 +58,18 @@ static void gemv_task(void *c, int t) {
     }
     for (int r = a; r < b; r += 16) {
         int re = r + 16 < b ? r + 16 : b;
-        for (int tk = 0; tk < g->B; tk++)
-            mdk_dense_rows(g->w, r, re, g->x + (size_t)tk * k, g->xbf ? g->xbf + (size_t)tk * k : NULL,
-                           g->y + (size_t)tk * n + r);
+        for (int tk = 0; tk < g->B; tk += 4) {
+            int nt = g->B - tk < 4 ? g->B - tk : 4;
+            const float *xs[4];
+            const uint16_t *xb[4];
+            float *ys[4];
+            for (int t = 0; t < nt; t++) {
+                xs[t] = g->x + (size_t)(tk + t) * k;
+                xb[t] = g->xbf ? g->xbf + (size_t)(tk + t) * k : NULL;
+                ys[t] = g->y + (size_t)(tk + t) * n + r;
+            }
+            mdk_dense_rows_multi(g->w, r, re, xs, g->xbf ? xb : NULL, nt, ys);
+        }
     }
 }
 

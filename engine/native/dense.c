@@ -92,6 +92,23 @@ static float dot_bf16(const uint16_t *w, const uint16_t *xbf, int k) {
     return r;
 }
 
+/* one row against up to four tokens: the row is loaded once for all of them (a batched step) */
+MDK_TARGET("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")
+static void dot_bf16_tokens(const uint16_t *w, const uint16_t *const *xbf, int nt, int k, float *out) {
+    __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int i = 0;
+    for (; i + 32 <= k; i += 32) {
+        __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(w + i));
+        for (int t = 0; t < nt; t++)
+            a[t] = _mm512_dpbf16_ps(a[t], wv, (__m512bh)_mm512_loadu_si512((const void *)(xbf[t] + i)));
+    }
+    for (int t = 0; t < nt; t++) {
+        float r = _mm512_reduce_add_ps(a[t]);
+        for (int j = i; j < k; j++) r += mdk_bf2f(w[j]) * mdk_bf2f(xbf[t][j]);
+        out[t] = r;
+    }
+}
+
 /* four rows at once: the activation is loaded once for four weight streams, and four streams per
  * thread keep more reads in flight (long rows ran at ~72% of the bandwidth one at a time) */
 MDK_TARGET("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")
@@ -182,4 +199,21 @@ void mdk_dense_rows(const mdk_matrix *w, int r0, int r1, const float *x, const u
 #endif
         y[r - r0] = dot_c(w->fmt, row, x, k);
     }
+}
+
+/* As mdk_dense_rows for nt tokens (1..4): y[t][0..r1-r0). Where the weights and activations are
+ * bf16 on an AVX512-BF16 CPU each row is read once for all of them; elsewhere token by token. */
+void mdk_dense_rows_multi(const mdk_matrix *w, int r0, int r1, const float *const *x, const uint16_t *const *xbf,
+                          int nt, float *const *y) {
+#if MDK_X86
+    if (nt > 1 && mdk_path == MDK_PATH_AVX512 && w->fmt == MDK_BF16 && xbf && xbf[0] && mdk_has_bf16) {
+        float out[4];
+        for (int r = r0; r < r1; r++) {
+            dot_bf16_tokens((const uint16_t *)w->w + (size_t)r * w->k, xbf, nt, w->k, out);
+            for (int t = 0; t < nt; t++) y[t][r - r0] = out[t];
+        }
+        return;
+    }
+#endif
+    for (int t = 0; t < nt; t++) mdk_dense_rows(w, r0, r1, x[t], xbf ? xbf[t] : NULL, y[t]);
 }

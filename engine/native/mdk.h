@@ -109,5 +109,7 @@ MDK_API void mdk_q4_dequantize_fmt(const uint8_t *packed, int fmt, int n, int k,
 
 /* ---- dense.c ---- */
 void mdk_dense_rows(const mdk_matrix *w, int r0, int r1, const float *x, const uint16_t *xbf, float *y);
+void mdk_dense_rows_multi(const mdk_matrix *w, int r0, int r1, const float *const *x, const uint16_t *const *xbf,
+                          int nt, float *const *y);
 
 #endif
