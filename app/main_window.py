@@ -24,6 +24,7 @@ from .bridge import EngineBridge
 from .chat_view import ChatView
 from .panel import LivePanel
 from .quality_slider import QualitySlider
+from .serving import ConnectDialog, LocalServer, ServerBox, ServerDialog
 from .store import Store
 
 log = logging.getLogger("mixdesk")
@@ -51,6 +52,8 @@ class MainWindow(QMainWindow):
         self.model_info = None  # the Loaded event of the model in use
         self.tiers_now: dict = {}  # experts per tier, as the engine last reported
         self.params = SamplingParams(max_new_tokens=1024)
+        self.remote = None  # a RemoteChat while the chat talks to a served model elsewhere
+        self.server = LocalServer(self)
         self._build()
         self.set_theme(theme.saved(), remember=False)
         self.refresh_conversations()
@@ -98,6 +101,8 @@ class MainWindow(QMainWindow):
         cl.addWidget(c)
         split.addWidget(center)
         self.panel = LivePanel()
+        self.server_box = ServerBox()
+        self.panel.layout().insertWidget(0, self.server_box)
         split.addWidget(self.panel)
         split.setSizes([220, 700, 360])
         self.setCentralWidget(split)
@@ -113,10 +118,15 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self._undo_btn)
 
         self._menu("&File", ("Open model…", self.pick_model), ("Open model folder…", self.open_folder), ("Open demo model", lambda: self.load_model("demo")),
-                   ("Open Hugging Face model…", self.open_hub), ("Export chat as Markdown…", lambda: self.export("md")),
+                   ("Open Hugging Face model…", self.open_hub), ("Connect to a server…", self.connect_remote),
+                   ("Use the local model", self.disconnect_remote),
+                   ("Export chat as Markdown…", lambda: self.export("md")),
                    ("Export chat as JSON…", lambda: self.export("json")))
         self._menu("&Chat", ("System prompt…", self.edit_system_prompt), ("Sampling settings…", self.edit_sampling))
         tools = self._menu("&Tools", ("Re-measure this machine and model", self.remeasure))
+        self.server_action = QAction("Local server (OpenAI-compatible API)", self, checkable=True)
+        self.server_action.toggled.connect(self.toggle_server)
+        tools.addAction(self.server_action)
         tools.actions()[0].setToolTip("Measure each tier's speed and calibrate the model again, then re-plan (when the "
                                       "predictions look off, e.g. after the machine was busy during the first measurement)")
         settings_menu = self.menuBar().addMenu("&Settings")
@@ -218,11 +228,74 @@ class MainWindow(QMainWindow):
         self.last_save = time.monotonic()
         self.composer.set_generating(True)
         self.chat.begin_stream()
-        self.bridge.send(Generate(request_id=self.request, messages=self.history(), params=self.params))
+        if self.remote is not None:
+            self.remote.generate(self.request, self.history(), self.params)
+        else:
+            self.bridge.send(Generate(request_id=self.request, messages=self.history(), params=self.params))
 
     def stop(self) -> None:
-        if self.generating:
+        if self.generating and self.remote is not None:
+            self.remote.stop(self.request)
+        elif self.generating:
             self.bridge.send(Stop(request_id=self.request))
+
+    # ---- the network (app/serving.py) ----
+    def toggle_server(self, on: bool, port: int | None = None, api_key: str = "") -> None:
+        if not on:
+            self.server.stop()
+            self.server_box.stop()
+            return
+        if port is None:
+            dlg = ServerDialog(self)
+            if not dlg.exec():
+                self.server_action.setChecked(False)
+                return
+            port, api_key = dlg.port.value(), dlg.key.text().strip()
+        try:
+            url = self.server.start(self.bridge.session, port, api_key)
+        except (OSError, ValueError) as e:
+            self.statusBar().showMessage(f"the local server could not start: {e}", 15000)
+            self.server_action.setChecked(False)
+            return
+        self.server_action.blockSignals(True)  # started from code: the menu shows it too
+        self.server_action.setChecked(True)
+        self.server_action.blockSignals(False)
+        self.server_box.show_server(self.server.server, self.model_info.name if self.model_info else "(loading)")
+        self._log(f"local server at {url}")
+
+    def connect_remote(self, choice: tuple[str, str, str] | None = None) -> None:
+        from .remote import RemoteChat
+
+        if choice is None:
+            dlg = ConnectDialog(self)
+            if not dlg.exec():
+                return
+            choice = dlg.choice()
+        if self.generating:
+            self.stop()
+        self.remote = RemoteChat(*choice, parent=self)
+        self.remote.events.connect(self.on_events)
+        self._remote_mode(True)
+
+    def disconnect_remote(self) -> None:
+        if self.remote is None:
+            return
+        if self.generating:
+            self.stop()
+        self.remote = None
+        self._remote_mode(False)
+
+    def _remote_mode(self, on: bool) -> None:
+        """Remote: the panel says where the chat goes, and the placement controls (which act on the
+        local engine) are hidden; the local model stays loaded for when the chat comes back."""
+        self.slider.setVisible(not on)
+        self.panel.placement_box.setVisible(not on)
+        self.panel.mode.setText(f"remote: {self.remote.label}" if on else "")
+        if on:
+            self.model_label.setText(f"<b>{self.remote.model}</b> · remote, at {self.remote.base}")
+            self.send_btn.setEnabled(not self.generating)
+        else:
+            self._model_bar()
 
     def regenerate(self) -> None:
         if self.generating or self.cid is None:
@@ -265,6 +338,8 @@ class MainWindow(QMainWindow):
             self.composer.set_generating(False)
             self.context_label.setText(f"context {f.prompt_tokens + len(f.token_ids)}/{self.ctx}")
         elif isinstance(ev, Stats):
+            if self.remote is not None:
+                return  # the local engine's numbers: not what the chat uses now
             self.panel.show_stats(ev)
             if ev.tiers != self.tiers_now:
                 self.tiers_now = dict(ev.tiers)
@@ -295,7 +370,10 @@ class MainWindow(QMainWindow):
                 from .model_picker import remember
 
                 remember(self.model_spec[0])
-            self._model_bar()
+            if self.remote is None:
+                self._model_bar()
+            if self.server.running:
+                self.server_box.show_server(self.server.server, ev.name)
             self.panel.map.set_share(ev.share)
             self.send_btn.setEnabled(not self.generating)
             self.loading = False
@@ -371,6 +449,7 @@ class MainWindow(QMainWindow):
 
     def restart_engine(self) -> None:
         self._log("restarting the engine")
+        self.server_action.setChecked(False)  # the server was a listener of the old engine thread
         self.bridge.restart()
         self.load_model(*self.model_spec)
 
@@ -481,6 +560,7 @@ class MainWindow(QMainWindow):
     def closeEvent(self, e):
         if self.generating and self.reply_mid is not None:
             self.store.update_message(self.reply_mid, self.chat.streamed, complete=False)
+        self.server.stop()
         self.bridge.shutdown(timeout=10.0)
         self._store_timer.stop()
         self.store.close()  # what a lock kept waiting is written, or kept for the next start

@@ -84,7 +84,7 @@ class LivePanel(QWidget):
         sl.addWidget(self.chart_view)
         lay.addWidget(speed)
 
-        mig = QGroupBox("Placement")
+        mig = self.placement_box = QGroupBox("Placement")
         ml = QVBoxLayout(mig)
         self.migration = QProgressBar()
         self.migration.setFormat("migration %v/%m")

@@ -41,6 +41,7 @@ class Server:
         self.session, self.host, self.port, self.api_key = session, host, port, api_key or None
         self.on_log = on_log
         self.log: deque = deque(maxlen=LOG_LINES)
+        self.requests = 0  # answered so far (the log keeps the last LOG_LINES)
         self.thread: threading.Thread | None = None
         self._server = None
         self.link: EngineLink | None = None
@@ -115,6 +116,7 @@ class Server:
             entry = RequestLog(time.time(), request.method, request.url.path, response.status_code, tokens,
                                time.perf_counter() - t0)
             server.log.append(entry)
+            server.requests += 1
             if server.on_log is not None:
                 server.on_log(entry)
             return response
@@ -188,7 +190,7 @@ class Server:
             raise error_of(first)
         cid, created = chunk_id(kind), now()
         if not stream:
-            text, tokens, ev = [], 0, first
+            text, ev = [], first
             try:
                 while True:
                     if isinstance(ev, ErrorEvent):

@@ -1,0 +1,146 @@
+"""Chatting with a served model elsewhere: any OpenAI-compatible endpoint (vLLM, SGLang, a llama.cpp
+server, Ollama, another Mixdesk's `mixdesk serve`), for when one machine is not enough.
+
+RemoteChat streams /v1/chat/completions in a worker thread with the standard library's HTTP client
+(no extra dependency) and hands the window the same events the engine sends (TokenOut, Done,
+ErrorEvent, from engine/protocol), as a Qt signal on the GUI thread, so the chat view, the store
+and the Stop button work unchanged. A remote server names no token ids, so a reply's Finished
+carries its token count (from the usage the server reports, else one per streamed piece) but not
+the ids. Every failure is one line: the URL and what went wrong.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import threading
+import time
+from urllib.parse import urlsplit
+
+from PySide6.QtCore import QObject, Signal
+
+from engine.generate import Finished, SamplingParams
+from engine.protocol import Done, ErrorEvent, TokenOut
+
+
+class RemoteError(Exception):
+    pass
+
+
+def _connect(base: str, timeout: float):
+    u = urlsplit(base)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise RemoteError(f"{base} is not an http(s) URL")
+    if u.scheme == "https":
+        conn = http.client.HTTPSConnection(u.hostname, u.port or 443, timeout=timeout,
+                                           context=ssl.create_default_context())
+    else:
+        conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
+    return conn, u.path.rstrip("/")
+
+
+def _request(base: str, key: str, method: str, path: str, body: dict | None = None, timeout: float = 30.0):
+    conn, prefix = _connect(base, timeout)
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        conn.request(method, prefix + path, body=json.dumps(body).encode() if body is not None else None,
+                     headers=headers)
+        resp = conn.getresponse()
+    except (OSError, http.client.HTTPException) as e:
+        conn.close()
+        raise RemoteError(f"{base}: {getattr(e, 'strerror', None) or e}") from None
+    if resp.status >= 400:
+        try:
+            err = json.loads(resp.read() or b"{}").get("error", {})
+            msg = err.get("message") if isinstance(err, dict) else str(err)
+        except ValueError:
+            msg = ""
+        conn.close()
+        raise RemoteError(f"{base}: HTTP {resp.status}" + (f": {msg}" if msg else ""))
+    return conn, resp
+
+
+def list_models(base: str, key: str = "") -> list[str]:
+    """The model ids the endpoint serves (GET /models)."""
+    conn, resp = _request(base, key, "GET", "/models")
+    try:
+        data = json.loads(resp.read())
+        return [m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
+    except (ValueError, AttributeError, TypeError):
+        raise RemoteError(f"{base}: /models did not answer with a model list") from None
+    finally:
+        conn.close()
+
+
+class RemoteChat(QObject):
+    events = Signal(list)  # like EngineBridge.events: a batch of engine-protocol events
+
+    def __init__(self, base: str, key: str, model: str, parent=None):
+        super().__init__(parent)
+        self.base, self.key, self.model = base.rstrip("/"), key, model
+        self._stops: dict[int, threading.Event] = {}
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} at {self.base}"
+
+    def generate(self, request_id: int, messages: list[dict], params: SamplingParams) -> None:
+        stop = self._stops[request_id] = threading.Event()
+        threading.Thread(target=self._run, args=(request_id, messages, params, stop), daemon=True,
+                         name="mixdesk-remote").start()
+
+    def stop(self, request_id: int) -> None:
+        if request_id in self._stops:
+            self._stops[request_id].set()
+
+    def _run(self, rid: int, messages: list[dict], p: SamplingParams, stop: threading.Event) -> None:
+        body = {"model": self.model, "messages": messages, "stream": True, "max_tokens": p.max_new_tokens,
+                "temperature": p.temperature, "top_p": p.top_p, "stream_options": {"include_usage": True}}
+        if p.seed is not None:
+            body["seed"] = p.seed
+        if p.stop:
+            body["stop"] = list(p.stop)
+        t0 = time.perf_counter()
+        pieces, first, usage, reason = [], None, None, "eos"
+        conn = None
+        try:
+            conn, resp = _request(self.base, self.key, "POST", "/chat/completions", body, timeout=300)
+            for raw in resp:
+                if stop.is_set():
+                    reason = "cancelled"
+                    break
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise RemoteError(f"{self.base}: {chunk['error'].get('message', chunk['error'])}")
+                usage = chunk.get("usage") or usage
+                for ch in chunk.get("choices") or []:
+                    text = (ch.get("delta") or {}).get("content") or ""
+                    if text:
+                        if first is None:
+                            first = time.perf_counter()
+                        pieces.append(text)
+                        self.events.emit([TokenOut(request_id=rid, token_id=-1, text=text, index=len(pieces) - 1,
+                                                   seconds=0.0)])
+                    if ch.get("finish_reason"):
+                        reason = {"stop": "eos", "length": "length"}.get(ch["finish_reason"], ch["finish_reason"])
+        except (RemoteError, OSError, ValueError, http.client.HTTPException) as e:
+            message = str(e) if isinstance(e, RemoteError) else f"{self.base}: {e}"
+            self.events.emit([ErrorEvent(message=message, request_id=rid, kind="RemoteError")])
+            return
+        finally:
+            self._stops.pop(rid, None)
+            if conn is not None:
+                conn.close()
+        end = time.perf_counter()
+        n = int(usage.get("completion_tokens", len(pieces))) if usage else len(pieces)
+        prompt = int(usage.get("prompt_tokens", 0)) if usage else 0
+        fin = Finished(reason, "".join(pieces), [-1] * n, prompt, 0, (first or end) - t0, end - (first or end))
+        self.events.emit([Done(request_id=rid, finished=fin)])

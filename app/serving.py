@@ -1,0 +1,165 @@
+"""The window's two doors to the network: the Local server switch (the engine the chat uses, served
+to other programs as an OpenAI-compatible API: engine/tools/serve) and Connect to a server (the
+chat talks to a served model elsewhere: app/remote.py)."""
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import QObject, QSettings, QTimer
+from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox, QLabel, QLineEdit,
+                               QListWidget, QPushButton, QSpinBox, QVBoxLayout)
+
+from .remote import RemoteError, list_models
+
+LOG_ROWS = 50
+
+
+class LocalServer(QObject):
+    """The local server on the window's engine thread. Its request log (server.log, appended on
+    the server's thread) is read by the panel's ServerBox on the GUI thread."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.server = None
+
+    @property
+    def running(self) -> bool:
+        return self.server is not None
+
+    def start(self, session, port: int, api_key: str = "") -> str:
+        """Serve on 127.0.0.1:port; returns the URL (OSError when the port is taken)."""
+        from engine.tools.serve import Server
+
+        self.stop()
+        self.server = Server(session, "127.0.0.1", port, api_key or None).start()
+        return self.server.url
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+class ServerBox(QGroupBox):
+    """The panel's box while the local server runs: its URL and the last requests."""
+
+    def __init__(self, parent=None):
+        super().__init__("Local server", parent)
+        self.source = None  # the running Server whose log is shown
+        self.shown = 0  # its requests already listed
+        self._timer = QTimer(self, interval=300)
+        self._timer.timeout.connect(self.refresh)
+        lay = QVBoxLayout(self)
+        self.url = QLabel("")
+        self.url.setTextInteractionFlags(self.url.textInteractionFlags() | self.url.textInteractionFlags().TextSelectableByMouse)
+        self.url.setWordWrap(True)
+        lay.addWidget(self.url)
+        self.log = QListWidget()
+        self.log.setMaximumHeight(110)
+        lay.addWidget(self.log)
+        self.hide()
+
+    def show_server(self, server, model: str) -> None:
+        self.url.setText(f"{server.url} · model id <b>{model}</b>" + (" · API key required" if server.api_key else ""))
+        if server is not self.source:
+            self.source, self.shown = server, 0
+            self.log.clear()
+        self._timer.start()
+        self.show()
+
+    def stop(self) -> None:
+        self.refresh()
+        self._timer.stop()
+        self.source = None
+        self.hide()
+
+    def refresh(self) -> None:
+        if self.source is None:
+            return
+        entries = list(self.source.log)  # a bounded deque: count what is new by the running total
+        new = self.source.requests - self.shown
+        for entry in entries[max(0, len(entries) - new):]:
+            self.add(entry)
+        self.shown = self.source.requests
+
+    def add(self, entry) -> None:
+        extra = f" · {entry.tokens} tokens" if entry.tokens else ""
+        self.log.insertItem(0, f"{time.strftime('%H:%M:%S', time.localtime(entry.when))} {entry.method} {entry.path} "
+                               f"{entry.status} · {entry.seconds:.2f} s{extra}")
+        while self.log.count() > LOG_ROWS:
+            self.log.takeItem(self.log.count() - 1)
+
+
+def saved_port() -> int:
+    return int(QSettings("mixdesk", "mixdesk").value("server/port", 8080))
+
+
+class ServerDialog(QDialog):
+    """Port and optional API key for the local server (it listens on this machine only)."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("Local server")
+        form = QFormLayout(self)
+        form.addRow(QLabel("Serves the model in use to other programs on this machine, as an OpenAI-compatible API "
+                           "(http://127.0.0.1:PORT/v1). The chat keeps working beside it."))
+        self.port = QSpinBox(minimum=1024, maximum=65535, value=saved_port())
+        self.key = QLineEdit(placeholderText="none")
+        form.addRow("Port", self.port)
+        form.addRow("API key (optional)", self.key)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        form.addRow(buttons)
+
+    def accept(self) -> None:
+        QSettings("mixdesk", "mixdesk").setValue("server/port", self.port.value())
+        super().accept()
+
+
+class ConnectDialog(QDialog):
+    """An OpenAI-compatible endpoint to chat with: its URL, a key if it needs one, and a model."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setWindowTitle("Connect to a server")
+        s = QSettings("mixdesk", "mixdesk")
+        form = QFormLayout(self)
+        form.addRow(QLabel("Chat with a model served elsewhere: vLLM, SGLang, a llama.cpp server, Ollama or another "
+                           "Mixdesk (e.g. http://gpu-box:8000/v1)."))
+        self.url = QLineEdit(str(s.value("remote/url", "http://127.0.0.1:8000/v1")))
+        self.key = QLineEdit(placeholderText="none")
+        self.key.setEchoMode(QLineEdit.EchoMode.Password)
+        self.models = QComboBox(editable=True)
+        self.fetch = QPushButton("List models")
+        self.fetch.clicked.connect(self.list_models)
+        self.status = QLabel("")
+        self.status.setWordWrap(True)
+        form.addRow("URL", self.url)
+        form.addRow("API key", self.key)
+        form.addRow("Model", self.models)
+        form.addRow(self.fetch, self.status)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        form.addRow(buttons)
+
+    def list_models(self) -> bool:
+        try:
+            names = list_models(self.url.text().strip(), self.key.text().strip())
+        except RemoteError as e:
+            self.status.setText(str(e))
+            return False
+        self.models.clear()
+        self.models.addItems(names)
+        self.status.setText(f"{len(names)} model(s)")
+        return bool(names)
+
+    def accept(self) -> None:
+        if not self.models.currentText().strip() and not self.list_models():
+            return
+        QSettings("mixdesk", "mixdesk").setValue("remote/url", self.url.text().strip())
+        super().accept()
+
+    def choice(self) -> tuple[str, str, str]:
+        return self.url.text().strip(), self.key.text().strip(), self.models.currentText().strip()
