@@ -203,8 +203,10 @@ class Session(Profiling):
             self._stops.pop(request_id, None)
 
     def _teardown(self) -> None:
-        if self.batch is not None:
-            self.batch.end_all()
+        for cmd in self._queued:  # requests that never started
+            if isinstance(cmd, Generate):
+                self.emit(ErrorEvent(message="the engine stopped before this request ran", request_id=cmd.request_id,
+                                     kind="Unloaded"))
         self._queued.clear()
         self._unload()
         if torch.cuda.is_available():
@@ -272,7 +274,10 @@ class Session(Profiling):
             self.migrator.stop()
             self.migrator = None
         if self.batch is not None:
-            self.batch.end_all()
+            for rid in self.batch.end_all():  # requests still running end with a word, not silence
+                self._stops.pop(rid, None)
+                self.emit(ErrorEvent(message="the model was closed while this request ran", request_id=rid,
+                                     kind="Unloaded"))
             self.batch = None
         if self.loaded is not None:
             self.loaded.ckpt.close()

@@ -131,3 +131,32 @@ def test_more_requests_than_streams_wait_their_turn(models):
     alone, _ = run({}, folder, [reqs[4]])
     assert sorted(done) == [1, 2, 3, 4, 5] and all(f.reason == "length" for f in done.values())
     assert done[5].token_ids == alone[5].token_ids
+
+
+def test_loading_another_model_ends_running_requests_with_a_word(models):
+    """A request never hangs: one still running when another model loads ends with an error event."""
+    folder = models("mixtral")
+    events = []
+    s = Session(events.append).start()
+    try:
+        s.submit(Load(path=str(folder), device="cpu", dtype="fp32", placement="cpu", ctx=256))
+        deadline = time.time() + 120
+        while not any(isinstance(e, Loaded) for e in events):
+            assert time.time() < deadline
+            time.sleep(0.05)
+        s.loaded.generator.eos_ids.clear()
+        inner = s.loaded.generator.retrying
+        s.loaded.generator.retrying = lambda step: (time.sleep(0.01), inner(step))[1]
+        for rid in (1, 2):
+            s.submit(Generate(request_id=rid, prompt_ids=[5, 6, rid], slot="pool",
+                              params=SamplingParams(max_new_tokens=200)))
+        while sum(isinstance(e, TokenOut) for e in events) < 6:
+            time.sleep(0.01)
+        s.submit(Load(path=str(folder), device="cpu", dtype="fp32", placement="cpu", ctx=256))
+        while sum(isinstance(e, Loaded) for e in events) < 2:
+            assert time.time() < deadline + 60
+            time.sleep(0.05)
+    finally:
+        s.shutdown()
+    ended = {e.request_id: e for e in events if isinstance(e, (Done, ErrorEvent)) and e.request_id in (1, 2)}
+    assert set(ended) == {1, 2} and all(isinstance(e, ErrorEvent) and e.kind == "Unloaded" for e in ended.values())

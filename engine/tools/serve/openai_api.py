@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass
 
 from ...generate import SamplingParams
-from ...protocol import ErrorEvent, Generate, Loaded, Stop
+from ...protocol import EngineStopped, ErrorEvent, Generate, Loaded, Stop
 
 REQUEST_BASE = 1 << 40  # request ids of the API, apart from the window's and the CLI's
 
@@ -71,6 +71,12 @@ class EngineLink:
     def _on_event(self, ev) -> None:  # on the engine thread
         if isinstance(ev, Loaded):
             self.loaded = ev
+        if isinstance(ev, EngineStopped):  # every request waiting ends with it
+            self.loaded = None
+            for rid, q in list(self.queues.items()):
+                err = ErrorEvent(message=ev.message, request_id=rid, kind="Unloaded")
+                self.loop.call_soon_threadsafe(q.put_nowait, err)
+            return
         q = self.queues.get(getattr(ev, "request_id", None))
         if q is not None:
             self.loop.call_soon_threadsafe(q.put_nowait, ev)
@@ -158,7 +164,7 @@ def error_of(ev: ErrorEvent) -> ApiError:
         return ApiError(400, ev.message, code="context_length_exceeded", param="messages")
     if ev.kind in ("InputError",):
         return ApiError(400, ev.message)
-    if ev.kind == "NoModel":
+    if ev.kind in ("NoModel", "Unloaded"):
         return ApiError(503, ev.message, kind="server_error", code="model_not_loaded")
     return ApiError(500, ev.message, kind="server_error")
 
