@@ -252,18 +252,7 @@ class MixtralModel:
             layer = self.layers[l]
             if self.layer_inputs is not None:
                 self.layer_inputs.append(x)
-            h = self._rms(x, layer.ln1)
-            qkv = linear(h, layer.wqkv)  # [T, (H+2G)Hd]
-            if layer.bqkv is not None:
-                qkv = qkv + layer.bqkv
-            qkv = qkv.to(self.attn_dtype)
-            if layer.q_norm is not None:
-                qkv = self._qk_norm(qkv, layer)
-            if d.clip_qkv is not None:
-                qkv = qkv.clamp(-d.clip_qkv, d.clip_qkv)
-            qk = qkv[:, : (H + G) * Hd].view(T, H + G, Hd)
-            qk = qk * cos + qk.roll(Hd // 2, dims=-1) * sin  # rope on q and k at once
-            v = qkv[:, (H + G) * Hd:].view(T, G, Hd)
+            qk, v = self._qkv(x, layer, cos, sin)  # [T, H+G, Hd], [T, G, Hd]
             cache.k[l, :, pos:end] = qk[:, H:].transpose(0, 1)
             cache.v[l, :, pos:end] = v.transpose(0, 1)
             q = qk[:, :H].transpose(0, 1)  # [H, T, Hd]
@@ -307,18 +296,7 @@ class MixtralModel:
         cos, sin = cos_t[at], sin_t[at]  # [B, 1, Hd]
         x = F.embedding(ids.to(self.accel), self.embed).to(self.residual_dtype)  # [B, D]
         for l, layer in enumerate(self.layers):
-            h = self._rms(x, layer.ln1)
-            qkv = linear(h, layer.wqkv)  # [B, (H+2G)Hd]
-            if layer.bqkv is not None:
-                qkv = qkv + layer.bqkv
-            qkv = qkv.to(self.attn_dtype)
-            if layer.q_norm is not None:
-                qkv = self._qk_norm(qkv, layer)
-            if d.clip_qkv is not None:
-                qkv = qkv.clamp(-d.clip_qkv, d.clip_qkv)
-            qk = qkv[:, : (H + G) * Hd].view(B, H + G, Hd)
-            qk = qk * cos + qk.roll(Hd // 2, dims=-1) * sin
-            v = qkv[:, (H + G) * Hd:].view(B, G, Hd)
+            qk, v = self._qkv(x, layer, cos, sin)  # [B, H+G, Hd], [B, G, Hd]
             att = []
             for b, (c, p) in enumerate(zip(caches, positions)):
                 c.k[l, :, p] = qk[b, H:]
@@ -333,6 +311,23 @@ class MixtralModel:
             x = x + (o if layer.bo is None else o + layer.bo)
             x = x + self.moe[l](self._rms(x, layer.ln2))
         return linear(self._rms(x, self.norm), self.lm_head).float()  # [B, V]
+
+    def _qkv(self, x: torch.Tensor, layer: DenseLayer, cos: torch.Tensor, sin: torch.Tensor):
+        """x [T, D] -> q and k with rope [T, H+G, Hd], and v [T, G, Hd], in attention's dtype (the
+        family's biases, q/k norms and clip applied)."""
+        d = self.dims
+        T, H, G, Hd = x.shape[0], d.heads, d.kv_heads, d.head_dim
+        qkv = linear(self._rms(x, layer.ln1), layer.wqkv)  # [T, (H+2G)Hd]
+        if layer.bqkv is not None:
+            qkv = qkv + layer.bqkv
+        qkv = qkv.to(self.attn_dtype)
+        if layer.q_norm is not None:
+            qkv = self._qk_norm(qkv, layer)
+        if d.clip_qkv is not None:
+            qkv = qkv.clamp(-d.clip_qkv, d.clip_qkv)
+        qk = qkv[:, : (H + G) * Hd].view(T, H + G, Hd)
+        qk = qk * cos + qk.roll(Hd // 2, dims=-1) * sin  # rope on q and k at once
+        return qk, qkv[:, (H + G) * Hd:].view(T, G, Hd)
 
     def _qk_norm(self, qkv: torch.Tensor, layer: DenseLayer) -> torch.Tensor:
         """RMSNorm of q and of k, per head (Qwen3-MoE) or over all heads at once (OLMoE); v unchanged."""

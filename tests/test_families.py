@@ -71,14 +71,19 @@ def test_greedy_tokens_are_identical(folders, family):
     d = ck.dims
     model = MixtralModel(ck, Placement.random(d.layers, d.experts, [Tier.GPU16, Tier.CPU16], seed=2), CPU,
                          torch.float32)
+    assert greedy(model, prompt, 16) == want
+
+
+def greedy(model, prompt: torch.Tensor, n: int) -> list[int]:
+    """n greedy tokens after prompt, one decode step at a time."""
     cache = model.new_cache(64)
     logits = model.forward(prompt, cache, 0)
     got, pos = [], len(prompt)
-    for _ in range(16):
+    for _ in range(n):
         got.append(int(logits[-1].argmax()))
         logits = model.forward(torch.tensor(got[-1:]), cache, pos)
         pos += 1
-    assert got == want
+    return got
 
 
 def test_eval_gives_transformers_perplexity(folders, tmp_path):

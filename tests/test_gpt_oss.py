@@ -21,6 +21,7 @@ from engine.families.fused import float_to_mxfp4, mxfp4_to_float
 from engine.model import MixtralModel
 from engine.placement import Placement, Tier
 from engine.sources.tiny_model import write_tiny_model
+from test_families import greedy, reference  # noqa: E402
 
 CPU = torch.device("cpu")
 KINDS = ["bf16-fused", "mxfp4"]
@@ -37,12 +38,6 @@ def folders(tmp_path_factory):
                                          shard_size="50KB" if sharded else None)
         return made[key]
     return get
-
-
-def reference(folder):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
 
 
 def run(model, ids, prefill=16):
@@ -80,14 +75,7 @@ def test_greedy_tokens_are_identical(folders, kind):
     d = ck.dims
     model = MixtralModel(ck, Placement.random(d.layers, d.experts, [Tier.GPU16, Tier.CPU16], seed=2), CPU,
                          torch.float32)
-    cache = model.new_cache(64)
-    logits = model.forward(prompt, cache, 0)
-    got, pos = [], len(prompt)
-    for _ in range(16):
-        got.append(int(logits[-1].argmax()))
-        logits = model.forward(torch.tensor(got[-1:]), cache, pos)
-        pos += 1
-    assert got == want
+    assert greedy(model, prompt, 16) == want
 
 
 @pytest.mark.skipif(not native.available(), reason="the native library is not built")

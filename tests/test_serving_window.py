@@ -11,16 +11,7 @@ from engine.client import Client  # noqa: E402
 from engine.generate import SamplingParams  # noqa: E402
 from engine.tools.serve import Server  # noqa: E402
 
-from test_app import open_window  # noqa: E402
-
-
-@pytest.fixture
-def window(qtbot, tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    w = open_window(qtbot, tiny, tmp_path)
-    yield w
-    w.close()
+from test_app import window  # noqa: E402,F401  (the same window fixture)
 
 
 def say(qtbot, w, text, n=16):
