@@ -87,7 +87,11 @@ def greedy(model, prompt: torch.Tensor, n: int) -> list[int]:
 
 
 def test_eval_gives_transformers_perplexity(folders, tmp_path):
-    folder = folders("qwen3_moe")
+    eval_matches_transformers(folders("qwen3_moe"), tmp_path)
+
+
+def eval_matches_transformers(folder, tmp_path):
+    """`mixdesk eval --dtype fp32 --placement cpu` gives transformers' perplexity on the same tokens."""
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "eval", "--model", str(folder), "--dtype", "fp32",
                         "--placement", "cpu", "--tokens", "96", "--new-tokens", "4"],

@@ -5,10 +5,6 @@ that crosses the sliding window and 12 decode steps, for all-CPU and mixed place
 greedy tokens; the native kernel's biases and clamped SwiGLU against torch's; MXFP4 decoding
 bit-identical to transformers'; the 4-bit tiers' error; and bad checkpoints refused by name."""
 import json
-import os
-import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,7 +17,7 @@ from engine.families.fused import float_to_mxfp4, mxfp4_to_float
 from engine.model import MixtralModel
 from engine.placement import Placement, Tier
 from engine.sources.tiny_model import write_tiny_model
-from test_families import greedy, reference  # noqa: E402
+from test_families import eval_matches_transformers, greedy, reference  # noqa: E402
 
 CPU = torch.device("cpu")
 KINDS = ["bf16-fused", "mxfp4"]
@@ -162,22 +158,7 @@ def test_4bit_tiers_run_the_mxfp4_release(folders):
 
 
 def test_eval_gives_transformers_perplexity(folders, tmp_path):
-    folder = folders("mxfp4")
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "eval", "--model", str(folder), "--dtype", "fp32",
-                        "--placement", "cpu", "--tokens", "96", "--new-tokens", "4"],
-                       capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode == 0, r.stderr
-    ppl = float(re.search(r"perplexity ([0-9.]+), 96 tokens", r.stdout)[1])
-    from transformers import AutoTokenizer
-
-    from engine.tools.evaluate import corpus_ids
-
-    ids = torch.tensor(corpus_ids(AutoTokenizer.from_pretrained(str(folder)), None, 96))
-    with torch.no_grad():
-        logits = reference(folder)(ids[None]).logits[0, :-1]
-    want = float(torch.nn.functional.cross_entropy(logits, ids[1:]).exp())
-    assert abs(ppl - want) / want < 1e-5, (ppl, want)
+    eval_matches_transformers(folders("mxfp4"), tmp_path)
 
 
 def test_bad_gpt_oss_checkpoints_are_refused_by_name(tmp_path):
