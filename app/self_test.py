@@ -87,6 +87,7 @@ def run() -> int:
             s.loaded.generator.eos_ids.clear()
             s.submit(Generate(request_id=1, prompt_ids=[5, 6, 7, 8], params=SamplingParams(max_new_tokens=8)))
             ok = done.wait(120)
+        served = _serve_check(s) if ok else ""
         s.shutdown()
     fin = next((e.finished for e in events if isinstance(e, Done)), None)
     errors = [e.message for e in events if isinstance(e, ErrorEvent)]
@@ -94,5 +95,31 @@ def run() -> int:
         print(f"SELF-TEST FAILED: {errors or 'no reply'}", file=sys.stderr)
         return 1
     print(f"generated {len(fin.token_ids)} tokens on the tiny test model ({fin.decode_tok_s:.0f} tok/s)")
+    if not served.startswith("local server"):
+        print(f"SELF-TEST FAILED: the local server: {served}", file=sys.stderr)
+        return 1
+    print(served)
     print(f"self-test passed in {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def _serve_check(session) -> str:
+    """The local server (mixdesk serve) answers GET /v1/models on loopback: its stack is there."""
+    import http.client
+    import json
+
+    from engine.tools.serve import Server
+
+    try:
+        server = Server(session, "127.0.0.1", 0).start()
+    except Exception as e:  # noqa: BLE001 - reported as the check's one line
+        return f"could not start ({e})"
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        conn.request("GET", "/v1/models")
+        ids = [m["id"] for m in json.loads(conn.getresponse().read())["data"]]
+        return f"local server answered on {server.url}: {ids}"
+    except Exception as e:  # noqa: BLE001
+        return f"did not answer ({e})"
+    finally:
+        server.stop()
