@@ -79,6 +79,8 @@ def test_models_and_a_chat_completion_streamed_and_not(served, tiny):
     lines = list(sse_lines(resp))
     conn.close()
     assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
+    time.sleep(0.2)  # a stream is logged when it ends, with its tokens
+    assert [(e.path, e.status, e.tokens) for e in server.log][-1] == ("/v1/chat/completions", 200, 3)
 
 
 def test_a_plain_completion_and_seeded_sampling(served, tiny):

@@ -113,12 +113,12 @@ class Server:
                 response, tokens = await call(request)
             except ApiError as e:
                 response, tokens = error(e), 0
-            entry = RequestLog(time.time(), request.method, request.url.path, response.status_code, tokens,
-                               time.perf_counter() - t0)
-            server.log.append(entry)
-            server.requests += 1
-            if server.on_log is not None:
-                server.on_log(entry)
+            entry = RequestLog(time.time(), request.method, request.url.path, response.status_code, 0, 0.0)
+            if isinstance(tokens, dict):  # a stream: logged when it ends, with its tokens and time
+                tokens.update(entry=entry, t0=t0)
+            else:
+                entry.tokens, entry.seconds = tokens, time.perf_counter() - t0
+                server.record(entry)
             return response
 
         async def models(request: Request):
@@ -145,6 +145,12 @@ class Server:
                   Route("/v1/completions", completions, methods=["POST"]),
                   Route("/{path:path}", not_found, methods=["GET", "POST", "PUT", "DELETE", "PATCH"])]
         return Starlette(routes=routes)
+
+    def record(self, entry: RequestLog) -> None:
+        self.log.append(entry)
+        self.requests += 1
+        if self.on_log is not None:
+            self.on_log(entry)
 
     def check_key(self, request) -> None:
         if self.api_key is None:
@@ -215,10 +221,11 @@ class Server:
                 obj = "text_completion"
             return JSONResponse({"id": cid, "object": obj, "created": created, "model": ld.name,
                                  "choices": [choice], "usage": usage}), len(fin.token_ids)
-        return StreamingResponse(self._events(rid, q, first, kind, cid, created, ld.name, usage_in_stream),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"}), 0
+        tally: dict = {"tokens": 0}  # the log entry and start time arrive here (logged), the count below
+        return StreamingResponse(self._events(rid, q, first, kind, cid, created, ld.name, usage_in_stream, tally),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"}), tally
 
-    async def _events(self, rid, q, first, kind, cid, created, model, include_usage):
+    async def _events(self, rid, q, first, kind, cid, created, model, include_usage, tally):
         """The SSE body. If the client goes away, the generator is closed: its Stop ends the request."""
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         done = False
@@ -245,6 +252,7 @@ class Server:
                     break
                 elif isinstance(ev, Done):
                     fin = ev.finished
+                    tally["tokens"] = len(fin.token_ids)
                     yield sse(chunk(None, FINISH.get(fin.reason, "stop")))
                     if include_usage:
                         n = len(fin.token_ids)
@@ -260,3 +268,7 @@ class Server:
                 self.link.finish(rid)
             else:
                 self.link.stop(rid)  # the client left (or an error ended it): stop generating
+            entry = tally.get("entry")
+            if entry is not None:
+                entry.tokens, entry.seconds = tally["tokens"], time.perf_counter() - tally["t0"]
+                self.record(entry)
