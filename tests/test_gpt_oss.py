@@ -17,7 +17,7 @@ from engine.families.fused import float_to_mxfp4, mxfp4_to_float
 from engine.model import MixtralModel
 from engine.placement import Placement, Tier
 from engine.sources.tiny_model import write_tiny_model
-from test_families import eval_matches_transformers, greedy, reference  # noqa: E402
+from test_families import eval_matches_transformers, greedy_matches_transformers, logit_error, run  # noqa: E402
 
 CPU = torch.device("cpu")
 KINDS = ["bf16-fused", "mxfp4"]
@@ -36,13 +36,6 @@ def folders(tmp_path_factory):
     return get
 
 
-def run(model, ids, prefill=16):
-    cache = model.new_cache(64)
-    got = [model.forward(ids[:prefill], cache, 0, all_logits=True)]
-    got += [model.forward(ids[i:i + 1], cache, i) for i in range(prefill, len(ids))]
-    return torch.cat(got)
-
-
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("sharded", [False, True], ids=["single", "sharded"])
 @pytest.mark.parametrize("where", ["all-cpu", "mixed"])
@@ -52,26 +45,12 @@ def test_logits_match_transformers(folders, kind, sharded, where):
     d = ck.dims
     assert d.family == "gpt_oss" and ck.mxfp4 == (kind == "mxfp4") and (len(ck.files) > 1) == sharded
     assert d.layer_windows == (4, None) and d.attn_sinks and d.router_kind == "topk_softmax"
-    pl = (Placement.uniform(d.layers, d.experts, Tier.CPU16) if where == "all-cpu"
-          else Placement.random(d.layers, d.experts, [Tier.GPU16, Tier.CPU16], seed=5))
-    ids = torch.randint(0, d.vocab, (28,), generator=torch.Generator().manual_seed(11))
-    with torch.no_grad():
-        want = reference(folder)(ids[None]).logits[0]
-    assert (run(MixtralModel(ck, pl, CPU, torch.float32), ids) - want).abs().max().item() < 1e-4
+    assert logit_error(ck, where) < 1e-4
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_tokens_are_identical(folders, kind):
-    folder = folders(kind)
-    ck = Checkpoint(folder)
-    prompt = torch.tensor([5, 17, 42, 8, 99, 3])
-    with torch.no_grad():
-        want = reference(folder).generate(prompt[None], max_new_tokens=16, do_sample=False, min_new_tokens=16,
-                                          eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-    d = ck.dims
-    model = MixtralModel(ck, Placement.random(d.layers, d.experts, [Tier.GPU16, Tier.CPU16], seed=2), CPU,
-                         torch.float32)
-    assert greedy(model, prompt, 16) == want
+    greedy_matches_transformers(folders(kind))
 
 
 @pytest.mark.skipif(not native.available(), reason="the native library is not built")
