@@ -186,16 +186,21 @@ class Session(Profiling):
         try:
             fn()
             return True
-        except MixdeskError as e:
-            self._failed(request_id)
-            self.emit(ErrorEvent(message=str(e), request_id=request_id, kind=type(e).__name__))
         except Exception as e:  # noqa: BLE001 - the error boundary: report, log, keep serving
             self._failed(request_id)
-            log = errorlog.record(e, what)
-            where = f" (details in {log})" if log else ""
-            self.emit(ErrorEvent(message=f"{what} failed: {errorlog.one_line(e)}{where}", request_id=request_id,
-                                 log=log, kind=type(e).__name__))
+            self._report(e, what, request_id)
         return False
+
+    def _report(self, e: Exception, what: str, request_id: int | None, log: str | None = None) -> None:
+        """One ErrorEvent for e: an expected error's own line; an unexpected one logged (once: pass
+        `log` when one error ends several requests) and said as "<what> failed: ..."."""
+        if isinstance(e, MixdeskError):
+            self.emit(ErrorEvent(message=str(e), request_id=request_id, kind=type(e).__name__))
+            return
+        log = errorlog.record(e, what) if log is None else log
+        where = f" (details in {log})" if log else ""
+        self.emit(ErrorEvent(message=f"{what} failed: {errorlog.one_line(e)}{where}", request_id=request_id,
+                             log=log, kind=type(e).__name__))
 
     def _failed(self, request_id: int | None) -> None:
         """After an error: a request that failed before it joined the batch is over."""
@@ -467,8 +472,7 @@ class Session(Profiling):
             log = errorlog.record(e, "generating")
             for rid in self.batch.end_all():
                 self._stops.pop(rid, None)
-                self.emit(ErrorEvent(message=f"generating failed: {errorlog.one_line(e)} (details in {log})",
-                                     request_id=rid, log=log, kind=type(e).__name__))
+                self._report(e, "generating", rid, log)
             native.quiet_torch.leave()
             return
         n, seconds = self.batch.last_decode
@@ -493,12 +497,7 @@ class Session(Profiling):
                 self.emit(Done(request_id=rid, finished=ev))
             elif isinstance(ev, BaseException):
                 self._stops.pop(rid, None)
-                if isinstance(ev, MixdeskError):
-                    self.emit(ErrorEvent(message=str(ev), request_id=rid, kind=type(ev).__name__))
-                else:
-                    log = errorlog.record(ev, "generating")
-                    self.emit(ErrorEvent(message=f"generating failed: {errorlog.one_line(ev)} (details in {log})",
-                                         request_id=rid, log=log, kind=type(ev).__name__))
+                self._report(ev, "generating", rid)
         if not self._busy:
             native.quiet_torch.leave()
             self.cancel.clear()
