@@ -70,5 +70,6 @@ class QualitySlider(QWidget):
         self.strip.set_points(ev.frontier, ev.slider_scale)
         counts = " · ".join(f"{n} {t.value}" for t, n in ev.placement.counts().items() if n)
         limit = "  — limited by memory budget, not by the slider" if ev.limited_by_budget else ""
-        self.readout.setText(f"predicted {ev.predicted_tok_s:.1f} tok/s · quality loss (KL) {ev.predicted_loss:.4f} · "
+        together = f" ({ev.streams} requests together)" if ev.streams > 1 else ""
+        self.readout.setText(f"predicted {ev.predicted_tok_s:.1f} tok/s{together} · quality loss (KL) {ev.predicted_loss:.4f} · "
                              f"{counts}{limit}")

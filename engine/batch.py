@@ -88,6 +88,7 @@ class Batch:
         self.streams: list[Stream] = []
         self.pool = CachePool(generator, max_streams)
         self.last_decode: tuple[int, float] = (0, 0.0)  # (tokens, seconds) of the last batched decode step
+        self.last_width = 0  # sequences the last step decoded together (0: it decoded none)
 
     @property
     def active(self) -> bool:
@@ -134,6 +135,7 @@ class Batch:
             s = reading[0]
             self._advance(s, self.gen.forward(s.need))
         decoding = [s for s in self.streams if not s.done and s.need is not None and len(s.need.feed) == 1]
+        self.last_width = len(decoding)
         if len(decoding) == 1:
             self._advance(decoding[0], self.gen.forward(decoding[0].need))
         elif decoding:

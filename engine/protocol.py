@@ -145,6 +145,7 @@ class PlacementChanged:
     frontier: tuple = ()  # ((loss, tok_s), ...) best quality first
     slider_scale: Any = None  # what each slider position asks for (planner.SliderScale)
     limited_by_budget: bool = False  # the slider asks for more quality than the budget allows
+    streams: int = 1  # requests decoding together that the plan is for; predicted_tok_s is all of theirs
 
 
 @dataclass(frozen=True, kw_only=True)

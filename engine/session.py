@@ -29,6 +29,7 @@ import statistics
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -98,6 +99,10 @@ class Session(Profiling):
         self._quit = False
         self._decode_ema = 0.0
         self._steps: deque = deque(maxlen=32)  # the last decode steps' seconds (the build budget)
+        # the planner's streams (its cost model of batched decode) follow the concurrency decode
+        # steps run at: an average over ~20 steps, re-planned when it settles near another count
+        self._width = 1.0
+        self.plan_streams = 1
         self._prefill = 0.0
         self._last_stats = 0.0
 
@@ -394,7 +399,7 @@ class Session(Profiling):
         self.migrator.retarget(moves)
         self.target = target
         self.emit(PlacementChanged(placement=target, moves=len(moves), reason=reason, predicted_tok_s=p.tok_s,
-                                   predicted_loss=p.loss, frontier=tuple((q.loss, q.tok_s) for q in pts),
+                                   streams=self.inputs.streams, predicted_loss=p.loss, frontier=tuple((q.loss, q.tok_s) for q in pts),
                                    slider_scale=scale, limited_by_budget=limited))
         self._enforce()
         if not moves:
@@ -475,6 +480,7 @@ class Session(Profiling):
                 self._report(e, "generating", rid, log)
             native.quiet_torch.leave()
             return
+        self._follow_streams(self.batch.last_width)
         n, seconds = self.batch.last_decode
         if n > 1 and seconds > 0:  # a batched step: the aggregate rate
             self._steps.append(seconds)
@@ -503,6 +509,20 @@ class Session(Profiling):
             self.cancel.clear()
         self._stats(force=any(isinstance(ev, Finished) for _, ev in results))
 
+    def _follow_streams(self, width: int) -> None:
+        """After a decode step of `width` sequences: when the average width settles near another
+        whole number of streams, plan for that many (PlanInputs.streams)."""
+        if width <= 0:
+            return
+        self._width += STREAMS_EMA * (width - self._width)
+        want = max(1, min(self.max_streams, round(self._width)))
+        if want != self.plan_streams and abs(self._width - want) < 0.3:
+            self.plan_streams = want
+            if self.inputs is not None:
+                self.inputs = replace(self.inputs, streams=want)
+                self._frontier = None
+                self._replan("streams")
+
     def _stats(self, force: bool = False) -> None:
         now = time.perf_counter()
         if self.loaded is None or (not force and now - self._last_stats < 0.25):
@@ -526,6 +546,7 @@ class Session(Profiling):
 # 1.6-1.9x the median step; what is left of the gap is the decode steps' own tail (p90 1.2x the
 # median on this shared machine), not the builds.
 BUILD_SHARE = 0.25
+STREAMS_EMA = 0.05  # weight of one decode step in the average concurrency (about 20 steps)
 IDLE_BUILD_S = 0.05  # while nothing generates: build in slices this long, then look at the queue
 
 

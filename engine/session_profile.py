@@ -59,7 +59,7 @@ class Profiling:
             inp = replace(inp, tier_costs={**inp.tier_costs, **self.tier_costs})
         if self.tiers is not None:
             inp = replace(inp, tier_costs={t: c for t, c in inp.tier_costs.items() if Tier(t) in self.tiers})
-        return inp
+        return replace(inp, streams=self.plan_streams)
 
     def _profile(self, remeasure: bool) -> None:
         """Both profiles -> the planner's inputs and the slider's scale. A model with no cached

@@ -61,12 +61,13 @@ def test_a_batched_step_gives_each_sequence_its_own_logits(models, family, tier)
         assert torch.allclose(c.v[:, :, :p + 1], a.v[:, :, :p + 1], atol=1e-5)
 
 
-def run(session_kwargs, folder, requests, stop_after=None, pace_s=0.0):
-    """Submit requests [(rid, prompt_ids, max_new)] at once; returns ({rid: token ids}, event log)."""
+def run(session_kwargs, folder, requests, stop_after=None, pace_s=0.0, placement="cpu", then=()):
+    """Submit requests [(rid, prompt_ids, max_new)] at once, then (when those are done) the
+    requests `then`; returns ({rid: token ids}, event log)."""
     events, got = [], threading.Event()
     s = Session(events.append, **session_kwargs).start()
     try:
-        s.submit(Load(path=str(folder), device="cpu", dtype="fp32", placement="cpu", ctx=256))
+        s.submit(Load(path=str(folder), device="cpu", dtype="fp32", placement=placement, ctx=256))
         deadline = time.time() + 120
         while not any(isinstance(e, Loaded) for e in events):
             assert time.time() < deadline and not any(isinstance(e, ErrorEvent) for e in events), events
@@ -82,10 +83,15 @@ def run(session_kwargs, folder, requests, stop_after=None, pace_s=0.0):
             while sum(isinstance(e, TokenOut) and e.request_id == rid for e in events) < k:
                 time.sleep(0.01)
             s.submit(Stop(request_id=rid))
-        while sum(isinstance(e, (Done, ErrorEvent)) and e.request_id in {r for r, _, _ in requests}
-                  for e in list(events)) < len(requests):
-            assert time.time() < deadline + 120
-            time.sleep(0.02)
+        for batch in (requests, then):
+            if batch is then:
+                for rid, ids, n in then:
+                    s.submit(Generate(request_id=rid, prompt_ids=ids, params=SamplingParams(max_new_tokens=n),
+                                      slot="pool"))
+            while sum(isinstance(e, (Done, ErrorEvent)) and e.request_id in {r for r, _, _ in batch}
+                      for e in list(events)) < len(batch):
+                assert time.time() < deadline + 120
+                time.sleep(0.02)
     finally:
         s.shutdown()
     del got
@@ -131,6 +137,23 @@ def test_more_requests_than_streams_wait_their_turn(models):
     alone, _ = run({}, folder, [reqs[4]])
     assert sorted(done) == [1, 2, 3, 4, 5] and all(f.reason == "length" for f in done.values())
     assert done[5].token_ids == alone[5].token_ids
+
+
+def test_the_plan_follows_how_many_requests_decode_together(models):
+    """The planner's cost model of batched decode: once two requests have decoded together for a
+    while the session re-plans for two streams (the predicted rate is both streams' together), and
+    back to one when a request runs alone."""
+    from engine.protocol import PlacementChanged
+
+    folder = models("mixtral")
+    done, events = run({}, folder, [(1, [5, 6, 7], 48), (2, [8, 9], 48)], placement="auto",
+                       then=[(3, [4, 4, 4], 48)])
+    assert all(f.reason == "length" for f in done.values())
+    plans = [e for e in events if isinstance(e, PlacementChanged)]
+    follow = [e.streams for e in plans if e.reason == "streams"]
+    assert follow == [2, 1], [(e.reason, e.streams) for e in plans]
+    two = next(e for e in plans if e.reason == "streams")
+    assert two.predicted_tok_s > plans[0].predicted_tok_s  # two streams' tokens together
 
 
 def test_loading_another_model_ends_running_requests_with_a_word(models):

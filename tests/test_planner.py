@@ -3,8 +3,10 @@ import random
 import time
 
 import pytest
+import numpy as np
 
 from engine.placement import Tier
+from engine.planning import planner
 from engine.planning.planner import Budgets, PlanInputs, choose, frontier, plan, slider_scale
 
 SLIDERS = [i / 10 for i in range(11)]
@@ -175,3 +177,49 @@ def test_prefill_prediction_follows_each_tiers_batch_scaling():
     assert 0 < a16 < b16 < 16 * a16  # 16x the tokens, less than 16x the time
     assert b4 == pytest.approx(16 * a4, rel=1e-9)  # linear where batching gains nothing
     assert prefill_s(inp, pl16, 1024) == prefill_s(inp, pl16, 1024)  # a pure function
+
+
+SCALING = {"cpu-16": [[1, 1.0], [2, 1.2], [4, 1.6], [16, 4.0], [64, 8.0], [256, 16.0]],
+           "cpu-4": [[1, 1.0], [2, 1.3], [4, 1.9], [16, 5.0], [64, 10.0], [256, 20.0]]}
+
+
+def test_expected_runs_of_a_batched_decode_step():
+    from engine.planning.planner import expected_runs
+
+    p = np.array([0.0, 0.05, 0.25, 0.6, 1.0])
+    assert np.allclose(expected_runs(p, 1, SCALING["cpu-4"], 1e6), p)
+    # no gain from batching: n tokens cost n runs, so S streams cost S times one stream's share
+    assert np.allclose(expected_runs(p, 4, [[1, 1.0], [256, 256.0]], 1e6), 4 * p)
+    # perfect batching: the expert runs once whenever any of the S tokens picks it
+    assert np.allclose(expected_runs(p, 4, [[1, 1.0], [256, 1.0]], 1e6), 1 - (1 - p) ** 4)
+    # the measured table: against a simulation of S independent tokens
+    rng = np.random.default_rng(0)
+    n = rng.binomial(4, p[None, :], size=(200_000, 5))
+    from engine.planning.planner import batch_ratio
+    sim = np.vectorize(lambda k: batch_ratio(SCALING["cpu-4"], k, 1e6) if k else 0.0)(n).mean(0)
+    assert np.allclose(expected_runs(p, 4, SCALING["cpu-4"], 1e6), sim, atol=3e-3)
+
+
+def test_batched_decode_prediction_and_frontier():
+    from dataclasses import replace
+
+    from engine.placement import Placement
+    from engine.planning.planner import UNLIMITED, decode_tok_s
+
+    one = replace(random_inputs(2, cpu_only=True), batch_scale=SCALING)
+    four = replace(one, streams=4)
+    for tier in (Tier.CPU16, Tier.CPU4):
+        pl = Placement.uniform(one.layers, one.experts, tier)
+        a, b = decode_tok_s(one, pl), decode_tok_s(four, pl)
+        assert a < b < 4 * a  # four streams together: more tokens a second, less than four times
+    assert one.dense_token_s == one.dense_s and four.dense_token_s == pytest.approx(one.dense_s * 1.6 / 4)
+    # the frontier's speeds are the aggregate rate at that many streams, for the same placements
+    for inp in (one, four):
+        for p in frontier(inp, UNLIMITED):
+            assert p.tok_s == pytest.approx(decode_tok_s(inp, p.placement), rel=1e-9)
+    # batching favours rare experts: an expert's cost grows less than its share does
+    _, t1, *_ = planner._tables(one)
+    _, t4, *_ = planner._tables(four)
+    share = np.asarray(one.share).reshape(-1)
+    hi, lo = int(share.argmax()), int(share.argmin())
+    assert t4[hi, 0] / t4[lo, 0] < t1[hi, 0] / t1[lo, 0]

@@ -21,7 +21,7 @@ from ..experts import Expert16, quantise
 from ..kernels import auto_dtype
 from ..placement import Tier
 
-FORMAT = 5  # 5: the native CPU kernels (tier costs changed)
+FORMAT = 6  # 5: the native CPU kernels (tier costs changed); 6: batch 2 measured (batched decode)
 SIZES = ((512, 1024), (2048, 8192))  # (hidden, ffn) of the two synthetic experts
 # The small expert is timed in rotation over copies that together outgrow the caches, as a model's
 # experts do in decode (each is read once per token): timed alone it stays in cache, and its fixed
@@ -39,7 +39,7 @@ class HardwareProfile:
     gpu_total: int
     ram_total: int
     # tier -> {small, large: [[batch, time at that batch / time at batch 1], ...], bytes}: how a
-    # tier's cost grows with the tokens one expert takes at once (prefill), at both sizes
+    # tier's cost grows with the tokens one expert takes at once (prefill, batched decode), at both sizes
     batch_scale: dict = field(default_factory=dict)
     format: int = FORMAT
 
@@ -68,7 +68,7 @@ def _copy(ex, tier: Tier, d: int, i: int, accel: torch.device, g: torch.Generato
         return _expert(tier, d, i, accel, g)[0]
 
 
-BATCHES = (1, 4, 16, 64, 256)
+BATCHES = (1, 2, 4, 16, 64, 256)  # 2 and 4: concurrent decode streams; the rest: prefill
 
 
 ROUNDS = 5  # timing rounds, each through every size: a slow spell of a shared machine hits one round

@@ -1,12 +1,17 @@
 """The planner: a pure function of (model profile, hardware costs, budgets, slider) -> placement.
 
-Cost model (per decoded token):
+Cost model (per decoded token, one stream):
     time = dense_s + sum over layers l, experts e of share[l][e] * top_k * t(tier(l, e))
     t(tier) = fixed_s[tier] + s_per_byte[tier] * expert_bytes[tier]
-and per prompt (prefill_s): the dense part per token plus each expert's expected batch at its
-tier's measured batch scaling.
 where share[l][e] is the fraction of layer l's routing slots that went to expert e on the
-calibration text. Quality model: loss = sum over 4-bit experts of share[l][e] * sensitivity, where
+calibration text. With S streams decoding together (a batched step, engine/batch.py), each of the
+S tokens picks expert e with probability p = top_k * share, the n ~ Binomial(S, p) that do are
+run at once (its weights read once), and the step costs
+    dense_s * r16(S) + sum over l, e of t(tier) * E[r_tier(n)]
+per S tokens, with r the measured batch scaling of the hardware profile (time at n tokens / at
+one; r16 that of the 16-bit tier where the dense weights live). At S = 1 it is the formula above.
+Per prompt (prefill_s): the dense part per token plus each expert's expected batch at its tier's
+measured batch scaling. Quality model: loss = sum over 4-bit experts of share[l][e] * sensitivity, where
 the profile scales sensitivity to measured per-layer KL divergence (engine/profile.py), so the loss
 is a predicted KL divergence in nats per token.
 
@@ -27,7 +32,8 @@ Everything here is numpy on small arrays: no torch, no I/O.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -53,10 +59,35 @@ class PlanInputs:
     batch_scale: dict = field(default_factory=dict)  # tier -> batch scaling (see batch_ratio)
     dense_prefill_s: float = 0.0  # time per prompt token outside the experts, in a prefill
     unit: int = 1  # experts per planning unit (a reduced problem, see `reduced`): memory scales by it
+    streams: int = 1  # sequences decoding together (the cost model's batch > 1, see above)
 
     @property
     def tiers(self) -> list[Tier]:
         return [Tier(t) for t in self.tier_costs if not (self.cpu_only and Tier(t).on_accelerator)]
+
+    @property
+    def dense_token_s(self) -> float:
+        """The dense part's time per token at `streams` streams: dense_s at one, and with S the
+        step's dense matmuls read their weights once for the S tokens, as a 16-bit expert of one
+        layer's dense bytes scales (the 16-bit tier where the dense weights are)."""
+        if self.streams <= 1:
+            return self.dense_s
+        tier = "cpu-16" if self.cpu_only else "gpu-16"
+        r = batch_ratio(self.batch_scale.get(tier), self.streams, self.dense_bytes / max(self.layers, 1))
+        return self.dense_s * r / self.streams
+
+
+def expected_runs(p, streams: int, table, nbytes: float) -> np.ndarray:
+    """An expert's expected cost in one decode step, in batch-1 runs, when each of `streams`
+    tokens picks it with probability p: E[batch_ratio(n)] for n ~ Binomial(streams, p). At one
+    stream that is p."""
+    p = np.clip(np.asarray(p, dtype=np.float64), 0.0, 1.0)
+    if streams <= 1:
+        return p
+    out = np.zeros_like(p)
+    for n in range(1, streams + 1):
+        out += math.comb(streams, n) * p ** n * (1 - p) ** (streams - n) * batch_ratio(table, n, nbytes)
+    return out
 
 
 @dataclass(frozen=True)
@@ -102,7 +133,10 @@ def _tables(inp: PlanInputs):
     for j, t in enumerate(tiers):
         fixed, per_byte = inp.tier_costs[t.value]
         b = inp.expert_bytes[t.value]
-        time[:, j] = share * inp.top_k * (fixed + per_byte * b)
+        # a planning unit of m alike experts costs m times one of its mean share (exact at one stream)
+        p = share * inp.top_k / inp.unit
+        runs = expected_runs(p, inp.streams, inp.batch_scale.get(t.value), b) / max(inp.streams, 1)
+        time[:, j] = inp.unit * runs * (fixed + per_byte * b)
         if t.bits < 16:
             loss[:, j] = share * np.asarray(inp.sensitivity[t.value], dtype=np.float64).reshape(-1)
         (vram if t.on_accelerator else ram)[:, j] = b * inp.unit
@@ -193,7 +227,7 @@ def candidates(inp: PlanInputs, budgets: Budgets | None = None) -> tuple[list[Ti
         return tab[rows, choice].sum(-1)  # [G]
 
     fv, fr = _fixed_memory(inp)
-    return tiers, choice, pick(time) + inp.dense_s, pick(loss), pick(vram) + fv, pick(ram) + fr
+    return tiers, choice, pick(time) + inp.dense_token_s, pick(loss), pick(vram) + fv, pick(ram) + fr
 
 
 def _to_plan(inp: PlanInputs, tiers, choice_row, t, l, v, r, fits=True) -> Plan:
@@ -224,7 +258,8 @@ def reduced(inp: PlanInputs, units: int = 256) -> tuple[PlanInputs, np.ndarray]:
         w = share * np.asarray(table, dtype=np.float64).reshape(-1)
         sens[t] = (np.bincount(unit_of, weights=w, minlength=units) / np.maximum(u_share, 1e-300))[None].tolist()
     small = PlanInputs(1, units, inp.top_k, (tuple(u_share.tolist()),), sens, inp.expert_bytes, inp.tier_costs,
-                       inp.dense_bytes, inp.dense_s, inp.cpu_only, inp.batch_scale, inp.dense_prefill_s, unit=m)
+                       inp.dense_bytes, inp.dense_s, inp.cpu_only, inp.batch_scale, inp.dense_prefill_s, unit=m,
+                       streams=inp.streams)
     return small, unit_of
 
 
@@ -284,8 +319,6 @@ def frontier(inp: PlanInputs, budgets: Budgets) -> list[Plan]:
     """Non-dominated feasible plans, sorted from best quality (least loss) to fastest.
     When nothing fits, one plan: the least-memory candidate, marked fits=False."""
     if inp.layers * inp.experts > MAX_UNITS and inp.unit == 1:
-        from dataclasses import replace
-
         small, unit_of = reduced(inp)
         return [replace(p, shape=(inp.layers, inp.experts), unit_of=unit_of) for p in frontier(small, budgets)]
     tiers, choice, t, l, v, r = candidates(inp, budgets)
@@ -304,7 +337,7 @@ def frontier(inp: PlanInputs, budgets: Budgets) -> list[Plan]:
         rows = np.arange(extra.shape[1])[None, :]
         fv, fr = _fixed_memory(inp)
         choice = np.vstack([choice[keep], extra])
-        t = np.concatenate([t[keep], time[rows, extra].sum(-1) + inp.dense_s])
+        t = np.concatenate([t[keep], time[rows, extra].sum(-1) + inp.dense_token_s])
         l = np.concatenate([l[keep], loss[rows, extra].sum(-1)])
         v = np.concatenate([v[keep], vram[rows, extra].sum(-1) + fv])
         r = np.concatenate([r[keep], ram[rows, extra].sum(-1) + fr])
@@ -400,6 +433,15 @@ def prefill_s(inp: PlanInputs, placement: Placement, tokens: int) -> float:
         total += one * batch_ratio(inp.batch_scale.get(t.value), tokens * inp.top_k * inp.share[l][e],
                                     inp.expert_bytes[t.value])
     return total
+
+
+def decode_tok_s(inp: PlanInputs, placement: Placement) -> float:
+    """Predicted decode tok/s under a placement at inp.streams streams: all streams' tokens
+    together (one stream: its own rate), from the same tables the frontier uses."""
+    tiers, time, _, _, _ = _tables(inp)  # a full problem (unit 1): one row per expert
+    col = {t: j for j, t in enumerate(tiers)}
+    choice = np.array([col[t] for _, _, t in placement.items()])
+    return 1.0 / (float(time[np.arange(choice.size), choice].sum()) + inp.dense_token_s)
 
 
 def plan(inp: PlanInputs, budgets: Budgets, slider: float) -> Plan:
