@@ -60,6 +60,17 @@ def test_plan_from_mixtral_config_alone(tmp_path):
                        capture_output=True, text=True, timeout=300, env=_cached(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "ASSUMED" in r.stdout and "gpu-4" in r.stdout and "NOTHING FITS" not in r.stdout
+    # --streams 4: the same placements' aggregate rate with four requests decoding together
+    r4 = subprocess.run([sys.executable, "-m", "engine.tools.cli", "plan", "--model", str(cfg), "--config-only",
+                         "--gpu-budget", "24", "--ram-budget", "64", "--png", "", "--streams", "4"],
+                        capture_output=True, text=True, timeout=300, env=_cached(tmp_path))
+    assert r4.returncode == 0, r4.stderr
+
+    def fastest(out):
+        return max(float(line.split("|")[3]) for line in out.splitlines() if line.startswith("| ") and
+                   line.split("|")[1].strip().isdigit())
+    assert "4 requests decoding together" in r4.stdout
+    assert fastest(r.stdout) < fastest(r4.stdout) < 4 * fastest(r.stdout)
 
 
 def test_eval_measures_quality_and_speed(tiny, tmp_path):

@@ -103,6 +103,11 @@ def cmd_plan(a) -> int:
         b = _budgets(a, free)
         note = f"profiles measured on this machine; {where}"
         title = f"{name}, VRAM {b.vram / GB:.1f} GB, RAM {b.ram / GB:.1f} GB"
+    if a.streams > 1:
+        from dataclasses import replace
+
+        inp = replace(inp, streams=a.streams)
+        note += f"\ntok/s: {a.streams} requests decoding together (all their tokens)"
     t0 = time.perf_counter()
     points = frontier(inp, b)
     ms = (time.perf_counter() - t0) * 1e3
@@ -191,6 +196,8 @@ def add_parsers(sub, add_model_args, number) -> None:
     p.add_argument("--ram-budget", type=number(0, 1e6), default=None, help="GB of RAM for the model")
     p.add_argument("--config-only", action="store_true", help="plan from config.json alone (no weights)")
     p.add_argument("--png", default="frontier.png", help="where to write the plot ('' for none)")
+    p.add_argument("--streams", type=int, choices=range(1, 65), default=1, metavar="N",
+                   help="plan for N requests decoding together (a local server's --parallel)")
     p.add_argument("--remeasure", action="store_true",
                    help="measure this machine and calibrate the model anew (replacing the cached profiles)")
     p.set_defaults(fn=cmd_plan)
