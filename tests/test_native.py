@@ -212,6 +212,16 @@ def test_native_decode_step_equals_the_layer_loop(request, which, dtype, tier):
     """The one-call decode step gives the logits of the torch layer loop (same kernels for the
     experts): equal in 16-bit, where both round at the same points, within fp32 rounding in fp32.
     Qwen3-MoE's per-head q/k norms and OLMoE's whole-q/k norms and clip run inside it too."""
+    native_step_equals_layer_loop(request, which, dtype, tier)
+
+
+@pytest.mark.parametrize("which", ["windowed", "qwen3"])
+def test_native_decode_step_on_every_kernel_path(request, path, which):
+    """The same on the portable C and AVX2 paths (the attention has a C and an AVX-512 version)."""
+    native_step_equals_layer_loop(request, which, torch.float32, Tier.CPU16)
+
+
+def native_step_equals_layer_loop(request, which, dtype, tier):
     from engine.checkpoint import Checkpoint
     from engine.model import MixtralModel
     from engine.placement import Placement
