@@ -23,7 +23,6 @@ Shapes: a weight is W [N, K] (out, in); x [T, K] -> x @ W.T [T, N].
 """
 from __future__ import annotations
 
-import ctypes
 
 import torch
 
