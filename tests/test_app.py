@@ -492,3 +492,19 @@ def test_a_damaged_page_is_reported_never_a_crash(tmp_path):
     assert any("damaged" in n for n in s2.notices)
     assert list(tmp_path.glob("chats.sqlite3.corrupt-*"))
     s2.add_message(s2.new_conversation("fresh"), "user", "works")
+
+
+def test_slider_says_when_a_plan_is_for_requests_together(qtbot):
+    """A plan made for concurrent requests (the local server's) shows its rate as theirs together."""
+    from app.quality_slider import QualitySlider
+    from engine.placement import Placement, Tier
+    from engine.protocol import PlacementChanged
+
+    w = QualitySlider()
+    qtbot.addWidget(w)
+    pl = Placement.uniform(2, 4, Tier.CPU4)
+    for streams, want in ((1, None), (3, "(3 requests together)")):
+        w.show_plan(PlacementChanged(placement=pl, moves=0, reason="streams", predicted_tok_s=42.0,
+                                     predicted_loss=0.01, frontier=((0.01, 42.0),), streams=streams))
+        text = w.readout.text()
+        assert "predicted 42.0 tok/s" in text and ("together" not in text if want is None else want in text)
