@@ -399,8 +399,8 @@ class Session(Profiling):
         self.migrator.retarget(moves)
         self.target = target
         self.emit(PlacementChanged(placement=target, moves=len(moves), reason=reason, predicted_tok_s=p.tok_s,
-                                   streams=self.inputs.streams, predicted_loss=p.loss, frontier=tuple((q.loss, q.tok_s) for q in pts),
-                                   slider_scale=scale, limited_by_budget=limited))
+                                   predicted_loss=p.loss, frontier=tuple((q.loss, q.tok_s) for q in pts),
+                                   slider_scale=scale, limited_by_budget=limited, streams=self.inputs.streams))
         self._enforce()
         if not moves:
             self._stats(force=True)
