@@ -70,6 +70,12 @@ class MixtralModel:
         # On the CPU, attention runs in fp32 (measured: torch's fp32 SDPA beats its fp16/bf16 kernels
         # several times over at decode); the KV cache is stored to match.
         self.attn_dtype = torch.float32 if accel.type == "cpu" else dtype
+        # The KV cache holds keys and values in the model's dtype (as transformers does) and attention
+        # widens them as it reads: a bf16 model's cache takes half the RAM of an fp32 one (Mixtral at
+        # 32K tokens: 4.3 GB, not 8.6). Decode speed measured the same within noise after 896-token
+        # prompts (benchmarks/concurrent_streams.py --prompt 896): attention is bound by its
+        # arithmetic there, not by the cache's bytes.
+        self.kv_dtype = dtype
         self.placement = placement
         total = d.layers * (d.experts + 1) + 1
         step = 0
@@ -201,7 +207,7 @@ class MixtralModel:
 
     def new_cache(self, ctx: int) -> KVCache:
         d = self.dims
-        return KVCache(d.layers, d.kv_heads, ctx, d.head_dim, self.attn_dtype, self.accel)
+        return KVCache(d.layers, d.kv_heads, ctx, d.head_dim, self.kv_dtype, self.accel)
 
     # ---- forward ----
     def rope_tables(self, upto: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -257,12 +263,12 @@ class MixtralModel:
             cache.v[l, :, pos:end] = v.transpose(0, 1)
             q = qk[:, :H].transpose(0, 1)  # [H, T, Hd]
             mask, causal = masks[layer.window]
+            k, vv = (t.to(self.attn_dtype) for t in (cache.k[l, :, :end], cache.v[l, :, :end]))
             if layer.sinks is not None:
-                att = self._attend_with_sinks(q, cache.k[l, :, :end], cache.v[l, :, :end], mask, layer.sinks)
+                att = self._attend_with_sinks(q, k, vv, mask, layer.sinks)
             else:
                 att = F.scaled_dot_product_attention(
-                    q[None], cache.k[l, :, :end][None], cache.v[l, :, :end][None],
-                    attn_mask=mask, is_causal=causal, enable_gqa=G != H)[0]  # [H, T, Hd]
+                    q[None], k[None], vv[None], attn_mask=mask, is_causal=causal, enable_gqa=G != H)[0]  # [H, T, Hd]
             o = linear(att.transpose(0, 1).reshape(T, H * Hd).to(self.dtype), layer.wo)
             x = x + (o if layer.bo is None else o + layer.bo)
             block = self.moe[l]
@@ -302,7 +308,8 @@ class MixtralModel:
                 c.k[l, :, p] = qk[b, H:]
                 c.v[l, :, p] = v[b]
                 first = max(0, p + 1 - layer.window) if layer.window else 0
-                k, vv, q = c.k[l, :, first:p + 1], c.v[l, :, first:p + 1], qk[b, :H, None]  # q [H, 1, Hd]
+                k, vv = (t.to(self.attn_dtype) for t in (c.k[l, :, first:p + 1], c.v[l, :, first:p + 1]))
+                q = qk[b, :H, None]  # [H, 1, Hd]
                 if layer.sinks is not None:
                     att.append(self._attend_with_sinks(q, k, vv, None, layer.sinks)[:, 0])
                 else:

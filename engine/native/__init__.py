@@ -31,7 +31,7 @@ PATHS = ("portable C", "AVX2", "AVX-512 VNNI")
 FMT = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
 
 
-ABI = 3  # mdk_abi() of the library these structs match (cpu.c)
+ABI = 4  # mdk_abi() of the library these structs match (cpu.c)
 
 
 class Matrix(ctypes.Structure):
@@ -52,7 +52,7 @@ class Model(ctypes.Structure):
     _fields_ = [("layers", c_int), ("D", c_int), ("H", c_int), ("G", c_int), ("Hd", c_int), ("ctx", c_int),
                 ("E", c_int), ("K", c_int), ("window", c_int), ("eps", c_float), ("dtype", c_int),
                 ("resid_fmt", c_int), ("norm_fmt", c_int), ("layer", c_void_p), ("norm", c_void_p),
-                ("lm_head", Matrix), ("qk_norm", c_int), ("clip", c_float)]
+                ("lm_head", Matrix), ("qk_norm", c_int), ("clip", c_float), ("kv_fmt", c_int)]
 
 
 class _Locked:

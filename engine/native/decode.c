@@ -4,7 +4,8 @@
  * write), E experts, K top-k. Per layer, as engine/model.py does it in torch:
  *   h = rms(x) * ln1 (rounded to the model dtype);  qkv = Wqkv . h;  q/k norms and clip where the
  *   family has them (Qwen3-MoE, OLMoE);  rope on q and k;
- *   k, v -> cache[pos];  att = softmax(q . K / sqrt(Hd)) . V over the window;  x += Wo . att;
+ *   k, v -> cache[pos] (rounded to the cache's format);  att = softmax(q . K / sqrt(Hd)) . V over the
+ *   window, in fp32;  x += Wo . att;
  *   h = rms(x) * ln2;  x += moe(h)   (mdk_moe: route, experts, weighted sum)
  * The residual x stays in its own format (fp32, or the model dtype) and is rounded after each add,
  * as torch does. Python calls this only when every layer's experts are native CPU experts.
@@ -26,7 +27,7 @@ typedef struct {
     mdk_matrix wqkv, wo;            /* [(H+2G)Hd, D], [D, H*Hd] */
     const mdk_expert *const *experts;  /* [E] */
     mdk_matrix router;              /* [E, D] */
-    float *k, *v;                   /* this layer's cache [G, ctx, Hd] fp32 */
+    void *k, *v;                    /* this layer's cache [G, ctx, Hd] in the model's kv_fmt */
     const float *q_norm, *k_norm;   /* RMSNorm weights of q and k (qk_norm 1: [Hd]; 2: [H*Hd], [G*Hd]) */
 } mdk_layer;
 
@@ -39,6 +40,7 @@ typedef struct {
     mdk_matrix lm_head;             /* [V, D] */
     int qk_norm;                    /* 0 none; 1 RMSNorm of each q and k head (Qwen3-MoE); 2 of all of q, of all of k (OLMoE) */
     float clip;                     /* > 0: q, k, v clamped to +-clip after the norms (OLMoE's clip_qkv) */
+    int kv_fmt;                     /* the KV cache's format: MDK_F32, MDK_BF16 or MDK_F16 */
 } mdk_model;
 
 /* v[0..n) = w * (v / rms(v)), in fp32 as the torch forward does it in attention's dtype */
@@ -100,7 +102,7 @@ static void rmsnorm(const float *x, const void *w, int wfmt, int D, float eps, i
 typedef struct {
     const mdk_model *m;
     const float *q;        /* [B, H, Hd] after rope */
-    float *const *k, *const *v;  /* per token: its sequence's cache for this layer [G, ctx, Hd] */
+    char *const *k, *const *v;   /* per token: its sequence's cache for this layer [G, ctx, Hd] (kv_fmt) */
     const int *first, *last;     /* per token: key positions first..last */
     float *att;            /* [B, H, Hd] */
     float *scores;         /* [B, H, ctx] */
@@ -118,15 +120,18 @@ static float dot8(const float *a, const float *b, int n) {  /* eight partial sum
 }
 
 /* One token's attention for the query heads of kv group g (they share its keys and values):
- * att[h] = softmax(q[h] . K / sqrt(Hd)) . V over key positions first..last. Portable C. */
-static void attn_group_c(const mdk_model *m, const float *q, const float *kb, const float *vb, int first, int last,
+ * att[h] = softmax(q[h] . K / sqrt(Hd)) . V over key positions first..last. Portable C; rows of
+ * a 16-bit cache are widened into row (Hd floats) one at a time. */
+static void attn_group_c(const mdk_model *m, const float *q, const char *kb, const char *vb, int first, int last,
                          float *scores, float *att, int h0, int hpg) {
     int Hd = m->Hd;
-    float scale = 1.f / sqrtf((float)Hd);
+    size_t rb = (size_t)Hd * (m->kv_fmt == MDK_F32 ? 4 : 2);
+    float scale = 1.f / sqrtf((float)Hd), row[1024];
     for (int h = h0; h < h0 + hpg; h++) {
         float *s = scores + (size_t)h * m->ctx, mx = -INFINITY;
         for (int j = first; j <= last; j++) {
-            s[j] = dot8(q + (size_t)h * Hd, kb + (size_t)j * Hd, Hd) * scale;
+            mdk_load_row(m->kv_fmt, kb + (size_t)j * rb, row, Hd);
+            s[j] = dot8(q + (size_t)h * Hd, row, Hd) * scale;
             if (s[j] > mx) mx = s[j];
         }
         float sum = 0.f;
@@ -134,9 +139,9 @@ static void attn_group_c(const mdk_model *m, const float *q, const float *kb, co
         float *o = att + (size_t)h * Hd, inv = 1.f / sum;
         for (int i = 0; i < Hd; i++) o[i] = 0.f;
         for (int j = first; j <= last; j++) {
-            const float *vj = vb + (size_t)j * Hd;
+            mdk_load_row(m->kv_fmt, vb + (size_t)j * rb, row, Hd);
             float p = s[j] * inv;
-            for (int i = 0; i < Hd; i++) o[i] += p * vj[i];
+            for (int i = 0; i < Hd; i++) o[i] += p * row[i];
         }
     }
 }
@@ -146,17 +151,28 @@ static void attn_group_c(const mdk_model *m, const float *q, const float *kb, co
  * for all the group's heads. (Compiled for the baseline ISA, the C version took 11% of a 4-stream
  * demo step at ~65 positions, and more as the context grows.) */
 MDK_TARGET("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
-static void attn_group_avx512(const mdk_model *m, const float *q, const float *kb, const float *vb, int first,
+static MDK_INLINE __m512 kv16(const char *row, int i, int fmt) {  /* 16 cache values from element i, as fp32 */
+    if (fmt == MDK_F32) return _mm512_loadu_ps((const float *)row + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i));
+    if (fmt == MDK_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+MDK_TARGET("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+static void attn_group_avx512(const mdk_model *m, const float *q, const char *kb, const char *vb, int first,
                               int last, float *scores, float *att, int h0, int hpg) {
-    int Hd = m->Hd, nv = Hd / 16;
+    int Hd = m->Hd, nv = Hd / 16, fmt = m->kv_fmt;
+    size_t rb = (size_t)Hd * (fmt == MDK_F32 ? 4 : 2);
     float scale = 1.f / sqrtf((float)Hd), mx[16], inv[16];
     for (int h = 0; h < hpg; h++) mx[h] = -INFINITY;
     for (int j = first; j <= last; j++) {
-        const float *kj = kb + (size_t)j * Hd;
+        const char *kj = kb + (size_t)j * rb;
+        __m512 kr[16];
+        for (int v = 0; v < nv; v++) kr[v] = kv16(kj, 16 * v, fmt);
         for (int h = 0; h < hpg; h++) {
             const float *qh = q + (size_t)(h0 + h) * Hd;
-            __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qh), _mm512_loadu_ps(kj));
-            for (int v = 1; v < nv; v++) a = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * v), _mm512_loadu_ps(kj + 16 * v), a);
+            __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qh), kr[0]);
+            for (int v = 1; v < nv; v++) a = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * v), kr[v], a);
             float sc = _mm512_reduce_add_ps(a) * scale;
             scores[(size_t)(h0 + h) * m->ctx + j] = sc;
             if (sc > mx[h]) mx[h] = sc;
@@ -170,12 +186,14 @@ static void attn_group_avx512(const mdk_model *m, const float *q, const float *k
         for (int v = 0; v < nv; v++) _mm512_storeu_ps(o + 16 * v, _mm512_setzero_ps());
     }
     for (int j = first; j <= last; j++) {
-        const float *vj = vb + (size_t)j * Hd;
+        const char *vj = vb + (size_t)j * rb;
+        __m512 vr[16];
+        for (int v = 0; v < nv; v++) vr[v] = kv16(vj, 16 * v, fmt);
         for (int h = 0; h < hpg; h++) {
             __m512 p = _mm512_set1_ps(scores[(size_t)(h0 + h) * m->ctx + j] * inv[h]);
             float *o = att + (size_t)(h0 + h) * Hd;
             for (int v = 0; v < nv; v++)
-                _mm512_storeu_ps(o + 16 * v, _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16 * v), _mm512_loadu_ps(o + 16 * v)));
+                _mm512_storeu_ps(o + 16 * v, _mm512_fmadd_ps(p, vr[v], _mm512_loadu_ps(o + 16 * v)));
         }
     }
 }
@@ -186,7 +204,8 @@ static void attn_task(void *c, int task) {  /* task = token * G + kv group */
     const mdk_model *m = a->m;
     int tk = task / m->G, g = task % m->G, Hd = m->Hd, hpg = m->H / m->G;
     const float *q = a->q + (size_t)tk * m->H * Hd;
-    const float *kb = a->k[tk] + (size_t)g * m->ctx * Hd, *vb = a->v[tk] + (size_t)g * m->ctx * Hd;
+    size_t group = (size_t)m->ctx * Hd * (m->kv_fmt == MDK_F32 ? 4 : 2);
+    const char *kb = a->k[tk] + g * group, *vb = a->v[tk] + g * group;
     float *scores = a->scores + (size_t)tk * m->H * m->ctx, *att = a->att + (size_t)tk * m->H * Hd;
 #if MDK_X86
     if (mdk_path == MDK_PATH_AVX512 && Hd % 16 == 0 && Hd <= 256 && hpg <= 16) {
@@ -206,8 +225,8 @@ static void attn_task(void *c, int task) {  /* task = token * G + kv group */
  * (sin already signed for the rotate-half trick). The dense weights and each expert any token
  * chose are read once for all B. Returns 0, -1 (scratch memory, or B out of range), -2 (a layer's
  * expert is not a native CPU expert: the caller must not reuse this step). */
-MDK_API int mdk_decode_batch(const mdk_model *m, int B, void *x, const int *pos, float *const *kbase,
-                             float *const *vbase, const float *cos, const float *sin, float *logits, int nthreads) {
+MDK_API int mdk_decode_batch(const mdk_model *m, int B, void *x, const int *pos, char *const *kbase,
+                             char *const *vbase, const float *cos, const float *sin, float *logits, int nthreads) {
     int D = m->D, H = m->H, G = m->G, Hd = m->Hd, nq = (H + 2 * G) * Hd;
     if (B < 1 || B > MAX_BATCH || m->K > 64) return -1;
     size_t floats = (size_t)B * (2 * D + nq + H * Hd + D) + (size_t)B * H * m->ctx + 64;
@@ -219,9 +238,10 @@ MDK_API int mdk_decode_batch(const mdk_model *m, int B, void *x, const int *pos,
     uint16_t *attb = hb + (size_t)B * D, *hin = attb + (size_t)B * H * Hd;
     int32_t idx[MAX_BATCH * 64];
     float wts[MAX_BATCH * 64];
-    float *kl[MAX_BATCH], *vl[MAX_BATCH];
+    char *kl[MAX_BATCH], *vl[MAX_BATCH];
     int first[MAX_BATCH];
-    size_t layer_stride = (size_t)G * m->ctx * Hd, esz = m->resid_fmt == MDK_F32 ? 4 : 2;
+    size_t kvsz = m->kv_fmt == MDK_F32 ? 4 : 2, layer_stride = (size_t)G * m->ctx * Hd * kvsz;
+    size_t esz = m->resid_fmt == MDK_F32 ? 4 : 2;
     int use_bf = m->dtype == MDK_BF16;
     for (int b = 0; b < B; b++) {
         mdk_load_row(m->resid_fmt, (const char *)x + (size_t)b * D * esz, xf + (size_t)b * D, D);
@@ -254,9 +274,9 @@ MDK_API int mdk_decode_batch(const mdk_model *m, int B, void *x, const int *pos,
                 for (int i = 0; i < Hd; i++) tmp[i] = v[i] * cb[i] + v[(i + half) % Hd] * sb[i];
                 memcpy(v, tmp, (size_t)Hd * 4);
             }
-            for (int g = 0; g < G; g++) {
-                memcpy(kl[b] + ((size_t)g * m->ctx + pos[b]) * Hd, r + (size_t)(H + g) * Hd, (size_t)Hd * 4);
-                memcpy(vl[b] + ((size_t)g * m->ctx + pos[b]) * Hd, r + (size_t)(H + G + g) * Hd, (size_t)Hd * 4);
+            for (int g = 0; g < G; g++) {  /* rounded to the cache's format, as torch's copy into it does */
+                mdk_store_row(m->kv_fmt, r + (size_t)(H + g) * Hd, kl[b] + ((size_t)g * m->ctx + pos[b]) * Hd * kvsz, Hd);
+                mdk_store_row(m->kv_fmt, r + (size_t)(H + G + g) * Hd, vl[b] + ((size_t)g * m->ctx + pos[b]) * Hd * kvsz, Hd);
             }
         }
         /* q of token b is its row's first H*Hd values: gather them contiguous for the tasks */
@@ -292,6 +312,6 @@ MDK_API int mdk_decode_batch(const mdk_model *m, int B, void *x, const int *pos,
 /* One sequence's decode step, its cache the one its layers point at (see mdk_decode_batch). */
 MDK_API int mdk_decode(const mdk_model *m, void *x, int pos, const float *cos, const float *sin, float *logits,
                        int nthreads) {
-    float *k = m->layer[0].k, *v = m->layer[0].v;
+    char *k = (char *)m->layer[0].k, *v = (char *)m->layer[0].v;
     return mdk_decode_batch(m, 1, x, &pos, &k, &v, cos, sin, logits, nthreads);
 }

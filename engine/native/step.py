@@ -31,7 +31,7 @@ class DecodeStep:
         self.desc = Model(d.layers, d.hidden, d.heads, d.kv_heads, d.head_dim, 0, d.experts, d.top_k,
                           d.sliding_window or 0, d.rms_eps, FMT[model.dtype], resid, FMT[model.dtype],
                           ctypes.addressof(self.layers), model.norm.data_ptr(), matrix(model.lm_head),
-                          {None: 0, "head": 1, "full": 2}[d.qk_norm], d.clip_qkv or 0.0)
+                          {None: 0, "head": 1, "full": 2}[d.qk_norm], d.clip_qkv or 0.0, FMT[model.kv_dtype])
         self._cache = None
 
     @staticmethod
@@ -42,6 +42,7 @@ class DecodeStep:
                  and d.router_kind == "softmax_topk" and not d.router_bias and d.act == "silu" and not d.attn_sinks
                  and not d.o_bias and d.layer_windows is None)
         return (plain and model.accel.type == "cpu" and model.dtype in FMT and model.attn_dtype == torch.float32
+                and model.kv_dtype in FMT
                 and d.head_dim <= 1024 and 0 < d.top_k <= min(64, d.experts) and d.experts <= 1024
                 and d.heads % d.kv_heads == 0)
 
