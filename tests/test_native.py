@@ -205,9 +205,23 @@ def olmoe(tmp_path_factory):  # renormalised routes, so the native router serves
                             tokenizer=False)
 
 
+@pytest.fixture(scope="module")
+def hd64(tmp_path_factory):  # head dims 64 and 128 take the AVX-512 attention kernels of their own
+    from engine.sources.tiny_model import write_tiny_mixtral
+
+    return write_tiny_mixtral(tmp_path_factory.mktemp("hd64"), head_dim=64, tokenizer=False)
+
+
+@pytest.fixture(scope="module")
+def hd128(tmp_path_factory):
+    from engine.sources.tiny_model import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("hd128"), "qwen3_moe", head_dim=128, tokenizer=False)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("tier", [Tier.CPU16, Tier.CPU4])
-@pytest.mark.parametrize("which", ["tiny", "windowed", "qwen3", "olmoe"])
+@pytest.mark.parametrize("which", ["tiny", "windowed", "qwen3", "olmoe", "hd64", "hd128"])
 def test_native_decode_step_equals_the_layer_loop(request, which, dtype, tier):
     """The one-call decode step gives the logits of the torch layer loop (same kernels for the
     experts): equal in 16-bit, where both round at the same points, within fp32 rounding in fp32.
@@ -215,7 +229,7 @@ def test_native_decode_step_equals_the_layer_loop(request, which, dtype, tier):
     native_step_equals_layer_loop(request, which, dtype, tier)
 
 
-@pytest.mark.parametrize("which", ["windowed", "qwen3"])
+@pytest.mark.parametrize("which", ["windowed", "qwen3", "hd64"])
 def test_native_decode_step_on_every_kernel_path(request, path, which):
     """The same on the portable C and AVX2 paths (the attention has a C and an AVX-512 version)."""
     native_step_equals_layer_loop(request, which, torch.float32, Tier.CPU16)
@@ -241,9 +255,10 @@ def native_step_equals_layer_loop(request, which, dtype, tier):
     m.native_step = step
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     if d.qk_norm and tier == Tier.CPU4 and dtype == torch.float32:
-        # the norms' fp32 sums run in another order than torch's (~1e-7); at 4 bits that can move an
-        # activation across an int8 level of the expert kernel (1/127 of its block's range)
-        tol = 2e-3
+        # the norms' and the attention's fp32 sums run in another order than torch's (~1e-7; cpu-16
+        # above holds 1e-5); at 4 bits that can move an activation across an int8 level of the expert
+        # kernel (1/127 of its block's range). Head dim 128 measured 2.2e-3.
+        tol = 4e-3
     assert (outs[0] - outs[1]).abs().max().item() <= tol * outs[1].abs().max().item()
     assert torch.equal(outs[0].argmax(-1), outs[1].argmax(-1))
 

@@ -197,6 +197,111 @@ static void attn_group_avx512(const mdk_model *m, const float *q, const char *kb
         }
     }
 }
+
+/* The 16 lane sums of v[0..15] in one vector (lane i: the sum of v[i]), by a transposed reduction:
+ * ~45 shuffles and adds where 16 horizontal sums take ~130 */
+#define MDK_PAIR(a, b) _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
+#define MDK_QUAD(a, b) _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))), \
+                                     _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))))
+MDK_TARGET("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+static MDK_INLINE __m512 sums16(const __m512 *v) {
+    __m512 w0 = MDK_QUAD(MDK_PAIR(v[0], v[1]), MDK_PAIR(v[2], v[3]));
+    __m512 w1 = MDK_QUAD(MDK_PAIR(v[4], v[5]), MDK_PAIR(v[6], v[7]));
+    __m512 w2 = MDK_QUAD(MDK_PAIR(v[8], v[9]), MDK_PAIR(v[10], v[11]));
+    __m512 w3 = MDK_QUAD(MDK_PAIR(v[12], v[13]), MDK_PAIR(v[14], v[15]));
+    __m512 y01 = _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x44), _mm512_shuffle_f32x4(w0, w1, 0xEE));
+    __m512 y23 = _mm512_add_ps(_mm512_shuffle_f32x4(w2, w3, 0x44), _mm512_shuffle_f32x4(w2, w3, 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(y01, y23, 0x88), _mm512_shuffle_f32x4(y01, y23, 0xDD));
+}
+#undef MDK_PAIR
+#undef MDK_QUAD
+
+/* exp(x) for x <= 0 (softmax's shifted scores): 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p the
+ * degree-7 Taylor polynomial (relative error under 2e-8 on that range, below fp32's rounding) */
+MDK_TARGET("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+static MDK_INLINE __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);  /* ln2 in two parts: exact n * hi */
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.f / 5040.f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* One query head over its kv group's keys and values, NV = Hd / 16 a constant (4 or 8: head dims
+ * 64 and 128). Scores 16 positions at a time, reduced together (sums16); the softmax's exp in
+ * vectors; the weighted sum of values in registers, two accumulator sets. Rows of the group are read
+ * once per head; a group's rows (a few hundred KB at long contexts) stay in the core's L2. */
+MDK_TARGET("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+static MDK_INLINE void attn_head_body(const float *qh, const char *kb, const char *vb, int first, int last,
+                                      float *s, float *o, int fmt, const int NV) {
+    size_t rb = (size_t)NV * 16 * (fmt == MDK_F32 ? 4 : 2);
+    float scale = 1.f / sqrtf((float)(NV * 16));
+    __m512 q[8], mxv = _mm512_set1_ps(-INFINITY);
+    for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(qh + 16 * v);
+    int j = first;
+    for (; j + 16 <= last + 1; j += 16) {
+        __m512 acc[16];
+        for (int t = 0; t < 16; t++) {
+            const char *kj = kb + (size_t)(j + t) * rb;
+            __m512 a = _mm512_mul_ps(q[0], kv16(kj, 0, fmt));
+            for (int v = 1; v < NV; v++) a = _mm512_fmadd_ps(q[v], kv16(kj, 16 * v, fmt), a);
+            acc[t] = a;
+        }
+        __m512 sc = _mm512_mul_ps(sums16(acc), _mm512_set1_ps(scale));
+        _mm512_storeu_ps(s + j, sc);
+        mxv = _mm512_max_ps(mxv, sc);
+    }
+    float mx = _mm512_reduce_max_ps(mxv);
+    for (; j <= last; j++) {
+        const char *kj = kb + (size_t)j * rb;
+        __m512 a = _mm512_mul_ps(q[0], kv16(kj, 0, fmt));
+        for (int v = 1; v < NV; v++) a = _mm512_fmadd_ps(q[v], kv16(kj, 16 * v, fmt), a);
+        s[j] = _mm512_reduce_add_ps(a) * scale;
+        if (s[j] > mx) mx = s[j];
+    }
+    __m512 mv = _mm512_set1_ps(mx), sumv = _mm512_setzero_ps();
+    for (j = first; j <= last; j += 16) {
+        int n = last + 1 - j < 16 ? last + 1 - j : 16;
+        __mmask16 k = (__mmask16)((1u << n) - 1u);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mv));
+        e = _mm512_maskz_mov_ps(k, e);
+        _mm512_mask_storeu_ps(s + j, k, e);
+        sumv = _mm512_add_ps(sumv, e);
+    }
+    float inv = 1.f / _mm512_reduce_add_ps(sumv);
+    __m512 o0[8], o1[8];
+    for (int v = 0; v < NV; v++) o0[v] = o1[v] = _mm512_setzero_ps();
+    for (j = first; j + 1 <= last; j += 2) {
+        const char *v0 = vb + (size_t)j * rb, *v1 = v0 + rb;
+        __m512 p0 = _mm512_set1_ps(s[j]), p1 = _mm512_set1_ps(s[j + 1]);
+        for (int v = 0; v < NV; v++) {
+            o0[v] = _mm512_fmadd_ps(p0, kv16(v0, 16 * v, fmt), o0[v]);
+            o1[v] = _mm512_fmadd_ps(p1, kv16(v1, 16 * v, fmt), o1[v]);
+        }
+    }
+    if (j <= last) {
+        const char *v0 = vb + (size_t)j * rb;
+        __m512 p0 = _mm512_set1_ps(s[j]);
+        for (int v = 0; v < NV; v++) o0[v] = _mm512_fmadd_ps(p0, kv16(v0, 16 * v, fmt), o0[v]);
+    }
+    __m512 iv = _mm512_set1_ps(inv);
+    for (int v = 0; v < NV; v++) _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(_mm512_add_ps(o0[v], o1[v]), iv));
+}
+
+MDK_TARGET("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+static void attn_head64(const float *qh, const char *kb, const char *vb, int first, int last, float *s, float *o,
+                        int fmt) { attn_head_body(qh, kb, vb, first, last, s, o, fmt, 4); }
+MDK_TARGET("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+static void attn_head128(const float *qh, const char *kb, const char *vb, int first, int last, float *s, float *o,
+                         int fmt) { attn_head_body(qh, kb, vb, first, last, s, o, fmt, 8); }
 #endif
 
 static void attn_task(void *c, int task) {  /* task = token * G + kv group */
@@ -208,6 +313,12 @@ static void attn_task(void *c, int task) {  /* task = token * G + kv group */
     const char *kb = a->k[tk] + g * group, *vb = a->v[tk] + g * group;
     float *scores = a->scores + (size_t)tk * m->H * m->ctx, *att = a->att + (size_t)tk * m->H * Hd;
 #if MDK_X86
+    if (mdk_path == MDK_PATH_AVX512 && (Hd == 64 || Hd == 128)) {
+        for (int h = g * hpg; h < (g + 1) * hpg; h++)
+            (Hd == 64 ? attn_head64 : attn_head128)(q + (size_t)h * Hd, kb, vb, a->first[tk], a->last[tk],
+                                                    scores + (size_t)h * m->ctx, att + (size_t)h * Hd, m->kv_fmt);
+        return;
+    }
     if (mdk_path == MDK_PATH_AVX512 && Hd % 16 == 0 && Hd <= 256 && hpg <= 16) {
         attn_group_avx512(m, q, kb, vb, a->first[tk], a->last[tk], scores, att, g * hpg, hpg);
         return;
