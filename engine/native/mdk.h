@@ -112,4 +112,9 @@ void mdk_dense_rows(const mdk_matrix *w, int r0, int r1, const float *x, const u
 void mdk_dense_rows_multi(const mdk_matrix *w, int r0, int r1, const float *const *x, const uint16_t *const *xbf,
                           int nt, float *const *y);
 
+/* ---- attention.c ---- */
+typedef struct { int Hd, ctx, fmt; } mdk_kv;  /* head dim, positions a cache holds, its format (MDK_F32/BF16/F16) */
+void mdk_attend(const mdk_kv *kv, const float *q, const char *kb, const char *vb, int first, int last, int h0,
+                int hpg, float *scores, float *att);  /* q, scores, att: the token's [H, Hd], [H, ctx], [H, Hd] */
+
 #endif
