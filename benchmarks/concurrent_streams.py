@@ -175,13 +175,7 @@ def planner_inputs(s):
 def kv_bytes(model, positions: int) -> float:
     """Bytes of one sequence's cached keys and values that attention reads at `positions`."""
     d = model.dims
-    return 2 * d.layers * d.kv_heads * d.head_dim * positions * torch_itemsize(model.kv_dtype)
-
-
-def torch_itemsize(dtype) -> int:
-    import torch
-
-    return torch.empty((), dtype=dtype).element_size()
+    return 2 * d.layers * d.kv_heads * d.head_dim * positions * model.kv_dtype.itemsize
 
 
 def step_bytes(model, experts_per_layer: float) -> float:
