@@ -28,6 +28,16 @@ class ContextOverflow(MixdeskError):
             "shorten it or remove attached documents"
         )
 
+    @classmethod
+    def of_chars(cls, chars: int, context: int, per_token: int) -> "ContextOverflow":
+        """Refused from its length in characters, before tokenising (engine/prompt_limit.py)."""
+        e = cls.__new__(cls)
+        e.prompt_tokens, e.context = chars // per_token, context
+        MixdeskError.__init__(e, f"the prompt is {chars:,} characters, more than a context of {context} tokens "
+                              f"can hold (a token is at most {per_token} characters here); shorten it or "
+                              "remove attached documents")
+        return e
+
 
 class InputError(MixdeskError):
     """A value given by the user (a command-line option, a sampling setting) that cannot be used."""

@@ -112,6 +112,10 @@ class Loaded:
     share: tuple = ()  # [L][E] routing share per expert (popularity), for the placement map
     params: int = 0  # parameters in all (experts and the dense part)
     count_tokens: Callable[[str], int] | None = None  # thread-safe (a Rust tokenizer underneath)
+    # the chat template rendered and tokenised, callable from any thread (the server runs it off the
+    # engine thread, so a long prompt does not stall other requests' decode steps)
+    prompt_ids: Callable[[list], list] | None = None
+    max_token_chars: int = 0  # the longest token's text: a prompt past ctx x this many characters cannot fit
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -42,6 +42,7 @@ from .migrator import Migrator
 from .monitor import MemorySource, Monitor, SystemSource
 from .placement import Move, Placement, Tier
 from .planning.planner import Budgets, PlanInputs, SliderScale, choose, frontier, slider_scale
+from .prompt_limit import check_chars, longest_token_chars, message_chars
 from .protocol import (Done, EngineStopped, ErrorEvent, Generate, Load, Loaded, MigrationProgress,
                        PlacementChanged, Reading, Reprofile, SetBudgets, SetSlider, Shutdown, Stats,
                        Stop, Task, TaskDone, TokenOut)
@@ -105,6 +106,7 @@ class Session(Profiling):
         self.plan_streams = 1
         self._prefill = 0.0
         self._last_stats = 0.0
+        self._max_token_chars = 0  # the loaded tokenizer's longest token (engine/prompt_limit.py)
 
     def _fanout(self, ev) -> None:
         self._primary(ev)
@@ -300,7 +302,8 @@ class Session(Profiling):
     def _load(self, cmd: Load) -> None:
         from .load import load, open_checkpoint
 
-        self._unload()
+        # The model in use stays until the new one is found and its folder validated (a download
+        # that fails, a folder that is not a model): only then is it released for the new one.
         path = cmd.path
         if path == "demo":
             from .sources import demo
@@ -311,14 +314,20 @@ class Session(Profiling):
 
             self.calib_cancel.clear()  # the window's Cancel (Stop with no request id) stops a download
             path = str(resolve(path, progress=self._progress("download"), cancel=self.calib_cancel))
-        self.cancel.clear()
-        self.pinned = cmd.placement != "auto"
-        placement = cmd.placement
-        if not self.pinned:  # a cached profile: plan from it before any expert is built
-            placement = self._plan_from_cache(open_checkpoint(path), cmd) or "auto"
+        probe = open_checkpoint(path)  # no weights read
+        try:
+            self._unload()
+            self.cancel.clear()
+            self.pinned = cmd.placement != "auto"
+            placement = cmd.placement
+            if not self.pinned:  # a cached profile: plan from it before any expert is built
+                placement = self._plan_from_cache(probe, cmd) or "auto"
+        finally:
+            probe.close()
         self.loaded = loaded = load(path, placement, cmd.device, cmd.dtype, cmd.ctx, progress=self._progress("load"),
                                     budgets=self._first_budgets(cmd.device), slider=self.slider)
         loaded.generator.on_oom = self._on_oom
+        self._max_token_chars = longest_token_chars(loaded.tokenizer)
         self.batch = Batch(loaded.generator, self.max_streams)
         background = self.background_moves
         if background is None:
@@ -344,7 +353,8 @@ class Session(Profiling):
                          layers=d.layers, experts=d.experts, ctx=ld.generator.ctx, share=share,
                          params=d.layers * d.experts * d.expert_params()
                          + ld.model.dense_bytes() // ld.model.embed.element_size(),
-                         count_tokens=_token_counter(ld.tokenizer))
+                         count_tokens=_token_counter(ld.tokenizer), prompt_ids=ld.generator.chat_prompt,
+                         max_token_chars=self._max_token_chars)
         self.emit(self.last_loaded)
 
     def _first_budgets(self, device: str | None) -> Budgets | None:
@@ -461,8 +471,10 @@ class Session(Profiling):
         if cmd.prompt_ids is not None:
             ids = list(cmd.prompt_ids)
         elif cmd.prompt_text is not None:
+            check_chars(len(cmd.prompt_text), gen.ctx, self._max_token_chars)
             ids = gen.tok.encode(cmd.prompt_text, add_special_tokens=True)
         else:
+            check_chars(message_chars(cmd.messages), gen.ctx, self._max_token_chars)
             ids = gen.chat_prompt(cmd.messages or [])
         if cmd.fresh and cmd.slot == "chat":
             gen.cache.tokens = []

@@ -16,6 +16,15 @@ def add_parser(sub, add_model_args, int_type) -> None:
                    help="address to listen on (default 127.0.0.1: this machine only; any other needs --api-key)")
     s.add_argument("--port", type=int_type(0, 65535), default=8080, help="port (default 8080; 0: any free one)")
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
+    s.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a host name this server answers to besides IP addresses, localhost and this machine's "
+                   "name (a defence against DNS rebinding; repeat for more)")
+    s.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web origin (e.g. http://localhost:3000) whose pages may call this server; by default "
+                   "none may (requests from web pages are refused); '*' allows any; repeat for more")
+    s.add_argument("--max-body-mb", type=int_type(1, 1024), default=16, help="the largest request body (default 16 MB)")
+    s.add_argument("--read-timeout", type=float, default=10.0,
+                   help="seconds a request's headers, and each part of its body, may take to arrive (default 10)")
     s.add_argument("--parallel", type=int_type(1, 64), default=4,
                    help="requests decoded together, each with its own KV cache (default 4)")
     s.add_argument("--quiet", action="store_true", help="no progress bar and no request log")
@@ -30,6 +39,8 @@ def cmd_serve(a) -> int:
     from ..client import for_terminal
     from .serve import Server, is_loopback
 
+    if not 0.1 <= a.read_timeout <= 3600:
+        raise ServeError("--read-timeout must be between 0.1 and 3600 seconds")
     if not is_loopback(a.host) and not a.api_key:
         raise ServeError(f"--host {a.host} reaches other machines: give --api-key KEY too (or serve on 127.0.0.1)")
     client = for_terminal(a.quiet, max_streams=a.parallel)
@@ -42,7 +53,9 @@ def cmd_serve(a) -> int:
                 print(f"{time.strftime('%H:%M:%S')} {entry.method} {entry.path} {entry.status} "
                       f"({entry.seconds:.2f} s{extra})", flush=True)
         try:
-            server = Server(client.session, a.host, a.port, a.api_key, on_log=log)
+            server = Server(client.session, a.host, a.port, a.api_key, on_log=log, allowed_hosts=a.allowed_host,
+                            allowed_origins=a.allowed_origin, max_body=a.max_body_mb << 20,
+                            read_timeout=a.read_timeout)
             server.start()
         except (OSError, ValueError) as e:
             raise ServeError(str(e)) from None

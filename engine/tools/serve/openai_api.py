@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from ...generate import SamplingParams
 from ...protocol import EngineStopped, ErrorEvent, Generate, Loaded, Stop
 
+STOP_CHARS = 1000  # a stop string longer than this is a mistake (each step scans for it)
 REQUEST_BASE = 1 << 40  # request ids of the API, apart from the window's and the CLI's
 
 
@@ -95,16 +97,85 @@ class EngineLink:
         self.queues.pop(rid, None)
 
 
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
+
+
+class Departure:
+    """Watches one request's connection while its answer is prepared: next(q) is q's next event,
+    or ClientGone as soon as the client leaves (uvicorn's receive() reports it)."""
+
+    def __init__(self, request):
+        self.watch = asyncio.ensure_future(self._watch(request.receive))
+
+    @staticmethod
+    async def _watch(receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    async def next(self, q: asyncio.Queue):
+        get = asyncio.ensure_future(q.get())
+        done, _ = await asyncio.wait({get, self.watch}, return_when=asyncio.FIRST_COMPLETED)
+        if get in done:
+            return get.result()
+        get.cancel()  # a cancelled get takes nothing off the queue
+        raise ClientGone
+
+    def close(self) -> None:
+        self.watch.cancel()
+
+
 # ---- request fields --------------------------------------------------------------------------
 
-def _field(body: dict, name: str, kinds, default=None, check=None, want: str = ""):
+def parse_body(raw: bytes) -> dict:
+    """The request body as a JSON object (400 otherwise: not JSON, not UTF-8, nested too deeply)."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise ApiError(400, "the request body nests too deeply to read") from None
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+        raise ApiError(400, "the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+def text_of(s: str) -> str:
+    """JSON may carry lone surrogates (\\ud800), which no tokenizer encodes: each becomes U+FFFD."""
+    return _SURROGATE.sub("\ufffd", s)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def stream_fields(body: dict) -> tuple[bool, bool]:
+    """(stream, include_usage), each checked: true, false or absent."""
+    stream = _field(body, "stream", bool, False, want="true or false", bools=True)
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise ApiError(400, "'stream_options' must be an object such as {\"include_usage\": true}",
+                       param="stream_options")
+    usage = _field(opts or {}, "include_usage", bool, False, want="true or false", bools=True)
+    return stream, bool(stream and usage)
+
+
+def prompt_of(body: dict) -> str:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise ApiError(400, "'prompt' must be a non-empty string", param="prompt")
+    return text_of(prompt)
+
+
+def _field(body: dict, name: str, kinds, default=None, check=None, want: str = "", bools: bool = False):
     """body[name] (default when absent or null); 400 naming it when it is not `want` (true and
-    false are not numbers here, though Python counts them as ints)."""
+    false are not numbers here, though Python counts them as ints; bools=True wants them)."""
     v = body.get(name)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, kinds) or (check is not None and not check(v)):
-        raise ApiError(400, f"'{name}' must be {want}, not {json.dumps(v)}", param=name)
+    if (isinstance(v, bool) and not bools) or not isinstance(v, kinds) or (check is not None and not check(v)):
+        raise ApiError(400, f"'{name}' must be {want}, not {json.dumps(v)[:80]}", param=name)
     return v
 
 
@@ -124,6 +195,9 @@ def sampling(body: dict) -> SamplingParams:
         stop = tuple(stop)
     else:
         raise ApiError(400, "'stop' must be a string or a list of up to 4 strings", param="stop")
+    if any(len(s) > STOP_CHARS for s in stop):
+        raise ApiError(400, f"each 'stop' string may be at most {STOP_CHARS} characters", param="stop")
+    stop = tuple(text_of(s) for s in stop if s)
     n = body.get("n", 1)
     if n != 1:
         raise ApiError(400, "'n' must be 1: Mixdesk returns one choice per request", param="n")
@@ -152,7 +226,7 @@ def messages_of(body: dict) -> list[dict]:
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts", param="messages")
         role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": content})
+        out.append({"role": role, "content": text_of(content)})
     return out
 
 

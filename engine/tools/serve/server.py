@@ -10,15 +10,22 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import json
 import threading
 import time
 from collections import deque
 
-from .openai_api import (FINISH, ApiError, EngineLink, RequestLog, chunk_id, error_of, messages_of, now,
-                         sampling, sse)
+from .guard import Guard, protocol_with_header_deadline
+from .openai_api import (FINISH, ApiError, ClientGone, Departure, EngineLink, RequestLog, chunk_id, error_of,
+                         messages_of, now, parse_body, prompt_of, sampling, sse, stream_fields)
+from ...errors import ContextOverflow, MixdeskError
+from ...prompt_limit import check_chars, message_chars
 from ...protocol import Done, ErrorEvent, TokenOut
 
 LOG_LINES = 200  # the request log the window shows keeps this many
+MAX_BODY = 16 << 20  # bytes: a long document pasted into a prompt is ~1 MB; the context refuses far less
+READ_TIMEOUT_S = 10.0  # a request's headers, and each piece of its body, must arrive within this
+MAX_CONNECTIONS = 32  # requests answered at once (and twice this many connections open)
 
 
 def is_loopback(host: str) -> bool:
@@ -35,10 +42,13 @@ class Server:
     server's thread) after each request, for the window's log."""
 
     def __init__(self, session, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
-                 on_log=None):
+                 on_log=None, allowed_hosts=(), allowed_origins=(), max_body: int = MAX_BODY,
+                 read_timeout: float = READ_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS):
         if not is_loopback(host) and not api_key:
             raise ValueError(f"serving on {host} reaches other machines: give an API key (--api-key) to do that")
         self.session, self.host, self.port, self.api_key = session, host, port, api_key or None
+        self.allowed_hosts, self.allowed_origins = tuple(allowed_hosts), tuple(allowed_origins)
+        self.max_body, self.read_timeout, self.max_connections = max_body, read_timeout, max_connections
         self.on_log = on_log
         self.log: deque = deque(maxlen=LOG_LINES)
         self.requests = 0  # answered so far (the log keeps the last LOG_LINES)
@@ -59,7 +69,8 @@ class Server:
         import uvicorn
 
         config = uvicorn.Config(self.app(), host=self.host, port=self.port, log_level="warning", lifespan="off",
-                                access_log=False)
+                                access_log=False, http=protocol_with_header_deadline(self.read_timeout),
+                                limit_concurrency=2 * self.max_connections, timeout_keep_alive=5)
         self._server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._run, name="mixdesk-server", daemon=True)
         self.thread.start()
@@ -98,7 +109,7 @@ class Server:
     def app(self):
         from starlette.applications import Starlette
         from starlette.requests import Request
-        from starlette.responses import JSONResponse
+        from starlette.responses import JSONResponse, Response
         from starlette.routing import Route
 
         server = self
@@ -113,6 +124,8 @@ class Server:
                 response, tokens = await call(request)
             except ApiError as e:
                 response, tokens = error(e), 0
+            except ClientGone:  # nobody reads this answer: logged as nginx logs one ("client closed request")
+                response, tokens = Response(status_code=499), 0
             entry = RequestLog(time.time(), request.method, request.url.path, response.status_code, 0, 0.0)
             if isinstance(tokens, dict):  # a stream: logged when it ends, with its tokens and time
                 tokens.update(entry=entry, t0=t0)
@@ -144,7 +157,8 @@ class Server:
                   Route("/v1/chat/completions", chat, methods=["POST"]),
                   Route("/v1/completions", completions, methods=["POST"]),
                   Route("/{path:path}", not_found, methods=["GET", "POST", "PUT", "DELETE", "PATCH"])]
-        return Starlette(routes=routes)
+        return Guard(Starlette(routes=routes), self.host, self.allowed_hosts, self.allowed_origins, self.max_body,
+                     self.read_timeout, self.max_connections)
 
     def record(self, entry: RequestLog) -> None:
         self.log.append(entry)
@@ -162,68 +176,89 @@ class Server:
                            kind="invalid_request_error", code="invalid_api_key")
 
     async def complete(self, request, kind: str):
-        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.responses import StreamingResponse
 
-        try:
-            body = await request.json()
-        except ValueError:
-            raise ApiError(400, "the request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
+        body = parse_body(await request.body())
         ld = self.link.loaded
         if ld is None:
             raise ApiError(503, "no model is loaded yet", kind="server_error", code="model_not_loaded")
         model = body.get("model")
         if model != ld.name:
-            raise ApiError(404, f"the model {model!r} does not exist; this server runs {ld.name!r}", param="model",
+            shown = json.dumps(model)[:80] if not isinstance(model, str) else repr(model[:80])
+            raise ApiError(404, f"the model {shown} does not exist; this server runs {ld.name!r}", param="model",
                            code="model_not_found")
         params = sampling(body)
+        stream, usage_in_stream = stream_fields(body)
         if kind == "chat":
-            kw = {"messages": messages_of(body)}
+            messages = messages_of(body)
+            if len(messages) >= ld.ctx:  # each message takes a token at least
+                raise ApiError(400, f"{len(messages):,} messages cannot fit in a context of {ld.ctx} tokens",
+                               code="context_length_exceeded", param="messages")
+            chars, kw = message_chars(messages), {"messages": messages}
         else:
-            prompt = body.get("prompt")
-            if isinstance(prompt, list) and len(prompt) == 1:
-                prompt = prompt[0]
-            if not isinstance(prompt, str) or not prompt:
-                raise ApiError(400, "'prompt' must be a non-empty string", param="prompt")
-            kw = {"prompt_text": prompt}
-        stream = body.get("stream", False) is True
-        usage_in_stream = bool((body.get("stream_options") or {}).get("include_usage")) if stream else False
-        rid, q = self.link.start(params=params, **kw)
-        first = await q.get()  # the status is decided here: an error before any token is an HTTP error
-        if isinstance(first, ErrorEvent):
-            self.link.finish(rid)
-            raise error_of(first)
-        cid, created = chunk_id(kind), now()
-        if not stream:
-            text, ev = [], first
+            prompt = prompt_of(body)
+            chars, kw = len(prompt), {"prompt_text": prompt}
+        try:  # before any tokenising: far too long is told from the characters alone
+            check_chars(chars, ld.ctx, ld.max_token_chars)
+        except ContextOverflow as e:
+            raise ApiError(400, str(e), code="context_length_exceeded", param="messages") from None
+        if kind == "chat" and ld.prompt_ids is not None:  # the template and tokeniser off the engine thread
+            kw = {"prompt_ids": await self._prompt_ids(ld, messages)}
+        departure = Departure(request)  # a client that leaves stops its request, streamed or not
+        try:
+            rid, q = self.link.start(params=params, **kw)
             try:
-                while True:
-                    if isinstance(ev, ErrorEvent):
-                        raise error_of(ev)
-                    if isinstance(ev, TokenOut):
-                        text.append(ev.text)
-                    elif isinstance(ev, Done):
-                        break
-                    ev = await q.get()
-            finally:
-                self.link.stop(rid) if not isinstance(ev, Done) else self.link.finish(rid)
-            fin = ev.finished
-            usage = {"prompt_tokens": fin.prompt_tokens, "completion_tokens": len(fin.token_ids),
-                     "total_tokens": fin.prompt_tokens + len(fin.token_ids)}
-            reason = FINISH.get(fin.reason, "stop")
-            if kind == "chat":
-                choice = {"index": 0, "message": {"role": "assistant", "content": fin.text}, "finish_reason": reason,
-                          "logprobs": None}
-                obj = "chat.completion"
-            else:
-                choice = {"index": 0, "text": fin.text, "finish_reason": reason, "logprobs": None}
-                obj = "text_completion"
-            return JSONResponse({"id": cid, "object": obj, "created": created, "model": ld.name,
-                                 "choices": [choice], "usage": usage}), len(fin.token_ids)
+                first = await departure.next(q)  # the status is decided here: an error before any token is an HTTP error
+            except ClientGone:
+                self.link.stop(rid)
+                raise
+            if isinstance(first, ErrorEvent):
+                self.link.finish(rid)
+                raise error_of(first)
+            cid, created = chunk_id(kind), now()
+            if not stream:
+                return await self._whole(rid, q, first, kind, cid, created, ld.name, departure)
+        finally:
+            departure.close()
         tally: dict = {"tokens": 0}  # the log entry and start time arrive here (logged), the count below
         return StreamingResponse(self._events(rid, q, first, kind, cid, created, ld.name, usage_in_stream, tally),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"}), tally
+
+    async def _prompt_ids(self, ld, messages) -> list[int]:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, ld.prompt_ids, messages)
+        except ContextOverflow as e:
+            raise ApiError(400, str(e), code="context_length_exceeded", param="messages") from None
+        except MixdeskError as e:  # the chat template refused this conversation
+            raise ApiError(400, str(e), param="messages") from None
+
+    async def _whole(self, rid, q, first, kind, cid, created, model, departure):
+        """A request answered in one piece, once its last token is out."""
+        from starlette.responses import JSONResponse
+
+        ev = first
+        try:
+            while True:
+                if isinstance(ev, ErrorEvent):
+                    raise error_of(ev)
+                if isinstance(ev, Done):
+                    break
+                ev = await departure.next(q)
+        finally:
+            self.link.stop(rid) if not isinstance(ev, Done) else self.link.finish(rid)
+        fin = ev.finished
+        usage = {"prompt_tokens": fin.prompt_tokens, "completion_tokens": len(fin.token_ids),
+                 "total_tokens": fin.prompt_tokens + len(fin.token_ids)}
+        reason = FINISH.get(fin.reason, "stop")
+        if kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": fin.text}, "finish_reason": reason,
+                      "logprobs": None}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": fin.text, "finish_reason": reason, "logprobs": None}
+            obj = "text_completion"
+        return JSONResponse({"id": cid, "object": obj, "created": created, "model": model,
+                             "choices": [choice], "usage": usage}), len(fin.token_ids)
 
     async def _events(self, rid, q, first, kind, cid, created, model, include_usage, tally):
         """The SSE body. If the client goes away, the generator is closed: its Stop ends the request."""
