@@ -26,12 +26,14 @@ class LocalServer(QObject):
     def running(self) -> bool:
         return self.server is not None
 
-    def start(self, session, port: int, api_key: str = "") -> str:
-        """Serve on 127.0.0.1:port; returns the URL (OSError when the port is taken)."""
+    def start(self, session, port: int, api_key: str = "", origins: list[str] | None = None) -> str:
+        """Serve on 127.0.0.1:port; returns the URL (OSError when the port is taken). origins: the
+        web pages that may call it (None: the ones saved by the dialog; by default none may)."""
         from engine.tools.serve import Server
 
         self.stop()
-        self.server = Server(session, "127.0.0.1", port, api_key or None).start()
+        self.server = Server(session, "127.0.0.1", port, api_key or None,
+                             allowed_origins=saved_origins() if origins is None else origins).start()
         return self.server.url
 
     def stop(self) -> None:
@@ -94,6 +96,14 @@ def saved_port() -> int:
     return int(QSettings("mixdesk", "mixdesk").value("server/port", 8080))
 
 
+def saved_origins() -> list[str]:
+    return split_origins(str(QSettings("mixdesk", "mixdesk").value("server/origins", "")))
+
+
+def split_origins(text: str) -> list[str]:
+    return [o for o in text.replace(",", " ").split() if o]
+
+
 class ServerDialog(QDialog):
     """Port and optional API key for the local server (it listens on this machine only)."""
 
@@ -105,15 +115,21 @@ class ServerDialog(QDialog):
                            "(http://127.0.0.1:PORT/v1). The chat keeps working beside it."))
         self.port = QSpinBox(minimum=1024, maximum=65535, value=saved_port())
         self.key = QLineEdit(placeholderText="none")
+        self.origins = QLineEdit(" ".join(saved_origins()), placeholderText="none (web pages may not call it)")
+        self.origins.setToolTip("Web pages in your browser are refused, so that a site you visit cannot use your "
+                                "model. List the origins of web apps you trust, e.g. http://localhost:3000")
         form.addRow("Port", self.port)
         form.addRow("API key (optional)", self.key)
+        form.addRow("Web apps allowed (optional)", self.origins)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         form.addRow(buttons)
 
     def accept(self) -> None:
-        QSettings("mixdesk", "mixdesk").setValue("server/port", self.port.value())
+        s = QSettings("mixdesk", "mixdesk")
+        s.setValue("server/port", self.port.value())
+        s.setValue("server/origins", " ".join(split_origins(self.origins.text())))
         super().accept()
 
 

@@ -163,7 +163,7 @@ def attacks(url: str, model: str) -> list[str]:
 
 
 def test_the_windows_local_server_refuses_the_same(qtbot, window, tiny):
-    from PySide6.QtCore import QTimer
+    from PySide6.QtCore import QSettings, QTimer
     from PySide6.QtWidgets import QApplication
 
     from app.serving import ServerDialog
@@ -172,10 +172,11 @@ def test_the_windows_local_server_refuses_the_same(qtbot, window, tiny):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
 
-    def fill():
+    def fill(origins=""):
         dlg = QApplication.activeModalWidget()
         assert isinstance(dlg, ServerDialog)
         dlg.port.setValue(port)
+        dlg.origins.setText(origins)
         dlg.accept()
     QTimer.singleShot(200, fill)
     window.server_action.trigger()  # Tools > Local server, as the user turns it on
@@ -188,3 +189,15 @@ def test_the_windows_local_server_refuses_the_same(qtbot, window, tiny):
     assert status == 200 and body["object"] == "chat.completion"  # a proper client is served
     window.server_action.trigger()
     assert not window.server.running
+    # a web app the user lists in the dialog gets CORS; the rest stay refused
+    QTimer.singleShot(200, lambda: fill("http://localhost:3000"))
+    window.server_action.trigger()
+    qtbot.waitUntil(lambda: window.server.running, timeout=10_000)
+    try:
+        status, hs, _ = send(url, "OPTIONS", "/chat/completions", None,
+                             {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"})
+        assert status == 204 and hs["access-control-allow-origin"] == "http://localhost:3000"
+        assert attacks(url, tiny.name) == []
+    finally:
+        window.server_action.trigger()
+        QSettings("mixdesk", "mixdesk").remove("server/origins")
