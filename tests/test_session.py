@@ -248,3 +248,23 @@ def test_errors_anywhere_become_events_and_the_thread_serves_on(tiny):
     assert len(rec.wait(lambda e: isinstance(e, Done) and e.request_id == 4).finished.token_ids) == 3
     assert s.thread is thread and thread.is_alive()
     s.shutdown()
+
+
+def test_a_model_that_fails_to_open_leaves_the_one_in_use_chatting(tiny, tmp_path):
+    """Load of a folder that is not a model, or of a hub id that cannot be reached offline: an
+    error, and the model in use still answers (it is released only once the new one is found)."""
+    rec = Recorder()
+    s = start(tiny, rec)
+    try:
+        (tmp_path / "notes").mkdir()
+        (tmp_path / "notes" / "readme.txt").write_text("not a model")
+        for i, path in enumerate([str(tmp_path / "notes"), "nobody-here/no-such-model-xyz"]):
+            s.submit(Load(path=path, device="cpu", dtype="fp32", request_id=100 + i))
+            err = rec.wait(lambda e, i=i: isinstance(e, ErrorEvent) and e.request_id == 100 + i)
+            assert err.message and not err.log  # an expected error, said in one line
+            assert s.loaded is not None and s.last_loaded is not None and s.last_loaded.name == tiny.name
+            s.submit(Generate(request_id=200 + i, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=3)))
+            assert len(rec.wait(lambda e, i=i: isinstance(e, Done) and e.request_id == 200 + i)
+                       .finished.token_ids) == 3
+    finally:
+        s.shutdown()
