@@ -264,3 +264,30 @@ def test_a_lone_surrogate_in_a_message_is_answered(served, tiny):
                       "messages": [{"role": "user", "content": "caf\ud800e"}]}).encode()
     status, _, body = send(server.url, "POST", "/chat/completions", raw, JSON)
     assert status == 200 and body["usage"]["completion_tokens"] == 2
+
+
+def test_requests_past_the_cap_get_503_in_openais_shape(served, tiny, pace):
+    _, client = served
+    gen = client.session.loaded.generator
+    inner = gen.retrying
+    pace(gen, 0.01)
+    server = Server(client.session, "127.0.0.1", 0, max_connections=2).start()
+    try:
+        held = []
+        for i in range(2):  # two streams that take a while
+            s = open_socket(server.url)
+            s.sendall(request_bytes(server, {"model": tiny.name, "max_tokens": 200, "stream": True,
+                                             "messages": [{"role": "user", "content": f"tale {i}"}]}))
+            assert s.recv(12).startswith(b"HTTP/1.1 200")
+            held.append(s)
+        status, _, body = send(server.url, "GET", "/models")
+        assert status == 503 and is_openai_error(body) and body["error"]["code"] == "too_many_requests"
+        for s in held:
+            s.close()
+        deadline = time.time() + 10
+        while time.time() < deadline and send(server.url, "GET", "/models")[0] != 200:
+            time.sleep(0.05)
+        assert send(server.url, "GET", "/models")[0] == 200  # room again once they left
+    finally:
+        gen.retrying = inner
+        server.stop()
