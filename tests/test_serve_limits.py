@@ -258,6 +258,14 @@ def test_malformed_bodies_get_openai_shaped_400s(served, tiny, raw, capfd):
     assert "Traceback" not in capfd.readouterr().err
 
 
+@pytest.mark.parametrize("method,path", [("TRACE", "/models"), ("GET", "/chat/completions"), ("PUT", "/models"),
+                                         ("GET", "/../../etc/passwd")])
+def test_any_method_or_path_gets_openais_shape(served, method, path):
+    server, _ = served
+    status, _, answer = send(server.url, method, path, b"{}" if method == "PUT" else None, JSON)
+    assert status in (404, 405) and is_openai_error(answer)
+
+
 def test_a_lone_surrogate_in_a_message_is_answered(served, tiny):
     server, _ = served
     raw = json.dumps({"model": tiny.name, "max_tokens": 2,

@@ -108,6 +108,7 @@ class Server:
     # ---- the app ----
     def app(self):
         from starlette.applications import Starlette
+        from starlette.exceptions import HTTPException
         from starlette.requests import Request
         from starlette.responses import JSONResponse, Response
         from starlette.routing import Route
@@ -157,8 +158,13 @@ class Server:
                   Route("/v1/chat/completions", chat, methods=["POST"]),
                   Route("/v1/completions", completions, methods=["POST"]),
                   Route("/{path:path}", not_found, methods=["GET", "POST", "PUT", "DELETE", "PATCH"])]
-        return Guard(Starlette(routes=routes), self.host, self.allowed_hosts, self.allowed_origins, self.max_body,
-                     self.read_timeout, self.max_connections)
+        async def http_error(request: Request, exc: HTTPException):  # Starlette's own (a method no route takes)
+            return error(ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                                  code="method_not_allowed" if exc.status_code == 405 else None))
+
+        app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+        return Guard(app, self.host, self.allowed_hosts, self.allowed_origins, self.max_body, self.read_timeout,
+                     self.max_connections)
 
     def record(self, entry: RequestLog) -> None:
         self.log.append(entry)
