@@ -3,12 +3,19 @@ saved while it streams, so a crash or a kill loses at most the last second of a 
 
 The store never loses a reply and never stops the window:
 - a write that finds the database locked (another program holds it) is retried with backoff for
-  a fraction of a second; if it is still locked, it waits in a pending queue, in order, and the
-  reads see it (an overlay), until `flush` writes it (the window calls it every second);
+  a fraction of a second; if it is still locked, or the disk is full, it waits in a pending queue,
+  in order, and the reads see it (an overlay), until `flush` writes it (the window calls it every
+  second, and it keeps trying until it lands);
+- what waits is kept in a journal (app/store_journal.py) beside the database, or, when that disk is
+  full, in the user's state or cache folder; the next start finds it there, replays what it can and
+  keeps the rest, and removes it only once all of it is committed;
 - a file that is not a database, or fails SQLite's quick check, is moved aside as
-  `chats.sqlite3.corrupt-<date>` and a fresh one starts;
+  `chats.sqlite3.corrupt-<date>` and a fresh one starts; a full disk or an I/O error is no damage:
+  the database is read as it is and writes wait;
 - a folder it cannot write gets an in-memory store for the session;
-- a damaged page met later is reported, and the read returns what it can.
+- a damaged page met later is reported, and the read returns what it can;
+- text SQLite cannot store (a lone UTF-16 surrogate) is repaired before it is written, and any
+  other error on a store path is caught and reported: nothing here raises into the window.
 Each of these leaves one message in `notices` for the window to show.
 
 No Qt here: the store is plain sqlite3, used from the GUI thread.
@@ -20,10 +27,19 @@ import json
 import os
 import sqlite3
 import time
-from dataclasses import dataclass, replace
 from pathlib import Path
 
+from .store_errors import disk_full, is_lock, is_storage, is_transient, never_raises
+from .store_journal import Journal, Pending, default_fallbacks
+from .store_overlay import (ADD_MSG, DELETE, NEW_CONV, PROMPT, PURGE_CONVS, PURGE_MSGS, RENAME, TOUCH, TRUNCATE,
+                            UNDELETE, UPDATE_MSG, UPDATE_MSG_META, Conversation, Message, Overlay, clean,
+                            dumps_meta, load_meta)
+
+__all__ = ["Conversation", "Message", "Store"]
+
 RETRY_S = (0.02, 0.05, 0.1, 0.2)  # backoff while locked: at most ~0.4 s on the GUI thread per write
+KEEP_EVERY_S = 1.0  # while writes wait, the journal is rewritten at most this often: a kill loses at most that
+CHUNK = 200  # waiting writes per transaction in flush: few fsyncs, and a full disk refuses a chunk whole
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY, title TEXT NOT NULL, system_prompt TEXT NOT NULL DEFAULT '',
@@ -35,36 +51,42 @@ CREATE TABLE IF NOT EXISTS messages (
     meta TEXT NOT NULL DEFAULT '{}', created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation, id);
+CREATE TABLE IF NOT EXISTS journal_applied (id INTEGER PRIMARY KEY CHECK (id = 0), seq INTEGER NOT NULL);
 """
-
-
-@dataclass
-class Message:
-    id: int
-    role: str
-    content: str
-    complete: bool
-    meta: dict
-
-
-@dataclass
-class Conversation:
-    id: int
-    title: str
-    system_prompt: str
-    updated: float
+APPLIED = "INSERT OR REPLACE INTO journal_applied(id, seq) VALUES (0, ?)"  # the last journal write committed
 
 
 class Store:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, fallback_dirs: list[str | Path] | None = None):
+        """`fallback_dirs`: where waiting writes go when the data folder's disk is full (default:
+        the user's state, then cache folder; tests pass their own)."""
         self.path = Path(path)
         self.notices: list[str] = []  # messages for the user (the window shows and clears them)
-        self.pending: list[tuple[str, tuple]] = []  # writes waiting for a lock to clear, in order
-        self._msgs: dict[int, tuple[int, Message]] = {}  # overlay of pending writes: id -> (conversation, message)
-        self._convs: dict[int, Conversation] = {}
-        self._gone: set[int] = set()  # message ids deleted by a pending write
-        self._told_locked = False
+        self.pending: list[Pending] = []  # writes waiting for a lock to clear or for disk space, in order
+        self.overlay = Overlay(self.conversation, self.messages, self._conversation_of)  # what reads see of `pending`
+        self._said: set[str] = set()  # notices given once per problem
+        self._told = ""  # why writes wait, as last said: "locked", "full", "other" ("" when nothing waits)
+        self._error: Exception | None = None  # the last error that made a write wait
+        self._seq = 0  # the last sequence number given to a waiting write (continues the journal's)
+        self._changes = self._kept = 0  # changes to `pending`, and how many of them the journal holds
+        self._kept_at = 0.0
+        self._kept_in: Path | None = None  # where the journal's complete copy is, None if nowhere
+        self._on_disk = False  # a journal copy may exist (to remove once everything landed)
+        self._why_not = ""  # why the last journal save found no place
+        self._schema = False
+        self._exclusive = False
+        self._unopened = False  # no database file yet and no room to make one: reads see the overlay only
         self.in_memory = False
+        self.journal = Journal(self.path, default_fallbacks() if fallback_dirs is None else list(fallback_dirs))
+        try:
+            self._start()
+            self._replay()
+        except Exception as e:  # never a window without a store
+            self.say("start", f"The chat store could not start normally ({type(e).__name__}: {e}).")
+            if not hasattr(self, "db"):
+                self._memory(str(e))
+
+    def _start(self) -> None:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if not os.access(self.path.parent, os.W_OK):
@@ -72,7 +94,21 @@ class Store:
             self._open(str(self.path))
         except sqlite3.DatabaseError as e:
             msg = str(e).lower()
-            if _is_lock(e) or "unable to open" in msg or "readonly" in msg or "read-only" in msg:
+            if is_storage(e):
+                # A full disk is no damage. SQLite cannot create the -shm file WAL readers share, so the
+                # database is opened in exclusive mode (its WAL index in memory): read as it is, written
+                # once there is room; flush reopens it shared afterwards.
+                try:
+                    self._open(str(self.path), exclusive=True)
+                except sqlite3.Error as e2:
+                    if not (is_storage(e2) and self._no_file()):
+                        self._memory(str(e2))
+                        return
+                    # nothing to read yet: an empty database stands in, every write waits (and is kept
+                    # in the journal), and flush makes the file once there is room
+                    self._error, self._unopened = e2, True
+                    self._open(":memory:")
+            elif is_lock(e) or "unable to open" in msg or "readonly" in msg or "read-only" in msg:
                 self._memory(str(e))
             else:
                 try:
@@ -81,36 +117,85 @@ class Store:
                     self._memory(str(e2))
         except OSError as e:
             self._memory(e.strerror or str(e))
-        self._replay()
-
-    @property
-    def _journal(self) -> Path:
-        return self.path.with_name(self.path.name + ".pending.json")
 
     def _replay(self) -> None:
-        """Writes a previous session could not make (the database stayed locked until it closed)."""
-        if self.in_memory or not self._journal.exists():
-            return
+        """Writes a previous session could not make (locked, disk full), from the journal's copies."""
+        if self.in_memory:
+            return  # its journal, if any, stays where it is for a session that can write the database
         try:
-            self.pending = [(str(sql), tuple(args)) for sql, args in json.loads(self._journal.read_text())] + self.pending
-        except (OSError, ValueError, TypeError):
-            self.notices.append(f"{self._journal.name} could not be read; it was left in place.")
-            return
+            applied = self.db.execute("SELECT seq FROM journal_applied WHERE id=0").fetchone()
+        except sqlite3.Error:  # no such table: a database of the previous version, where none was recorded
+            applied = None
+        applied = applied[0] if applied else 0
+        found = self.journal.load()
+        self.notices += found.problems
+        self._seq = max([applied, *(w.seq for w in found.writes)])
+        writes = [w for w in found.writes if w.seq > applied]  # the rest were committed before
+        if found.legacy:  # a version-1 journal has no numbers: its writes come first, all renumbered
+            writes = [(sql, args) for sql, args in found.legacy] + [(w.sql, w.args) for w in writes]
+            writes = [Pending(self._seq + i + 1, sql, args) for i, (sql, args) in enumerate(writes)]
+            self._seq += len(writes)
+        for w in writes:
+            self.pending.append(w)
+            self.overlay.apply(w.sql, w.args)
+        self._on_disk = bool(found.found)
+        self._kept_in = found.newest
+        self._changes = self._kept = 1
+        if found.legacy or len(found.found) > 1:
+            self._changes += 1  # one complete copy, numbered, in one place (the next save)
         if self.flush():
-            self._journal.unlink(missing_ok=True)
+            if writes:
+                self.notices.append(f"{len(writes)} change(s) an earlier session could not save were written to "
+                                    "the chat database.")
+        elif self.pending:  # else nothing is said until a write has to wait
+            self._hold(self._error)
 
-    def _open(self, where: str) -> None:
-        self.db = sqlite3.connect(where, isolation_level=None, timeout=0.0)  # autocommit; never block here
+    def _no_file(self) -> bool:
         try:
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across app crashes
-            check = self.db.execute("PRAGMA quick_check").fetchone()[0]
+            return self.path.stat().st_size == 0  # SQLite's failed open may leave an empty file
+        except OSError:
+            return True
+
+    def _reopen(self) -> bool:
+        """The database file, opened again: shared if it can be, else exclusive (a full disk); True if
+        either. An exclusive connection is closed first: its lock would refuse the new one."""
+        try:
+            self.db.close()
+        except sqlite3.Error:
+            pass
+        for exclusive in (False, True):
+            try:
+                self._open(str(self.path), exclusive=exclusive)
+                self._unopened = False
+                return True
+            except sqlite3.Error as e:
+                self._error = e
+        self._unopened = True  # writes wait until the file opens
+        self._open(":memory:")
+        return False
+
+    def _open(self, where: str, exclusive: bool = False) -> None:
+        db = sqlite3.connect(where, isolation_level=None, timeout=0.0)  # autocommit; never block here
+        try:
+            if exclusive:  # before WAL is first used: then SQLite never needs the -shm file
+                db.execute("PRAGMA locking_mode=EXCLUSIVE")
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across app crashes
+            check = db.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise sqlite3.DatabaseError(f"quick check: {check}")
-            self.db.executescript(SCHEMA)
+            try:
+                db.executescript(SCHEMA)
+                self._schema = True
+            except sqlite3.Error as e:
+                if not (is_storage(e) or is_lock(e)):
+                    raise
+                self._schema = False  # a new table on a full disk: flush creates it once there is room
         except BaseException:
-            self.db.close()
+            db.close()
             raise
+        self.db = db
+        self._exclusive = exclusive
 
     def _move_aside(self, error: Exception) -> None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -129,59 +214,189 @@ class Store:
                             f"({why}). This session's chats are kept in memory only.")
         self._open(":memory:")
 
-    def close(self) -> None:
-        if not self.flush() and not self.in_memory:
-            try:  # still locked: kept for the next start (see _replay)
-                self._journal.write_text(json.dumps(self.pending))
-            except OSError:
-                pass
-        elif self._journal.exists():
-            self._journal.unlink(missing_ok=True)
-        self.db.close()
+    def say(self, key: str, text: str) -> None:
+        """A notice, once per problem (`key`): one met again says nothing new."""
+        if key not in self._said:
+            self._said.add(key)
+            self.notices.append(text)
 
-    # ---- writes that survive a lock ----
+    @property
+    def holding(self) -> str | None:
+        """While writes wait: one line on why and where they are kept (for a lasting status); else None."""
+        if not self.pending:
+            return None
+        if self._told == "locked":
+            return "Chats wait for the database (locked by another program)."
+        until = "the disk has room" if self._told == "full" else "the chat database can be written"
+        return f"Unsaved chats are kept in {self._kept_in or 'memory only'} until {until}."
+
+    def close(self) -> bool:
+        """Write what waits, or keep it in the journal for the next start; False if some of it could be
+        kept nowhere (its notice says so)."""
+        try:
+            if not self.flush() and not self.in_memory:
+                self._keep(force=True)
+                if self._kept != self._changes:
+                    self.notices.append(f"{len(self.pending)} unsaved change(s) could not be kept anywhere "
+                                        f"({self._why_not}): they are lost when Mixdesk closes.")
+                    return False
+            return True
+        except Exception as e:
+            self.say("close", f"The chat store could not close cleanly ({type(e).__name__}: {e}).")
+            return False
+        finally:
+            try:
+                self.db.close()
+            except Exception:
+                pass
+
+    # ---- writes that survive a lock or a full disk ----
     def _write(self, sql: str, args: tuple = ()) -> bool:
         """Run one write; True if it landed, False if it waits in the pending queue."""
-        if self.pending and not self.flush():
-            self.pending.append((sql, args))
+        args = tuple(clean(a) for a in args)
+        if (self.pending or not self._schema or self._unopened) and not self.flush():
+            self._queue(sql, args)
+            self._hold(self._error)
             return False
+        error: Exception | None = None
         for delay in (0.0, *RETRY_S):
             if delay:
                 time.sleep(delay)
             try:
                 self.db.execute(sql, args)
                 return True
-            except sqlite3.Error as e:
+            except Exception as e:
                 error = e
-                if not _is_lock(e):
+                if not is_lock(e):
                     break  # disk full, I/O error: no use retrying now; the queue tries again later
-        self.pending.append((sql, args))
-        if not self._told_locked:
-            self._told_locked = True
-            why = "is locked by another program" if _is_lock(error) else f"cannot be written now ({error})"
-            self.notices.append(f"The chat database {why}: your messages stay here and are saved as soon as "
-                                "it can be written.")
+        if not is_transient(error):  # it would fail the same way each time (a value sqlite3 cannot take)
+            self.notices.append(f"A change could not be saved ({type(error).__name__}: {error}) and was dropped.")
+            return False
+        self._queue(sql, args)
+        self._hold(error)
         return False
 
+    def _queue(self, sql: str, args: tuple) -> None:
+        self._seq += 1
+        last = self.pending[-1] if self.pending else None
+        if (last and sql in (UPDATE_MSG, UPDATE_MSG_META) and last.sql in (UPDATE_MSG, UPDATE_MSG_META)
+                and last.args[-1] == args[-1]):
+            # a streamed reply: each update holds all the text so far, so only the newest is kept (it
+            # takes a new number: a journal copy holding the older one then replays both, in order)
+            if sql == UPDATE_MSG and last.sql == UPDATE_MSG_META:
+                sql, args = UPDATE_MSG_META, (args[0], args[1], last.args[2], args[2])
+            self.pending[-1] = Pending(self._seq, sql, args)
+        else:
+            self.pending.append(Pending(self._seq, sql, args))
+        self._changes += 1
+        self.overlay.apply(sql, args)
+
+    def _hold(self, error: Exception | None) -> None:
+        """Writes wait: keep them on disk at once (unless only locked), and say why and where, once."""
+        kind = "locked" if is_lock(error) else "full" if disk_full(error, self.path.parent) else "other"
+        if kind == self._told:
+            return
+        if kind != "locked":
+            self._keep(force=True)
+        self._told = kind
+        if kind == "locked":
+            self.notices.append("The chat database is locked by another program: your messages stay here and are "
+                                "saved as soon as it can be written.")
+            return
+        where = (f"They are kept in {self._kept_in}" if self._kept_in else
+                 f"They are kept in memory only, as no folder had room for them ({self._why_not}), so keep "
+                 "Mixdesk open until they are written")
+        if kind == "full":
+            self.notices.append(f"The disk holding your chats is full: new messages cannot be written to "
+                                f"{self.path}. {where}, and will be written to the chat database as soon as "
+                                "space is freed.")
+        else:
+            self.notices.append(f"The chat database cannot be written now ({error}). {where}, and will be "
+                                "written to it as soon as it can be.")
+
+    def _keep(self, force: bool = False) -> None:
+        """Write the waiting writes to the journal, if they changed since (at most every KEEP_EVERY_S)."""
+        if self.in_memory or not self.pending or self._kept == self._changes:
+            return
+        if not force and time.monotonic() - self._kept_at < KEEP_EVERY_S:
+            return
+        self._kept_at = time.monotonic()
+        before = self._kept_in
+        where, reasons = self.journal.save(self.pending)
+        self._why_not = "; ".join(reasons)
+        if where is None:
+            if before is not None and self._told not in ("", "locked"):
+                self.say("kept-nowhere", f"New messages could not be copied to any folder ({self._why_not}): "
+                         "they are in memory only, so keep Mixdesk open until space is freed. The earlier "
+                         f"ones are safe in {before}.")
+            return
+        self._said.discard("kept-nowhere")
+        self._kept, self._kept_in, self._on_disk = self._changes, where, True
+        if before not in (None, where) and self._told not in ("", "locked"):
+            self.notices.append(f"Unsaved messages are now kept in {where}.")
+
+    @never_raises(lambda self: False)
     def flush(self) -> bool:
         """Write what waits (in order); True when nothing is left."""
-        while self.pending:
-            sql, args = self.pending[0]
+        if self._unopened and not self._reopen():
+            self._keep()
+            return False
+        if not self._schema:
             try:
-                self.db.execute(sql, args)
-            except sqlite3.IntegrityError as e:  # it can never land (an id taken since): drop it, say so
-                self.notices.append(f"A saved change could not be applied ({e}) and was dropped.")
-            except sqlite3.Error:
+                self.db.executescript(SCHEMA)
+                self._schema = True
+            except sqlite3.Error as e:
+                self._error = e
+                self._keep()
                 return False
-            self.pending.pop(0)
-        if self._msgs or self._convs or self._gone:
-            self._msgs.clear()
-            self._convs.clear()
-            self._gone.clear()
-            if self._told_locked:
-                self.notices.append("The chat database is free again: everything was saved.")
-                self._told_locked = False
+        while self.pending:
+            chunk = self.pending[:CHUNK]
+            dropped = []
+            try:
+                self.db.execute("BEGIN IMMEDIATE")
+                for w in chunk:
+                    try:
+                        self.db.execute(w.sql, w.args)
+                    except sqlite3.Error as e:
+                        if is_transient(e):
+                            raise
+                        dropped.append(e)  # it can never land (an id taken since): dropped, said below
+                    except Exception as e:  # a value sqlite3 cannot bind
+                        dropped.append(e)
+                self.db.execute(APPLIED, (chunk[-1].seq,))
+                self.db.execute("COMMIT")
+            except sqlite3.Error as e:
+                if self.db.in_transaction:  # SQLite may have rolled back already (SQLITE_FULL)
+                    try:
+                        self.db.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                self._error = e
+                self._keep()
+                return False
+            del self.pending[:len(chunk)]
+            self._changes += 1
+            for e in dropped:
+                self.notices.append(f"A saved change could not be applied ({e}) and was dropped.")
+        self._landed()
         return True
+
+    def _landed(self) -> None:
+        """Everything waiting is committed: the overlay and the journal have served."""
+        self.overlay.clear()
+        if self._on_disk:
+            self.journal.remove()
+            self._on_disk, self._kept_in = False, None
+        self._kept = self._changes
+        told, self._told = self._told, ""
+        if told == "locked":
+            self.notices.append("The chat database is free again: everything was saved.")
+        elif told == "full":
+            self.notices.append("The disk has room again: every waiting message was written to the chat database.")
+        elif told:
+            self.notices.append("The chat database can be written again: every waiting message was written.")
+        if self._exclusive:  # opened on a full disk: shared again, so other programs can read it
+            self._reopen()
 
     def _next_id(self, table: str, overlay: dict) -> int:
         top = self._read(f"SELECT max(id) FROM {table}", (), one=True)
@@ -189,96 +404,95 @@ class Store:
 
     def _read(self, sql: str, args: tuple = (), one: bool = False):
         try:
-            cur = self.db.execute(sql, args)
+            cur = self.db.execute(sql, tuple(clean(a) for a in args))
             return cur.fetchone() if one else cur.fetchall()
-        except sqlite3.DatabaseError as e:
-            if _is_lock(e):
-                return None if one else []
-            self.notices.append(f"Part of the chat database could not be read ({e}); what could be read is shown.")
+        except Exception as e:
+            if not is_lock(e):
+                self.say(f"read:{e}", f"Part of the chat database could not be read ({e}); what could be read "
+                         "is shown.")
             return None if one else []
 
     # ---- conversations ----
+    @never_raises(lambda self, *a, **k: -1)
     def new_conversation(self, title: str = "New chat", system_prompt: str = "") -> int:
         now = time.time()
-        cid = self._next_id("conversations", self._convs)
-        if not self._write("INSERT INTO conversations(id, title, system_prompt, created, updated) VALUES (?,?,?,?,?)",
-                           (cid, title, system_prompt, now, now)):
-            self._convs[cid] = Conversation(cid, title, system_prompt, now)
+        cid = self._next_id("conversations", self.overlay.convs)
+        self._write(NEW_CONV, (cid, title, system_prompt, now, now))
         return cid
 
+    @never_raises(lambda self, *a, **k: [])
     def conversations(self, search: str = "") -> list[Conversation]:
         q = "SELECT id, title, system_prompt, updated FROM conversations WHERE deleted IS NULL"
         args: tuple = ()
         if search:
             q += (" AND (title LIKE ? OR id IN (SELECT conversation FROM messages WHERE content LIKE ?))")
             args = (f"%{search}%", f"%{search}%")
-        rows = {r[0]: Conversation(*r) for r in self._read(q + " ORDER BY updated DESC", args)}
-        rows.update({c.id: c for c in self._convs.values() if not search or search.lower() in c.title.lower()})
-        return sorted(rows.values(), key=lambda c: -c.updated)
+        saved = {r[0]: Conversation(*r) for r in self._read(q + " ORDER BY updated DESC", args)}
+        return self.overlay.over_conversations(saved, search)
 
+    @never_raises(lambda self, cid, *a, **k: Conversation(cid, "New chat", "", time.time()))
     def conversation(self, cid: int) -> Conversation:
-        if cid in self._convs:
-            return self._convs[cid]
+        if cid in self.overlay.convs:
+            return self.overlay.convs[cid]
         r = self._read("SELECT id, title, system_prompt, updated FROM conversations WHERE id=?", (cid,), one=True)
         return Conversation(*r) if r else Conversation(cid, "New chat", "", time.time())
 
+    @never_raises(lambda self, *a, **k: None)
     def rename(self, cid: int, title: str) -> None:
-        if not self._write("UPDATE conversations SET title=?, updated=? WHERE id=?", (title, time.time(), cid)):
-            self._convs[cid] = replace(self.conversation(cid), title=title)
+        self._write(RENAME, (title, time.time(), cid))
 
+    @never_raises(lambda self, *a, **k: None)
     def set_system_prompt(self, cid: int, text: str) -> None:
-        if not self._write("UPDATE conversations SET system_prompt=? WHERE id=?", (text, cid)):
-            self._convs[cid] = replace(self.conversation(cid), system_prompt=text)
+        self._write(PROMPT, (text, cid))
 
+    @never_raises(lambda self, *a, **k: None)
     def delete(self, cid: int) -> None:
         """Soft delete: `undelete` brings it back; `purge` removes it for good."""
-        self._write("UPDATE conversations SET deleted=? WHERE id=?", (time.time(), cid))
+        self._write(DELETE, (time.time(), cid))
 
+    @never_raises(lambda self, *a, **k: None)
     def undelete(self, cid: int) -> None:
-        self._write("UPDATE conversations SET deleted=NULL WHERE id=?", (cid,))
+        self._write(UNDELETE, (cid,))
 
+    @never_raises(lambda self, *a, **k: None)
     def purge(self) -> None:
-        self._write("DELETE FROM messages WHERE conversation IN (SELECT id FROM conversations WHERE deleted IS NOT NULL)")
-        self._write("DELETE FROM conversations WHERE deleted IS NOT NULL")
+        self._write(PURGE_MSGS)
+        self._write(PURGE_CONVS)
 
     # ---- messages ----
+    @never_raises(lambda self, *a, **k: -1)
     def add_message(self, cid: int, role: str, content: str, complete: bool = True, meta: dict | None = None) -> int:
         now = time.time()
-        mid = self._next_id("messages", self._msgs)
-        if not self._write("INSERT INTO messages(id, conversation, role, content, complete, meta, created) "
-                           "VALUES (?,?,?,?,?,?,?)", (mid, cid, role, content, int(complete), json.dumps(meta or {}), now)):
-            self._msgs[mid] = (cid, Message(mid, role, content, complete, meta or {}))
-        self._write("UPDATE conversations SET updated=? WHERE id=?", (now, cid))
+        mid = self._next_id("messages", self.overlay.msgs)
+        self._write(ADD_MSG, (mid, cid, role, content, int(complete), dumps_meta(meta or {}), now))
+        self._write(TOUCH, (now, cid))
         return mid
 
+    @never_raises(lambda self, *a, **k: None)
     def update_message(self, mid: int, content: str, complete: bool, meta: dict | None = None) -> None:
         if meta is None:
-            landed = self._write("UPDATE messages SET content=?, complete=? WHERE id=?", (content, int(complete), mid))
+            self._write(UPDATE_MSG, (content, int(complete), mid))
         else:
-            landed = self._write("UPDATE messages SET content=?, complete=?, meta=? WHERE id=?",
-                                 (content, int(complete), json.dumps(meta), mid))
-        if not landed:
-            cid, old = self._msgs.get(mid) or (self._conversation_of(mid), None)
-            old = old or next((m for m in self.messages(cid) if m.id == mid), Message(mid, "assistant", "", False, {}))
-            self._msgs[mid] = (cid, replace(old, content=content, complete=complete,
-                                            meta=old.meta if meta is None else meta))
+            self._write(UPDATE_MSG_META, (content, int(complete), dumps_meta(meta), mid))
 
     def _conversation_of(self, mid: int) -> int:
         r = self._read("SELECT conversation FROM messages WHERE id=?", (mid,), one=True)
         return r[0] if r else -1
 
+    @never_raises(lambda self, *a, **k: None)
     def delete_messages_from(self, cid: int, mid: int) -> None:
         """Drop message `mid` and everything after it (regenerate, edit-and-resend)."""
-        if not self._write("DELETE FROM messages WHERE conversation=? AND id>=?", (cid, mid)):
-            self._gone.update(m.id for m in self.messages(cid) if m.id >= mid)
+        self._write(TRUNCATE, (cid, mid))
 
+    @never_raises(lambda self, *a, **k: [])
     def messages(self, cid: int) -> list[Message]:
         rows = self._read("SELECT id, role, content, complete, meta FROM messages WHERE conversation=? ORDER BY id",
                           (cid,))
-        out = {i: Message(i, r, c, bool(done), json.loads(m)) for i, r, c, done, m in rows}
-        out.update({i: m for i, (c, m) in self._msgs.items() if c == cid})
-        return [out[i] for i in sorted(out) if i not in self._gone]
+        return self.overlay.over_messages(cid, {i: Message(i, r, c, bool(done), load_meta(m))
+                                                for i, r, c, done, m in rows})
+
     # ---- export ----
+    @never_raises(lambda self, *a, **k: "")
     def export_markdown(self, cid: int) -> str:
         c = self.conversation(cid)
         out = [f"# {c.title}\n"]
@@ -288,13 +502,9 @@ class Store:
             out.append(f"**{m.role}**\n\n{m.content}\n")
         return "\n".join(out)
 
+    @never_raises(lambda self, *a, **k: "")
     def export_json(self, cid: int) -> str:
         c = self.conversation(cid)
         return json.dumps({"title": c.title, "system_prompt": c.system_prompt,
                            "messages": [{"role": m.role, "content": m.content, "complete": m.complete, **m.meta}
                                         for m in self.messages(cid)]}, indent=2, ensure_ascii=False)
-
-
-def _is_lock(e: Exception) -> bool:
-    text = str(e).lower()
-    return "locked" in text or "busy" in text
