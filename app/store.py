@@ -40,6 +40,8 @@ __all__ = ["Conversation", "Message", "Store"]
 RETRY_S = (0.02, 0.05, 0.1, 0.2)  # backoff while locked: at most ~0.4 s on the GUI thread per write
 KEEP_EVERY_S = 1.0  # while writes wait, the journal is rewritten at most this often: a kill loses at most that
 CHUNK = 200  # waiting writes per transaction in flush: few fsyncs, and a full disk refuses a chunk whole
+QUIET_S = 0.5  # after a flush failed, writes queue without trying again for this long (the timer's flush still
+# tries): on a full disk each try runs a chunk only to fail at COMMIT, once per streamed token otherwise
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY, title TEXT NOT NULL, system_prompt TEXT NOT NULL DEFAULT '',
@@ -70,6 +72,7 @@ class Store:
         self._seq = 0  # the last sequence number given to a waiting write (continues the journal's)
         self._changes = self._kept = 0  # changes to `pending`, and how many of them the journal holds
         self._kept_at = 0.0
+        self._quiet_until = 0.0  # see QUIET_S
         self._kept_in: Path | None = None  # where the journal's complete copy is, None if nowhere
         self._on_disk = False  # a journal copy may exist (to remove once everything landed)
         self._why_not = ""  # why the last journal save found no place
@@ -254,7 +257,8 @@ class Store:
     def _write(self, sql: str, args: tuple = ()) -> bool:
         """Run one write; True if it landed, False if it waits in the pending queue."""
         args = tuple(clean(a) for a in args)
-        if (self.pending or not self._schema or self._unopened) and not self.flush():
+        waiting = self.pending or not self._schema or self._unopened
+        if waiting and (time.monotonic() < self._quiet_until or not self.flush()):
             self._queue(sql, args)
             self._hold(self._error)
             return False
@@ -303,16 +307,17 @@ class Store:
             self.notices.append("The chat database is locked by another program: your messages stay here and are "
                                 "saved as soon as it can be written.")
             return
-        where = (f"They are kept in {self._kept_in}" if self._kept_in else
-                 f"They are kept in memory only, as no folder had room for them ({self._why_not}), so keep "
-                 "Mixdesk open until they are written")
         if kind == "full":
-            self.notices.append(f"The disk holding your chats is full: new messages cannot be written to "
-                                f"{self.path}. {where}, and will be written to the chat database as soon as "
-                                "space is freed.")
+            why = f"The disk holding your chats is full: new messages cannot be written to {self.path}"
+            wait = "space is freed"
         else:
-            self.notices.append(f"The chat database cannot be written now ({error}). {where}, and will be "
-                                "written to it as soon as it can be.")
+            why, wait = f"The chat database cannot be written now ({error}): new messages cannot be saved", "it can be"
+        if self._kept_in:
+            self.notices.append(f"{why}. They are kept in {self._kept_in} and will be written to the chat database "
+                                f"as soon as {wait}.")
+        else:
+            self.notices.append(f"{why}, and no folder had room for a copy ({self._why_not}). They are in memory "
+                                f"only: keep Mixdesk open until {wait} and they are written.")
 
     def _keep(self, force: bool = False) -> None:
         """Write the waiting writes to the journal, if they changed since (at most every KEEP_EVERY_S)."""
@@ -372,6 +377,7 @@ class Store:
                     except sqlite3.Error:
                         pass
                 self._error = e
+                self._quiet_until = time.monotonic() + QUIET_S
                 self._keep()
                 return False
             del self.pending[:len(chunk)]

@@ -95,8 +95,10 @@ class Journal:
     def save(self, writes: list[Pending]) -> tuple[Path | None, list[str]]:
         """Write every waiting write to the first place that takes a complete copy; that place, or
         None with one reason per place tried."""
-        # ensure_ascii (the default): a lone surrogate in meta becomes \\ud800, which ASCII can hold
-        text = json.dumps({"version": VERSION, "database": str(self.db_path), "writes": [list(w) for w in writes]})
+        # ensure_ascii (the default): a lone surrogate in meta becomes \ud800, which ASCII can hold;
+        # default=str: a value sqlite3 will refuse anyway (flush drops it) must not stop the others being kept
+        text = json.dumps({"version": VERSION, "database": str(self.db_path), "writes": [list(w) for w in writes]},
+                          default=str)
         reasons = []
         for p in self.places:
             if p in self.blocked:
