@@ -29,11 +29,11 @@ import sqlite3
 import time
 from pathlib import Path
 
-from .store_errors import disk_full, is_lock, is_storage, is_transient, never_raises
+from .store_errors import is_lock, is_storage, is_transient, kind, never_raises, waiting_notice, written_notice
 from .store_journal import Journal, Pending, default_fallbacks
-from .store_overlay import (ADD_MSG, DELETE, NEW_CONV, PROMPT, PURGE_CONVS, PURGE_MSGS, RENAME, TOUCH, TRUNCATE,
-                            UNDELETE, UPDATE_MSG, UPDATE_MSG_META, Conversation, Message, Overlay, clean,
-                            dumps_meta, load_meta)
+from .store_overlay import (ADD_MSG, APPLIED, DELETE, NEW_CONV, PROMPT, PURGE_CONVS, PURGE_MSGS, RENAME, SCHEMA,
+                            TOUCH, TRUNCATE, UNDELETE, UPDATE_MSG, UPDATE_MSG_META, Conversation, Message, Overlay,
+                            clean, dumps_meta, load_meta)
 
 __all__ = ["Conversation", "Message", "Store"]
 
@@ -42,22 +42,6 @@ KEEP_EVERY_S = 1.0  # while writes wait, the journal is rewritten at most this o
 CHUNK = 200  # waiting writes per transaction in flush: few fsyncs, and a full disk refuses a chunk whole
 QUIET_S = 0.5  # after a flush failed, writes queue without trying again for this long (the timer's flush still
 # tries): on a full disk each try runs a chunk only to fail at COMMIT, once per streamed token otherwise
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS conversations (
-    id INTEGER PRIMARY KEY, title TEXT NOT NULL, system_prompt TEXT NOT NULL DEFAULT '',
-    created REAL NOT NULL, updated REAL NOT NULL, deleted REAL
-);
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY, conversation INTEGER NOT NULL REFERENCES conversations(id),
-    role TEXT NOT NULL, content TEXT NOT NULL, complete INTEGER NOT NULL DEFAULT 1,
-    meta TEXT NOT NULL DEFAULT '{}', created REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation, id);
-CREATE TABLE IF NOT EXISTS journal_applied (id INTEGER PRIMARY KEY CHECK (id = 0), seq INTEGER NOT NULL);
-"""
-APPLIED = "INSERT OR REPLACE INTO journal_applied(id, seq) VALUES (0, ?)"  # the last journal write committed
-
-
 class Store:
     def __init__(self, path: str | Path, fallback_dirs: list[str | Path] | None = None):
         """`fallback_dirs`: where waiting writes go when the data folder's disk is full (default:
@@ -129,15 +113,9 @@ class Store:
             applied = self.db.execute("SELECT seq FROM journal_applied WHERE id=0").fetchone()
         except sqlite3.Error:  # no such table: a database of the previous version, where none was recorded
             applied = None
-        applied = applied[0] if applied else 0
         found = self.journal.load()
         self.notices += found.problems
-        self._seq = max([applied, *(w.seq for w in found.writes)])
-        writes = [w for w in found.writes if w.seq > applied]  # the rest were committed before
-        if found.legacy:  # a version-1 journal has no numbers: its writes come first, all renumbered
-            writes = [(sql, args) for sql, args in found.legacy] + [(w.sql, w.args) for w in writes]
-            writes = [Pending(self._seq + i + 1, sql, args) for i, (sql, args) in enumerate(writes)]
-            self._seq += len(writes)
+        writes, self._seq = found.to_replay(applied[0] if applied else 0)
         for w in writes:
             self.pending.append(w)
             self.overlay.apply(w.sql, w.args)
@@ -297,27 +275,13 @@ class Store:
 
     def _hold(self, error: Exception | None) -> None:
         """Writes wait: keep them on disk at once (unless only locked), and say why and where, once."""
-        kind = "locked" if is_lock(error) else "full" if disk_full(error, self.path.parent) else "other"
-        if kind == self._told:
+        why = kind(error, self.path.parent)
+        if why == self._told:
             return
-        if kind != "locked":
+        if why != "locked":  # a lock passes in seconds; a full disk may outlast the session
             self._keep(force=True)
-        self._told = kind
-        if kind == "locked":
-            self.notices.append("The chat database is locked by another program: your messages stay here and are "
-                                "saved as soon as it can be written.")
-            return
-        if kind == "full":
-            why = f"The disk holding your chats is full: new messages cannot be written to {self.path}"
-            wait = "space is freed"
-        else:
-            why, wait = f"The chat database cannot be written now ({error}): new messages cannot be saved", "it can be"
-        if self._kept_in:
-            self.notices.append(f"{why}. They are kept in {self._kept_in} and will be written to the chat database "
-                                f"as soon as {wait}.")
-        else:
-            self.notices.append(f"{why}, and no folder had room for a copy ({self._why_not}). They are in memory "
-                                f"only: keep Mixdesk open until {wait} and they are written.")
+        self._told = why
+        self.notices.append(waiting_notice(why, error, self.path, self._kept_in, self._why_not))
 
     def _keep(self, force: bool = False) -> None:
         """Write the waiting writes to the journal, if they changed since (at most every KEEP_EVERY_S)."""
@@ -394,13 +358,9 @@ class Store:
             self.journal.remove()
             self._on_disk, self._kept_in = False, None
         self._kept = self._changes
-        told, self._told = self._told, ""
-        if told == "locked":
-            self.notices.append("The chat database is free again: everything was saved.")
-        elif told == "full":
-            self.notices.append("The disk has room again: every waiting message was written to the chat database.")
-        elif told:
-            self.notices.append("The chat database can be written again: every waiting message was written.")
+        if self._told:
+            self.notices.append(written_notice(self._told))
+            self._told = ""
         if self._exclusive:  # opened on a full disk: shared again, so other programs can read it
             self._reopen()
 

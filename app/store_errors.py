@@ -52,6 +52,33 @@ def disk_full(e, folder: Path) -> bool:
     return False
 
 
+def kind(e, folder: Path) -> str:
+    """Why a write waits, as the notices tell it: "locked", "full" or "other"."""
+    return "locked" if is_lock(e) else "full" if disk_full(e, folder) else "other"
+
+
+def waiting_notice(why: str, error, db: Path, kept_in: Path | None, why_not: str) -> str:
+    """The one message when writes start to wait for `why`: what happened, where they are, what next."""
+    if why == "locked":
+        return ("The chat database is locked by another program: your messages stay here and are saved as soon as "
+                "it can be written.")
+    if why == "full":
+        what, until = f"The disk holding your chats is full: new messages cannot be written to {db}", "space is freed"
+    else:
+        what, until = f"The chat database cannot be written now ({error}): new messages cannot be saved", "it can be"
+    if kept_in:
+        return f"{what}. They are kept in {kept_in} and will be written to the chat database as soon as {until}."
+    return (f"{what}, and no folder had room for a copy ({why_not}). They are in memory only: keep Mixdesk open "
+            f"until {until} and they are written.")
+
+
+def written_notice(why: str) -> str:
+    """The message when everything that waited for `why` has been written."""
+    return {"locked": "The chat database is free again: everything was saved.",
+            "full": "The disk has room again: every waiting message was written to the chat database."}.get(
+        why, "The chat database can be written again: every waiting message was written.")
+
+
 def never_raises(fallback):
     """A store method that reports an unexpected error in the store's `notices` (once) and returns
     `fallback(self, *args)` instead of raising into the window."""

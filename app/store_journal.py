@@ -37,6 +37,18 @@ class Loaded(NamedTuple):
     newest: Path | None  # the copy holding the latest write
     problems: list[str]  # one notice per copy that could not be read
 
+    def to_replay(self, applied: int) -> tuple[list[Pending], int]:
+        """The writes still to make, in order, after the database's last committed number `applied`;
+        and the last number in use. A version-1 copy's writes have no numbers: they come first, and
+        all are numbered after the highest seen."""
+        seq = max([applied, *(w.seq for w in self.writes)])
+        writes = [w for w in self.writes if w.seq > applied]  # the rest were committed before
+        if self.legacy:
+            both = list(self.legacy) + [(w.sql, w.args) for w in writes]
+            writes = [Pending(seq + i + 1, sql, args) for i, (sql, args) in enumerate(both)]
+            seq += len(writes)
+        return writes, seq
+
 
 def default_fallbacks() -> list[Path]:
     """The folders a journal goes to when the data folder's disk is full, named as app/main.py names

@@ -1,5 +1,6 @@
 """What the chat store's reads see of the writes still waiting (app/store.py): the overlay, and the
-statements it knows, with the records the store returns and the text repair done before a write.
+statements it knows (with the schema), the records the store returns and the text repair done
+before a write.
 
 A waiting write's effect is derived from its statement and arguments alone (Overlay.apply), so the
 writes replayed from a journal at the next start show exactly as they did in the session that made
@@ -12,6 +13,21 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from typing import Callable
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id INTEGER PRIMARY KEY, title TEXT NOT NULL, system_prompt TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL, updated REAL NOT NULL, deleted REAL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY, conversation INTEGER NOT NULL REFERENCES conversations(id),
+    role TEXT NOT NULL, content TEXT NOT NULL, complete INTEGER NOT NULL DEFAULT 1,
+    meta TEXT NOT NULL DEFAULT '{}', created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation, id);
+CREATE TABLE IF NOT EXISTS journal_applied (id INTEGER PRIMARY KEY CHECK (id = 0), seq INTEGER NOT NULL);
+"""
+APPLIED = "INSERT OR REPLACE INTO journal_applied(id, seq) VALUES (0, ?)"  # the last journal write committed
 
 # Every write the store makes.
 NEW_CONV = "INSERT INTO conversations(id, title, system_prompt, created, updated) VALUES (?,?,?,?,?)"
