@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import queue
 import sys
+import time
 from typing import Any, Callable
 
 from .errors import MixdeskError
@@ -102,8 +103,29 @@ class Client:
             elif isinstance(ev, TaskDone) and ev.request_id == rid:
                 return ev.value
 
+    def wait_calibrated(self, poll_s: float = 0.25) -> None:
+        """Until the first start's background calibration has ended (measured, failed or
+        cancelled): the planner's inputs are then the measured profiles. Its progress goes to
+        on_progress meanwhile."""
+        while self.task(lambda s: s._calib is not None):
+            time.sleep(poll_s)
+
     def close(self) -> None:
-        self.session.shutdown()
+        """Stop the engine thread and wait until it, and the helper threads it started (the memory
+        monitor, the migrator's worker), have ended: a thread still inside torch when the
+        interpreter exits is killed as it takes the GIL back (pthread_exit), which torch's C++
+        frames turn into std::terminate: "terminate called without an active exception", exit 134.
+        A calibration step or a decode step cannot be interrupted, so this waits for it to end (on a
+        busy machine the first calibration step took over the 10 s that shutdown used to wait)."""
+        s = self.session
+        helpers = [t for t in (getattr(s.monitor, "_thread", None), getattr(s.migrator, "worker", None))
+                   if t is not None]
+        if s.thread.is_alive():
+            s.submit(Stop())  # the reply in progress ends; a calibration stops at its next step
+        s.shutdown(timeout=0)
+        s.thread.join()
+        for t in helpers:  # told to stop by the engine thread's teardown; joined there with a timeout
+            t.join()
 
 
 def progress_bar(quiet: bool) -> Callable[[int, int, str], None]:
