@@ -17,8 +17,9 @@ def _budgets(a, default):
 
 
 def prepare(a):
-    """An engine thread with the model loaded and both profiles (measured anew with --remeasure);
-    returns the client (the caller closes it)."""
+    """An engine thread with the model loaded and both profiles (measured anew with --remeasure;
+    on a model's first start, the background calibration is waited for); returns the client (the
+    caller closes it)."""
     from ..client import for_terminal
 
     client = for_terminal(False)
@@ -26,6 +27,7 @@ def prepare(a):
         client.load(a.model or "demo", "auto", a.device, a.dtype, a.ctx)
         if a.remeasure:
             client.reprofile()
+        client.wait_calibrated()
     except BaseException:
         client.close()
         raise
@@ -93,15 +95,20 @@ def cmd_plan(a) -> int:
         client = prepare(a)
         try:
             def inputs(s):
+                from ..planning.profile import cached_profile
+
                 held = s.loaded.model.expert_bytes()
                 acc = s.loaded.accel
                 return (s.inputs, s.loaded.ckpt.folder.name, acc.describe(),
-                        default_budgets(acc.cpu_only, acc.device, held_ram=held["host"], held_vram=held["accelerator"]))
-            inp, name, where, free = client.task(inputs)
+                        default_budgets(acc.cpu_only, acc.device, held_ram=held["host"], held_vram=held["accelerator"]),
+                        cached_profile(s.loaded.ckpt) is not None)
+            inp, name, where, free, measured = client.task(inputs)
         finally:
             client.close()
         b = _budgets(a, free)
-        note = f"profiles measured on this machine; {where}"
+        note = (f"profiles measured on this machine; {where}" if measured else
+                f"ASSUMED: uniform expert popularity and 4-bit sensitivity (the model's calibration did not "
+                f"finish); {where}")
         title = f"{name}, VRAM {b.vram / GB:.1f} GB, RAM {b.ram / GB:.1f} GB"
     if a.streams > 1:
         from dataclasses import replace
@@ -195,7 +202,8 @@ def add_parsers(sub, add_model_args, number) -> None:
     p.add_argument("--gpu-budget", type=number(0, 1e6), default=None, help="GB of VRAM for the model")
     p.add_argument("--ram-budget", type=number(0, 1e6), default=None, help="GB of RAM for the model")
     p.add_argument("--config-only", action="store_true", help="plan from config.json alone (no weights)")
-    p.add_argument("--png", default="frontier.png", help="where to write the plot ('' for none)")
+    p.add_argument("--png", default=None, metavar="PATH", help="also draw the frontier into this PNG file "
+                   "(default: no file)")
     p.add_argument("--streams", type=int, choices=range(1, 65), default=1, metavar="N",
                    help="plan for N requests decoding together (a local server's --parallel)")
     p.add_argument("--remeasure", action="store_true",
