@@ -8,6 +8,7 @@ produced chunk by chunk (`Template.generate`) with its size checked as it grows.
 Rendering matches `tokenizer.apply_chat_template(..., tokenize=True)`: the same globals and filters
 (`raise_exception`, `strftime_now`, `tojson` without HTML escaping, `loopcontrols`), the special
 tokens as variables, then the text tokenised without adding special tokens (tests compare both).
+`render` and `ids` may be called from several threads at once: each render's budget is its own.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def _budget(chars: int) -> Budget:
 
 
 class ChatTemplate:
-    """One model's chat template, compiled once."""
+    """One model's chat template, compiled once; `render` and `ids` are thread-safe."""
 
     def __init__(self, source: str, tokenizer, where: Path):
         import jinja2

@@ -275,3 +275,79 @@ def test_load_refuses_the_model_before_building_anything(tiny, tmp_path):
     with pytest.raises(ModelError, match="tojson filter exceeds the size limit") as e:
         load(folder, "cpu", device="cpu")
     assert e.value.path.endswith("chat_template.jinja")
+
+
+# ---- two threads at once -----------------------------------------------------------------------
+def test_two_threads_render_at_once_each_under_its_own_budget(tok):
+    """Each render has its own budget (threading.local). The two renders are interleaved for
+    certain: the long one (1.5M characters, size limit 6M) joins its text while the short one (size
+    limit 1M) is paused inside its own render; with one budget shared, the long join would be
+    judged by the short render's limit."""
+    from engine.chat_template import ChatTemplate
+
+    src = ("{{ hold(messages[0].role) }}{% for m in messages %}"
+           "{{ '<|' ~ m.role ~ '|>\\n' ~ m.content ~ '</s>\\n' }}{% endfor %}<|assistant|>\n")
+    t = ChatTemplate(src, tok, Path("x"))
+    long_inside, short_inside, long_done = threading.Event(), threading.Event(), threading.Event()
+
+    def hold(role):
+        if role == "long" and not long_done.is_set():
+            long_inside.set()
+            assert short_inside.wait(10)
+        elif role == "short" and long_inside.is_set():
+            short_inside.set()
+            assert long_done.wait(10)
+        return ""
+
+    t.env.globals["hold"] = hold
+    long = [{"role": "long", "content": "x" * 1_500_000}]
+    short = [{"role": "short", "content": "hello"}]
+    results, errors = {}, []
+
+    def run(name, msgs, done=None):
+        try:
+            results[name] = t.render(msgs)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"{name}: {e}")
+        finally:
+            if done is not None:
+                done.set()
+
+    a = threading.Thread(target=run, args=("long", long, long_done))
+    a.start()
+    assert long_inside.wait(10)
+    b = threading.Thread(target=run, args=("short", short))
+    b.start()
+    a.join(30)
+    b.join(30)
+    assert not errors, errors
+    assert short_inside.is_set()
+    assert results["long"] == "<|long|>\n" + "x" * 1_500_000 + "</s>\n<|assistant|>"  # Jinja drops the last \n
+    assert results["short"] == "<|short|>\nhello</s>\n<|assistant|>"
+
+
+def test_two_threads_tokenise_at_once(tok):
+    """ids() from two threads at once (the server's pool and the engine thread) gives each the ids
+    it gives alone."""
+    from engine.chat_template import ChatTemplate
+    from engine.sources.tiny_model import CHAT_TEMPLATE
+
+    t = ChatTemplate(CHAT_TEMPLATE, tok, Path("x"))
+    convs = [[{"role": "user", "content": f"hello {i} " * (1 + 50 * i)}] for i in range(20)]
+    want = [t.ids(m) for m in convs]
+    got, errors = {0: [], 1: []}, []
+
+    def run(k):
+        try:
+            for _ in range(10):
+                got[k].append([t.ids(m) for m in (convs if k == 0 else convs[::-1])])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"{type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not errors, errors
+    assert got[0] == [want] * 10 and got[1] == [want[::-1]] * 10
