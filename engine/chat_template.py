@@ -1,4 +1,5 @@
-"""Chat templates rendered in Jinja's sandbox, with time and size limits.
+"""Chat templates rendered in Jinja's sandbox, with time and size limits, and tokenised with the
+control tokens a user typed kept as text.
 
 A chat template is code that comes with the model. transformers renders it in an immutable
 sandbox (no attribute escapes), but a template may still raise, fail to parse, render nothing, loop
@@ -8,12 +9,14 @@ produced chunk by chunk (`Template.generate`) with its size checked as it grows.
 Rendering matches `tokenizer.apply_chat_template(..., tokenize=True)`: the same globals and filters
 (`raise_exception`, `strftime_now`, `tojson` without HTML escaping, `loopcontrols`), the special
 tokens as variables, then the text tokenised without adding special tokens (tests compare both).
+Control tokens inside the messages are tokenised as text (control_tokens.py).
 `render` and `ids` may be called from several threads at once: each render's budget is its own.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from .control_tokens import ControlTokens, control_tokens, template_literals
 from .errors import ModelError
 from .template_limits import (BUILD_BYTES_PER_CHAR, MIN_BUILD_LIMIT, MIN_SIZE_LIMIT, RANGE_LIMIT,  # noqa: F401
                               TIME_LIMIT_S, Budget, TemplateProblem, active)
@@ -43,12 +46,14 @@ class ChatTemplate:
         try:
             with active(_budget(0)):  # compiling evaluates `{% autoescape expr %}`: under the same limits
                 self.template = compile_template(self.env, source)
+            literals = template_literals(self.env, source)
         except jinja2.TemplateSyntaxError as e:
             raise ModelError(where, f"its chat template does not parse (line {e.lineno}: {e.message})") from None
         except TemplateProblem as e:
             raise ModelError(where, str(e)) from None
         except (jinja2.TemplateError, RecursionError, MemoryError) as e:
             raise ModelError(where, f"its chat template cannot be compiled: {_short(e)}") from None
+        self.control = ControlTokens(tokenizer, control_tokens(tokenizer, literals))
         self.variables = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
 
     @classmethod
@@ -98,8 +103,12 @@ class ChatTemplate:
         return "".join(out)
 
     def ids(self, messages: list[dict]) -> list[int]:
-        """The prompt's token ids, as apply_chat_template(..., add_generation_prompt=True) gives them."""
-        text = self.render(messages)
+        """The prompt's token ids, as apply_chat_template(..., add_generation_prompt=True) gives them,
+        except that control tokens typed inside the messages are tokenised as text."""
+        marked = self.control.mark(messages)
+        text = self.render(messages if marked is None else marked)
         if not text:
             raise TemplateProblem("the chat template rendered an empty prompt for this conversation")
-        return [int(i) for i in self.tok(text, add_special_tokens=False)["input_ids"]]
+        if marked is None:
+            return [int(i) for i in self.tok(text, add_special_tokens=False)["input_ids"]]
+        return self.control.encode(text)
