@@ -14,6 +14,7 @@ import torch
 
 from .errors import ModelError
 from .families import FAMILIES, SUPPORTED_MODEL_TYPES, Family, family_of, fused
+from .model_files import check_inside, check_links
 from .safetensors_file import DTYPES, SafetensorsFile, regular_file
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -242,25 +243,13 @@ class Checkpoint:
 
     # ---- validation -------------------------------------------------------------------------
     def _check_files(self) -> None:
-        """Every file the engine or the tokenizer may open is a regular file."""
+        """Every entry leads inside the folder; every file the engine or the tokenizer may open is
+        a regular file."""
+        check_links(self.folder)
         for p in self.folder.iterdir():
             if p.suffix in (".json", ".safetensors", ".jinja", ".model", ".txt") or p.name.startswith("tokenizer"):
                 if not p.is_dir():
                     regular_file(p)
-
-    def _inside(self, p: Path, listed_in: Path | None = None) -> Path:
-        """p, if it resolves inside the model folder (or, for a hub download, inside that repo's
-        blob store in the Hugging Face cache, where the snapshot's files link to)."""
-        root = self.folder.resolve()
-        real = p.resolve()
-        allowed = [root]
-        if root.parent.name == "snapshots":
-            allowed.append(root.parents[1] / "blobs")
-        if not any(real == a or a in real.parents for a in allowed):
-            where = f" (listed in {listed_in.name})" if listed_in else ""
-            raise ModelError(p, f"resolves outside the model folder{where}; Mixdesk reads weights only from "
-                             "inside it")
-        return p
 
     def _check_model_type(self) -> None:
         mt = self.raw_config.get("model_type")
@@ -295,7 +284,7 @@ class Checkpoint:
                 raise ModelError(index, f"maps tensor '{bad}' to {weight_map[bad]!r}, not to a file name")
             names = sorted(set(weight_map.values()))
             for n in names:
-                self._inside(self.folder / n, index)
+                check_inside(self.folder, self.folder / n, index)
                 if not (self.folder / n).exists():
                     raise ModelError(self.folder / n, f"is missing (listed in {index.name})")
                 regular_file(self.folder / n)
@@ -303,10 +292,10 @@ class Checkpoint:
             return [SafetensorsFile(self.folder / n) for n in names]
         self.index_map = None
         if single.exists():
-            return [SafetensorsFile(self._inside(single))]
+            return [SafetensorsFile(check_inside(self.folder, single))]
         shards = sorted(self.folder.glob("*.safetensors"))
         if shards:
-            return [SafetensorsFile(self._inside(p)) for p in shards]
+            return [SafetensorsFile(check_inside(self.folder, p)) for p in shards]
         pickles = [p for p in self.folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
         if pickles:
             raise ModelError(pickles[0], _pickle_refusal())

@@ -19,6 +19,7 @@ import torch
 
 from ..checkpoint import Checkpoint, dims_from_config, dense_shapes, expert_shapes
 from ..errors import ModelError
+from ..model_files import check_links
 
 MARKER = "mixdesk-synthetic.json"
 
@@ -57,6 +58,7 @@ class SyntheticCheckpoint:
 
         self.folder = Path(folder).expanduser()
         self.config_path = self.folder / "config.json"
+        check_links(self.folder)  # as a checkpoint's: nothing is read through a link out of the folder
         meta = json.loads((self.folder / MARKER).read_text())
         self.seed = int(meta.get("seed", 0))
         self.dtype = getattr(torch, meta.get("dtype", "bfloat16"))
