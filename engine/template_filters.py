@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import functools
 
-from .template_limits import SLOW_INPUT_LIMIT, current, json_size, printf_size, text_size, walk_size
-from .template_sandbox import _int, _materialised, join_size, replace_size
+from .template_limits import (SLOW_INPUT_LIMIT, as_int, current, join_size, json_size, materialised, printf_size,
+                              replace_size, text_size, walk_size)
 
 # Filters that never turn a list or dict argument into text: their arguments need no text estimate.
 STRUCTURAL = frozenset(["abs", "attr", "count", "d", "default", "dictsort", "first", "float", "groupby", "int",
@@ -29,11 +29,11 @@ def _getter(environment, attribute):
 
 
 def _center(b, head, what, value=None, width=80):
-    b.check(max(text_size(value, b.size_limit), _int(width)), what)
+    b.check(max(text_size(value, b.size_limit), as_int(width)), what)
 
 
 def _indent(b, head, what, s="", width=4, first=False, blank=False):
-    w = len(width) if isinstance(width, str) else _int(width)
+    w = len(width) if isinstance(width, str) else as_int(width)
     b.check(w, what)
     n = text_size(s, b.size_limit)
     lines = (s.count("\n") if isinstance(s, str) else n) + 2
@@ -52,7 +52,7 @@ def _format(b, head, what, value="", *args, **kwargs):
 
 
 def _join(b, head, what, value=(), d="", attribute=None):
-    items = _materialised(value)
+    items = materialised(value)
     values = items
     if attribute is not None:
         get = _getter(head[0].environment, attribute)
@@ -74,11 +74,11 @@ def _sum(b, head, what, iterable=(), attribute=None, start=0):
 
 def _batch(b, head, what, value=(), linecount=1, fill_with=None):
     if fill_with is not None:
-        b.check(_int(linecount), what, "items")
+        b.check(as_int(linecount), what, "items")
 
 
 def _slice(b, head, what, value=(), slices=1, fill_with=None):
-    b.check(_int(slices), what, "slices")
+    b.check(as_int(slices), what, "slices")
 
 
 def _tojson(b, head, what, x=None, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
@@ -94,7 +94,7 @@ def _wordwrap(b, head, what, s="", width=79, break_long_words=True, wrapstring=N
     b.check(n, what, limit=SLOW_INPUT_LIMIT)
     wrap = len(wrapstring) if isinstance(wrapstring, str) else text_size(wrapstring, b.size_limit)
     newlines = s.count("\n") if isinstance(s, str) else n
-    lines = min(n + 1, 2 * n // max(_int(width), 1) + newlines + 2)
+    lines = min(n + 1, 2 * n // max(as_int(width), 1) + newlines + 2)
     b.check(n + lines * max(wrap, 1), what)
 
 

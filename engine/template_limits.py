@@ -211,10 +211,6 @@ def json_size(obj, limit: int, indent=None, separators=None) -> int:
 
 
 # ---- formatting: widths and precisions are read before anything is built ----------------------------
-def _as_int(x) -> int:
-    return x if isinstance(x, int) else 0
-
-
 def printf_size(fmt: str, args, limit: int) -> int:
     """An estimate of len(fmt % args), reading the format as CPython does (a `%(key)` may hold
     parentheses; `*` takes a width or precision from the arguments)."""
@@ -242,7 +238,7 @@ def printf_size(fmt: str, args, limit: int) -> int:
                     break
                 i += 1
             if i < n and fmt[i] == "*":
-                numbers.append(_as_int(seq[k]) if k < len(seq) else 0)
+                numbers.append(as_int(seq[k]) if k < len(seq) else 0)
                 k, i = k + 1, i + 1
             else:
                 j = i
@@ -281,3 +277,34 @@ def format_spec_size(spec: str) -> int:
         elif run:
             best, run = max(best, int(run)), ""
     return best
+
+
+# ---- sizes of joins and replacements, shared by the sandbox's methods and its filters ----------
+def as_int(x) -> int:
+    return x if isinstance(x, int) else 0
+
+
+def materialised(value):
+    """An iterable the estimate can read and the real call still gets whole."""
+    return value if isinstance(value, (str, bytes, list, tuple, dict)) else list(value)
+
+
+def join_size(b, sep, items, what: str) -> int:
+    n = len(items)
+    sep_len = len(sep) if isinstance(sep, (str, bytes)) else text_size(sep, b.size_limit)
+    b.check(sep_len * max(n - 1, 0), what)
+    total = sep_len * max(n - 1, 0)
+    for x in items:
+        total += len(x) if isinstance(x, (str, bytes)) else text_size(x, b.size_limit)
+        if total > b.size_limit:
+            break
+    return total
+
+
+def replace_size(s, old, new, count) -> int:
+    if not isinstance(s, (str, bytes)) or type(old) is not type(s) or type(new) is not type(s):
+        return len(s) if isinstance(s, (str, bytes)) else 0
+    hits = s.count(old) if old else len(s) + 1
+    if isinstance(count, int) and count >= 0:
+        hits = min(hits, count)
+    return len(s) + hits * max(len(new) - len(old), 0)

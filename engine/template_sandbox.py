@@ -19,42 +19,12 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from .template_limits import (RANGE_LIMIT, TemplateProblem, current, format_spec_size, printf_size,
-                              text_size)
+from .template_limits import (RANGE_LIMIT, TemplateProblem, as_int, current, format_spec_size, join_size,
+                              materialised, printf_size, replace_size, text_size)
 
 
 def _arg(args, kwargs, i, name, default=None):
     return args[i] if len(args) > i else kwargs.get(name, default)
-
-
-def _int(x) -> int:
-    return x if isinstance(x, int) else 0
-
-
-def _materialised(value):
-    """An iterable the estimate can read and the real call still gets whole."""
-    return value if isinstance(value, (str, bytes, list, tuple, dict)) else list(value)
-
-
-def join_size(b, sep, items, what: str) -> int:
-    n = len(items)
-    sep_len = len(sep) if isinstance(sep, (str, bytes)) else text_size(sep, b.size_limit)
-    b.check(sep_len * max(n - 1, 0), what)
-    total = sep_len * max(n - 1, 0)
-    for x in items:
-        total += len(x) if isinstance(x, (str, bytes)) else text_size(x, b.size_limit)
-        if total > b.size_limit:
-            break
-    return total
-
-
-def replace_size(s, old, new, count) -> int:
-    if not isinstance(s, (str, bytes)) or type(old) is not type(s) or type(new) is not type(s):
-        return len(s) if isinstance(s, (str, bytes)) else 0
-    hits = s.count(old) if old else len(s) + 1
-    if isinstance(count, int) and count >= 0:
-        hits = min(hits, count)
-    return len(s) + hits * max(len(new) - len(old), 0)
 
 
 def _check_method(b, owner, name, args, kwargs):
@@ -62,15 +32,15 @@ def _check_method(b, owner, name, args, kwargs):
     what = f"{name}() call"
     if isinstance(owner, (str, bytes)):
         if name in ("center", "ljust", "rjust", "zfill"):
-            b.check(max(len(owner), _int(_arg(args, kwargs, 0, "width"))), what)
+            b.check(max(len(owner), as_int(_arg(args, kwargs, 0, "width"))), what)
         elif name == "expandtabs":
-            tab = _int(_arg(args, kwargs, 0, "tabsize", 8))
+            tab = as_int(_arg(args, kwargs, 0, "tabsize", 8))
             b.check(len(owner) + owner.count("\t" if isinstance(owner, str) else b"\t") * max(tab, 0), what)
         elif name == "replace":
             b.check(replace_size(owner, _arg(args, kwargs, 0, "old"), _arg(args, kwargs, 1, "new"),
                                  _arg(args, kwargs, 2, "count", -1)), what)
         elif name == "join" and args:
-            items = _materialised(args[0])
+            items = materialised(args[0])
             b.check(join_size(b, owner, items, what), what)
             args = (items,) + tuple(args[1:])
         elif name == "translate" and args and isinstance(owner, str):
@@ -79,7 +49,7 @@ def _check_method(b, owner, name, args, kwargs):
             longest = max((len(v) for v in values if isinstance(v, str)), default=1)
             b.check(len(owner) * max(longest, 1), what)
     elif isinstance(owner, int) and name == "to_bytes":
-        b.check(_int(_arg(args, kwargs, 0, "length", 1)), what, "bytes")
+        b.check(as_int(_arg(args, kwargs, 0, "length", 1)), what, "bytes")
     return args
 
 

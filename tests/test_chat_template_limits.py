@@ -227,7 +227,8 @@ SHARED = sorted(Path("/work/shared/configs").glob("*.jinja"))
 # Written for these tests in the style of Llama 3's and Mixtral's templates: the date, a system
 # message sliced off, `+` and `~`, trim, tojson with an indent, a macro, a namespace, loop state.
 LLAMA_STYLE = """{{- bos_token }}{%- set date_string = strftime_now("%d %b %Y") %}
-{%- if messages[0]['role'] == 'system' %}{%- set system = messages[0]['content']|trim %}{%- set messages = messages[1:] %}
+{%- if messages[0]['role'] == 'system' %}{%- set system = messages[0]['content']|trim %}
+{%- set messages = messages[1:] %}
 {%- else %}{%- set system = "" %}{%- endif %}
 {{- "<|start_header_id|>system<|end_header_id|>\n\nToday Date: " + date_string + "\n\n" + system + "<|eot_id|>" }}
 {%- macro header(role) %}{{ '<|start_header_id|>' ~ role ~ '<|end_header_id|>\n\n' }}{% endmacro %}

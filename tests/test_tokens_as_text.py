@@ -154,7 +154,8 @@ def test_lost_markers_never_let_a_typed_token_through(chatml, template, content)
     t = ChatTemplate(template, chatml, Path("x"))
     msgs = [{"role": "user", "content": content}]
     got = t.ids(msgs)
-    assert controls(t, got) == [chatml.convert_tokens_to_ids("<|im_start|>"), chatml.convert_tokens_to_ids("<|im_end|>")]
+    turn = [chatml.convert_tokens_to_ids("<|im_start|>"), chatml.convert_tokens_to_ids("<|im_end|>")]
+    assert controls(t, got) == turn  # only the template's own
     assert START not in chatml.decode(got) and END not in chatml.decode(got)
 
 
