@@ -5,27 +5,27 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtGui import QAction, QActionGroup, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QApplication, QFileDialog, QInputDialog, QLabel, QMainWindow, QMessageBox, QProgressBar,
-                               QPushButton, QSplitter, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QApplication, QLabel, QMainWindow, QMessageBox, QProgressBar, QPushButton, QSplitter,
+                               QVBoxLayout, QWidget)
 
 from engine.generate import SamplingParams
-from engine.protocol import (Done, EngineStopped, ErrorEvent, Generate, Load, Loaded, MigrationProgress, PlacementChanged,
-                             Progress, Reprofile, SetSlider, Stats, Stop, TokenOut)
+from engine.protocol import (Done, EngineStopped, ErrorEvent, Generate, Loaded, MigrationProgress, PlacementChanged,
+                             Progress, SetSlider, Stats, Stop, TokenOut)
 
-from . import documents, theme
+from . import documents, menus, remote, theme
 from .composer import Composer
 from .conversation_list import ConversationList
 from .gpu_runtime import GpuOfferBar, RuntimeDialog
 from .bridge import EngineBridge
 from .chat_view import ChatView
+from .model_picker import ModelSwitch
 from .panel import LivePanel
 from .quality_slider import QualitySlider
-from .serving import ConnectDialog, LocalServer, ServerBox, ServerDialog
+from .serving import LocalServer, ServerBox, ServerDialog
 from .store import Store
+from .waiting import ReplyWait
 
 log = logging.getLogger("mixdesk")
 SAVE_PARTIAL_S = 1.0
@@ -54,7 +54,10 @@ class MainWindow(QMainWindow):
         self.params = SamplingParams(max_new_tokens=1024)
         self.remote = None  # a RemoteChat while the chat talks to a served model elsewhere
         self.server = LocalServer(self)
+        self.device, self.dtype = device, dtype  # what File > Open model opens models with
+        self.models = ModelSwitch(self)
         self._build()
+        self.wait = ReplyWait(self.statusBar(), self)
         self.set_theme(theme.saved(), remember=False)
         self.refresh_conversations()
         self._store_timer = QTimer(self, interval=1000)  # writes that waited for a lock; the store's notices
@@ -97,7 +100,7 @@ class MainWindow(QMainWindow):
         c = self.composer
         self.attachments, self.input, self.send_btn, self.stop_btn = c.attachments, c.input, c.send_btn, c.stop_btn
         self.context_label = c.context_label
-        self.attachments.notice.connect(lambda m: (self.statusBar().showMessage(m, 15000), self._log(m)))
+        self.attachments.notice.connect(lambda m: (self.statusBar().showMessage(m, 15000), self.log_line(m)))
         cl.addWidget(c)
         split.addWidget(center)
         self.panel = LivePanel()
@@ -117,62 +120,25 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.cancel_btn)
         self.statusBar().addPermanentWidget(self._undo_btn)
 
-        self._menu("&File", ("Open model…", self.pick_model), ("Open model folder…", self.open_folder), ("Open demo model", lambda: self.load_model("demo")),
-                   ("Open Hugging Face model…", self.open_hub), ("Connect to a server…", self.connect_remote),
-                   ("Use the local model", self.disconnect_remote),
-                   ("Export chat as Markdown…", lambda: self.export("md")),
-                   ("Export chat as JSON…", lambda: self.export("json")))
-        self._menu("&Chat", ("System prompt…", self.edit_system_prompt), ("Sampling settings…", self.edit_sampling))
-        tools = self._menu("&Tools", ("Re-measure this machine and model", self.remeasure))
-        self.server_action = QAction("Local server (OpenAI-compatible API)", self, checkable=True)
-        self.server_action.toggled.connect(self.toggle_server)
-        tools.addAction(self.server_action)
-        tools.actions()[0].setToolTip("Measure each tier's speed and calibrate the model again, then re-plan (when the "
-                                      "predictions look off, e.g. after the machine was busy during the first measurement)")
-        settings_menu = self.menuBar().addMenu("&Settings")
-        settings_menu.addAction("GPU runtime…", self.gpu_runtime)
-        theme_menu = settings_menu.addMenu("Theme")
-        group = QActionGroup(self)
-        self.theme_actions = {}
-        for name in theme.THEMES:
-            action = QAction(name, self, checkable=True)
-            action.triggered.connect(lambda _=False, n=name: self.set_theme(n))
-            group.addAction(action)
-            theme_menu.addAction(action)
-            self.theme_actions[name] = action
-        self._menu("&Help", ("Log", self.show_log), ("About Mixdesk", self.about))
-        QShortcut(QKeySequence("Ctrl+Return"), self, activated=self.send)
-        QShortcut(QKeySequence("Ctrl+Enter"), self, activated=self.send)
-        QShortcut(QKeySequence("Escape"), self, activated=self.stop)
-        QShortcut(QKeySequence("Ctrl+N"), self, activated=self.new_chat)
-        QShortcut(QKeySequence("Ctrl+O"), self, activated=self.pick_model)
-        QShortcut(QKeySequence("Ctrl+Shift+V"), self, activated=self.paste_files)
+        menus.build(self)
 
     # ---- models ----
-    def load_model(self, path: str, device: str | None = None, dtype: str = "auto") -> None:
-        self.model_spec = (path, device, dtype)
-        self.loading = True
-        self.model_label.setText(f"loading {path}…")
-        self.send_btn.setEnabled(False)
-        self.bridge.send(Load(path=path, device=device, dtype=dtype))
+    def load_model(self, path: str, device: str | None = None, dtype: str | None = None) -> None:
+        """Open a model (device and dtype: the window's unless given); the one in use stays until the
+        new one is ready, and comes back if the new one fails (app/model_picker.py ModelSwitch)."""
+        self.models.open((path, device or self.device, dtype or self.dtype))
+
+    @property
+    def model_spec(self) -> tuple | None:
+        return self.models.spec
 
     def pick_model(self) -> None:
-        """The model picker (non-blocking): recent models, a folder, or a hub id."""
+        """File > Open model…: the picker (non-blocking): recent models, a folder, or a hub id."""
         from .model_picker import ModelPicker
 
         self.picker = ModelPicker(self)
         self.picker.accepted.connect(lambda: self.picker.choice and self.load_model(self.picker.choice))
         self.picker.open()
-
-    def open_folder(self) -> None:
-        d = QFileDialog.getExistingDirectory(self, "Open a model folder (Mixtral, Qwen3-MoE, OLMoE or Qwen2-MoE)")
-        if d:
-            self.load_model(d)
-
-    def open_hub(self) -> None:
-        repo, ok = QInputDialog.getText(self, "Hugging Face model", "Repo id (owner/name):")
-        if ok and repo.strip():
-            self.load_model(repo.strip())
 
     # ---- conversations ----
     def refresh_conversations(self) -> None:
@@ -216,7 +182,7 @@ class MainWindow(QMainWindow):
         content = documents.prompt_with_documents(text, self.docs)
         self.store.add_message(self.cid, "user", content, meta={"attachments": [d.name for d in self.docs]})
         self.input.clear()
-        self._clear_chips()
+        self.attachments.clear()
         self.refresh_conversations()
         self.chat.show_messages(self.store.messages(self.cid))
         self._generate()
@@ -231,6 +197,7 @@ class MainWindow(QMainWindow):
         if self.remote is not None:
             self.remote.generate(self.request, self.history(), self.params)
         else:
+            self.wait.reply_started()  # says so if a calibration step holds it back
             self.bridge.send(Generate(request_id=self.request, messages=self.history(), params=self.params))
 
     def stop(self) -> None:
@@ -261,41 +228,14 @@ class MainWindow(QMainWindow):
         self.server_action.setChecked(True)
         self.server_action.blockSignals(False)
         self.server_box.show_server(self.server.server, self.model_info.name if self.model_info else "(loading)")
-        self._log(f"local server at {url}")
+        self.log_line(f"local server at {url}")
 
-    def connect_remote(self, choice: tuple[str, str, str] | None = None) -> None:
-        from .remote import RemoteChat
-
-        if choice is None:
-            dlg = ConnectDialog(self)
-            if not dlg.exec():
-                return
-            choice = dlg.choice()
-        if self.generating:
-            self.stop()
-        self.remote = RemoteChat(*choice, parent=self)
-        self.remote.events.connect(self.on_events)
-        self._remote_mode(True)
+    def connect_remote(self, choice: tuple[str, str, str] | None = None) -> bool:
+        """File > Connect to a server (the dialog), or straight to choice = (url, key, model)."""
+        return remote.connect(self, choice)
 
     def disconnect_remote(self) -> None:
-        if self.remote is None:
-            return
-        if self.generating:
-            self.stop()
-        self.remote = None
-        self._remote_mode(False)
-
-    def _remote_mode(self, on: bool) -> None:
-        """Remote: the panel says where the chat goes, and the placement controls (which act on the
-        local engine) are hidden; the local model stays loaded for when the chat comes back."""
-        self.slider.setVisible(not on)
-        self.panel.placement_box.setVisible(not on)
-        self.panel.mode.setText(f"remote: {self.remote.label}" if on else "")
-        if on:
-            self.model_label.setText(f"<b>{self.remote.model}</b> · remote, at {self.remote.base}")
-            self.send_btn.setEnabled(not self.generating)
-        else:
-            self._model_bar()
+        remote.disconnect(self)
 
     def regenerate(self) -> None:
         if self.generating or self.cid is None:
@@ -322,7 +262,10 @@ class MainWindow(QMainWindow):
             self.on_event(ev)
 
     def on_event(self, ev) -> None:
+        if self.models.on_event(ev):  # the answer to File > Open model's check or load
+            return
         if isinstance(ev, TokenOut) and ev.request_id == self.request:
+            self.wait.reply_streaming()
             self.chat.add_text(ev.text)
             now = time.monotonic()
             if now - self.last_save >= SAVE_PARTIAL_S:  # a kill loses at most this much of a reply
@@ -330,8 +273,9 @@ class MainWindow(QMainWindow):
                 self.last_save = now
         elif isinstance(ev, Done) and ev.request_id == self.request:
             f = ev.finished
+            self.wait.reply_streaming()
             stats = (f"{f.decode_tok_s:.1f} tok/s · {len(f.token_ids)} tokens · prefill {f.prompt_tokens - f.reused_tokens} "
-                     f"tok in {f.prefill_s:.2f} s · {f.reason}")
+                     f"tok in {f.prefill_s:.2f} s · {f.reason}" + (self.wait.stats_note() if self.remote is None else ""))
             self.store.update_message(self.reply_mid, f.text, complete=True, meta={"stats": stats})
             self.chat.end_stream(stats)
             self.generating = False
@@ -343,7 +287,7 @@ class MainWindow(QMainWindow):
             self.panel.show_stats(ev)
             if ev.tiers != self.tiers_now:
                 self.tiers_now = dict(ev.tiers)
-                self._model_bar()
+                self.model_bar()
         elif isinstance(ev, PlacementChanged):
             self.panel.map.set_placement(ev.placement)
             self.panel.show_migration(0, ev.moves)
@@ -351,6 +295,8 @@ class MainWindow(QMainWindow):
         elif isinstance(ev, MigrationProgress):
             self.panel.show_migration(ev.done, ev.total)
         elif isinstance(ev, Progress):
+            if ev.stage == "calibrate" and not self.loading:
+                self.wait.calibration(ev.done < ev.total, ev.what)
             self.progress.show()
             self.cancel_btn.setVisible(ev.stage in ("calibrate", "download"))
             self.progress.setRange(0, max(ev.total, 1))
@@ -366,20 +312,18 @@ class MainWindow(QMainWindow):
             self.attachments.set_context(ev.ctx, ev.count_tokens)
             self.model_info = ev
             self.model_label.setToolTip(ev.description)  # the technical line
-            if self.loading:
-                from .model_picker import remember
-
-                remember(self.model_spec[0])
+            self.wait.calibration(False)  # a calibration that ends says so with a Loaded
             if self.remote is None:
-                self._model_bar()
+                self.model_bar()
             if self.server.running:
                 self.server_box.show_server(self.server.server, ev.name)
             self.panel.map.set_share(ev.share)
-            self.send_btn.setEnabled(not self.generating)
-            self.loading = False
-            self._log(f"loaded {ev.name}: {ev.description}")
+            self.loading = self.models.busy  # a Loaded of the model in use while another is being opened: still busy
+            self.send_btn.setEnabled(not self.generating and not self.loading)
+            self.log_line(f"loaded {ev.name}: {ev.description}")
+            self.models.loaded()
         elif isinstance(ev, EngineStopped):
-            self._log(f"error: {ev.message}")
+            self.log_line(f"error: {ev.message}")
             self._end_failed_reply(ev.message)
             self.send_btn.setEnabled(False)
             self.model_label.setText(ev.message)
@@ -391,14 +335,13 @@ class MainWindow(QMainWindow):
             box.setWindowModality(Qt.WindowModality.NonModal)
             box.open()
         elif isinstance(ev, ErrorEvent):
-            self._log(f"error: {ev.message}")
+            self.log_line(f"error: {ev.message}")
             self.statusBar().showMessage(ev.message.splitlines()[0], 15000)
             if ev.request_id == self.request and self.generating:
+                self.wait.reply_streaming()
                 self._end_failed_reply(ev.message)
-            if self.loading and "cancelled" not in ev.message:
-                self.progress.hide()
-                self.model_label.setText(f"could not load: {ev.message.splitlines()[0]}")
-            elif ev.message.startswith(("calibrat", "calibration")):
+            if ev.message.startswith(("calibrat", "calibration")):
+                self.wait.calibration(False)
                 self.progress.hide()
                 self.cancel_btn.hide()
 
@@ -426,7 +369,7 @@ class MainWindow(QMainWindow):
         if self.cid is not None and not self.generating:
             self.chat.show_messages(self.store.messages(self.cid))  # code blocks in the new style
 
-    def _model_bar(self) -> None:
+    def model_bar(self) -> None:
         """The model bar, for people: name and size, where it runs, and the current 16/4-bit mix."""
         ev = self.model_info
         if ev is None:
@@ -444,14 +387,14 @@ class MainWindow(QMainWindow):
             self.store.flush()
         while self.store.notices:
             note = self.store.notices.pop(0)
-            self._log(note)
+            self.log_line(note)
             self.statusBar().showMessage(note, 20000)
 
     def restart_engine(self) -> None:
-        self._log("restarting the engine")
+        self.log_line("restarting the engine")
         self.server_action.setChecked(False)  # the server was a listener of the old engine thread
         self.bridge.restart()
-        self.load_model(*self.model_spec)
+        self.models.restart()
 
     # ---- documents (app/attachments.py) ----
     @property
@@ -465,14 +408,8 @@ class MainWindow(QMainWindow):
     def attach(self, path: str) -> None:
         self.attachments.attach(path)
 
-    def attach_dialog(self) -> None:
-        self.attachments.attach_dialog()
-
     def chip_widgets(self):
         return self.attachments.chip_widgets()
-
-    def _clear_chips(self) -> None:
-        self.attachments.clear()
 
     def paste_files(self, mime=None) -> bool:
         return self.composer.paste_files(mime)
@@ -486,48 +423,9 @@ class MainWindow(QMainWindow):
             if url.isLocalFile():
                 self.attachments.attach(url.toLocalFile())
 
-    # ---- dialogs ----
-    def edit_system_prompt(self) -> None:
-        if self.cid is None:
-            self.new_chat()
-        text, ok = QInputDialog.getMultiLineText(self, "System prompt", "System prompt for this chat:",
-                                                 self.store.conversation(self.cid).system_prompt)
-        if ok:
-            self.store.set_system_prompt(self.cid, text)
-
-    def edit_sampling(self) -> None:
-        t, ok = QInputDialog.getDouble(self, "Sampling", "Temperature (0 = greedy):", self.params.temperature, 0, 2, 2)
-        if ok:
-            from dataclasses import replace
-
-            self.params = replace(self.params, temperature=t, top_p=0.95 if t > 0 else 1.0)
-
-    def export(self, kind: str) -> None:
-        if self.cid is None:
-            return
-        path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"chat.{kind}")
-        if path:
-            text = self.store.export_markdown(self.cid) if kind == "md" else self.store.export_json(self.cid)
-            Path(path).write_text(text, encoding="utf-8")
-
-    def _log(self, line: str) -> None:
+    def log_line(self, line: str) -> None:
         self.log_lines.append(time.strftime("%H:%M:%S ") + line)
         log.info(line)
-
-    def show_log(self) -> None:
-        box = QMessageBox(self)
-        box.setWindowTitle("Mixdesk log")
-        box.setText("\n".join(self.log_lines[-200:]) or "(empty)")
-        box.exec()
-
-    def _menu(self, title: str, *items):
-        """A menu bar entry of (text, handler) actions."""
-        menu = self.menuBar().addMenu(title)
-        for text, fn in items:
-            action = QAction(text, self)
-            action.triggered.connect(fn)
-            menu.addAction(action)
-        return menu
 
     def gpu_runtime(self, start: bool = False) -> RuntimeDialog:
         """Settings > GPU runtime (or the offer bar's Download…, which starts the install at once)."""
@@ -536,26 +434,6 @@ class MainWindow(QMainWindow):
         dlg.show()
         self.runtime_dialog = dlg
         return dlg
-
-    def remeasure(self) -> None:
-        if not self.send_btn.isEnabled() or self.generating:
-            self.statusBar().showMessage("Re-measuring needs a loaded model and no reply in progress", 8000)
-            return
-        self.send_btn.setEnabled(False)  # until the engine says the model is ready again (Loaded)
-        self._log("re-measuring this machine and the model")
-        self.bridge.send(Reprofile())
-
-    def about(self) -> None:
-        import platform
-
-        import PySide6
-        import torch
-        import transformers
-
-        QMessageBox.about(self, "About Mixdesk", f"Mixdesk 0.1 — chat with Mixture-of-Experts models that do not fit "
-                          f"in your GPU.\n\ntorch {torch.__version__} (CUDA: {torch.cuda.is_available()})\n"
-                          f"transformers {transformers.__version__}\nPySide6 {PySide6.__version__}\n"
-                          f"Python {platform.python_version()}")
 
     def closeEvent(self, e):
         if self.generating and self.reply_mid is not None:

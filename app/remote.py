@@ -144,3 +144,49 @@ class RemoteChat(QObject):
         prompt = int(usage.get("prompt_tokens", 0)) if usage else 0
         fin = Finished(reason, "".join(pieces), [-1] * n, prompt, 0, (first or end) - t0, end - (first or end))
         self.events.emit([Done(request_id=rid, finished=fin)])
+
+
+# ---- the window's side: File > Connect to a server, File > Use the local model ----
+def connect(w, choice: tuple[str, str, str] | None = None) -> bool:
+    """Chat with a served model: `choice` (url, key, model), or the one the user gives in the
+    Connect dialog. True when the chat now goes there."""
+    from .serving import ConnectDialog
+
+    if choice is None:
+        dlg = ConnectDialog(w)
+        if not dlg.exec():
+            return False
+        choice = dlg.choice()
+    if w.generating:
+        w.stop()
+    w.remote = RemoteChat(*choice, parent=w)
+    w.remote.events.connect(w.on_events)
+    show_mode(w, True)
+    w.statusBar().showMessage(f"the chat now goes to {w.remote.label}", 8000)
+    w.log_line(f"chatting with {w.remote.label}")
+    return True
+
+
+def disconnect(w) -> None:
+    if w.remote is None:
+        w.statusBar().showMessage("The chat already uses the local model", 8000)
+        return
+    if w.generating:
+        w.stop()
+    w.remote = None
+    show_mode(w, False)
+    w.statusBar().showMessage("the chat uses the local model again", 8000)
+
+
+def show_mode(w, on: bool) -> None:
+    """Remote: the panel says where the chat goes, and the placement controls (which act on the
+    local engine) are hidden; the local model stays loaded for when the chat comes back."""
+    w.slider.setVisible(not on)
+    w.panel.placement_box.setVisible(not on)
+    w.panel.mode.setText(f"remote: {w.remote.label}" if on else "")
+    if on:
+        w.model_label.setText(f"<b>{w.remote.model}</b> · remote, at {w.remote.base}")
+        w.send_btn.setEnabled(not w.generating)
+    else:
+        w.model_bar()
+        w.send_btn.setEnabled(not w.generating and w.model_info is not None and not w.loading)
