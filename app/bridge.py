@@ -51,7 +51,14 @@ class EngineBridge(QObject):
         self.session.start()
 
     def shutdown(self, timeout: float = 10.0) -> bool:
+        """Stop the engine thread and its helpers. They are waited for past `timeout` too, however
+        long the step in progress takes (a calibration step took 20 s on a busy machine): a thread
+        left inside torch aborts the process when the interpreter exits (engine/client.py
+        end_session). True if the engine ended within `timeout`."""
+        from engine.client import end_session
+
         ok = self.session.shutdown(timeout)
+        end_session(self.session)
         self._timer.stop()
         self._drain()
         return ok

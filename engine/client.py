@@ -111,21 +111,26 @@ class Client:
             time.sleep(poll_s)
 
     def close(self) -> None:
-        """Stop the engine thread and wait until it, and the helper threads it started (the memory
-        monitor, the migrator's worker), have ended: a thread still inside torch when the
-        interpreter exits is killed as it takes the GIL back (pthread_exit), which torch's C++
-        frames turn into std::terminate: "terminate called without an active exception", exit 134.
-        A calibration step or a decode step cannot be interrupted, so this waits for it to end (on a
-        busy machine the first calibration step took over the 10 s that shutdown used to wait)."""
-        s = self.session
-        helpers = [t for t in (getattr(s.monitor, "_thread", None), getattr(s.migrator, "worker", None))
-                   if t is not None]
-        if s.thread.is_alive():
-            s.submit(Stop())  # the reply in progress ends; a calibration stops at its next step
-        s.shutdown(timeout=0)
-        s.thread.join()
-        for t in helpers:  # told to stop by the engine thread's teardown; joined there with a timeout
-            t.join()
+        end_session(self.session)
+
+
+def end_session(session: Session) -> None:
+    """Stop an engine thread and wait until it, and the helper threads it started (the memory
+    monitor, the migrator's worker), have ended; the terminal commands and the window end with it.
+    A thread still inside torch when the interpreter exits is killed as it takes the GIL back
+    (pthread_exit), which torch's C++ frames turn into std::terminate: "terminate called without an
+    active exception", exit 134. A calibration step or a decode step cannot be interrupted, so this
+    waits for it to end (on a busy machine the first calibration step took longer than the 10 s
+    that shutdown used to wait)."""
+    s = session
+    helpers = [t for t in (getattr(s.monitor, "_thread", None), getattr(s.migrator, "worker", None))
+               if t is not None]
+    if s.thread.is_alive():
+        s.submit(Stop())  # the reply in progress ends; a calibration stops at its next step
+    s.shutdown(timeout=0)
+    s.thread.join()
+    for t in helpers:  # told to stop by the engine thread's teardown; joined there with a timeout
+        t.join()
 
 
 def progress_bar(quiet: bool) -> Callable[[int, int, str], None]:

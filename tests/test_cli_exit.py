@@ -34,6 +34,26 @@ if slow:
             torch.nn.functional.scaled_dot_product_attention(q, q, q)
         return real(*a, **k)
     inputs.measure_dense_s = measure_dense_s
+if sys.argv[1] == "window":  # the desktop app, closed as soon as its first calibration step runs
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.main_window import MainWindow
+    from app.store import Store
+
+    app = QApplication([])
+    w = MainWindow(Store(os.path.join(os.getcwd(), "chats.sqlite3")), model=sys.argv[2], device="cpu", dtype="fp32")
+    w.show()
+
+    def close_when_calibrating():
+        if w.progress.isVisible() and "calibrating" in w.progress.format():
+            print("closing while calibrating", flush=True)
+            w.close()
+            app.quit()
+        else:
+            QTimer.singleShot(50, close_when_calibrating)
+    QTimer.singleShot(50, close_when_calibrating)
+    sys.exit(app.exec())
 from engine.tools.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -117,3 +137,17 @@ def test_twenty_plans_and_a_few_of_each_command_on_a_busy_machine_all_exit_0(tin
         print(f"{name}: {sum(rc == 0 for _, rc, _, _ in mine)}/{len(mine)} exit 0, "
               f"{sum(t for _, _, t, _ in mine):.0f} s in all")
     assert all(rc == 0 and not term for _, rc, _, term in results), results
+
+
+def test_the_window_closed_during_a_long_calibration_step_exits_0(tiny, tmp_path):
+    """The window's exit path: closed while the first calibration step runs inside torch for longer
+    than the 10 s its close used to wait, it waits for the step and the process exits 0."""
+    pytest.importorskip("PySide6")
+    t0 = time.perf_counter()
+    env = {**fresh_env(tmp_path, SLOW_STEP_S), "QT_QPA_PLATFORM": "offscreen"}
+    (tmp_path / "cwd").mkdir()
+    r = subprocess.run([sys.executable, "-c", RUNNER, "window", str(tiny)], cwd=tmp_path / "cwd", env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stderr[-2000:]}"
+    assert "closing while calibrating" in r.stdout and "terminate called" not in r.stderr
+    assert time.perf_counter() - t0 > SLOW_STEP_S
