@@ -119,7 +119,9 @@ class ModelSwitch:
     in use stays loaded, and the chat usable, until the new one has been checked (check_model, a
     Task on the engine thread); only then is it loaded. A new model that fails after that (the
     engine lets the old one go before it loads: engine/session.py _load) brings the previous one
-    back, and the window says both: why the new one failed, and that the previous one is back."""
+    back, and the window says both: why the new one failed, and that the previous one is back.
+    (The engine now validates the folder before it releases the model in use, too; the check here
+    also reads the tokenizer and the chat template, which load reads only after the release.)"""
 
     def __init__(self, w):
         self.w = w
@@ -180,7 +182,9 @@ class ModelSwitch:
             self._load(ev.value)
             return True
         if isinstance(ev, ErrorEvent) and rid is not None and rid in (self.check_id, self.load_id):
-            self._failed(ev.message, after_unload=rid == self.load_id)
+            # a Load that failed before the engine released the model in use leaves it announced
+            released = rid == self.load_id and self.w.bridge.session.last_loaded is None
+            self._failed(ev.message, after_unload=released)
             return True
         if isinstance(ev, Progress) and ev.stage == "load" and self.load_id is not None:
             self.building = True
