@@ -54,6 +54,13 @@ def _token_counter(tokenizer) -> Callable[[str], int]:
     return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
 
 
+def _prompt_ids(generator) -> Callable[[list], list]:
+    """The chat template's ids(), without a reference to the model (listeners keep events)."""
+    if generator.template is None:
+        generator.chat_prompt([{"role": "user", "content": "Hello"}])  # builds the template
+    return generator.template.ids
+
+
 class Session(Profiling):
     def __init__(self, emit: Callable[[object], None], source: MemorySource | None = None,
                  poll_s: float = 0.5, tiers: tuple[Tier, ...] | None = None, seam: bool = False,
@@ -353,7 +360,7 @@ class Session(Profiling):
                          layers=d.layers, experts=d.experts, ctx=ld.generator.ctx, share=share,
                          params=d.layers * d.experts * d.expert_params()
                          + ld.model.dense_bytes() // ld.model.embed.element_size(),
-                         count_tokens=_token_counter(ld.tokenizer), prompt_ids=ld.generator.chat_prompt,
+                         count_tokens=_token_counter(ld.tokenizer), prompt_ids=_prompt_ids(ld.generator),
                          max_token_chars=self._max_token_chars)
         self.emit(self.last_loaded)
 
