@@ -15,6 +15,11 @@ if "XDG_CONFIG_HOME" not in os.environ:  # the window's settings (theme) stay ou
 
     os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="mixdesk-test-config-")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+# bitsandbytes' first import logs a failed optional import with the exception as the message's
+# argument; pytest's log capture keeps the record, so the traceback kept the frames of whatever
+# imported it first (a calibration step, holding the model: a "model freed at shutdown" test then
+# fails). Imported here, nothing of the engine's is on the stack.
+import bitsandbytes.functional  # noqa: E402,F401
 
 
 def _pace(generator, per_token_s: float = 0.005) -> None:

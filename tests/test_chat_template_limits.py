@@ -223,7 +223,8 @@ CONVERSATIONS = [
                                                            "function": {"name": "f", "arguments": {"a": 1}}}]},
      {"role": "tool", "content": "42"}, {"role": "user", "content": "thanks"}],
 ]
-SHARED = sorted(Path("/work/shared/configs").glob("*.jinja"))
+TEMPLATES = Path(__file__).parent / "templates"  # the published Qwen3 and gpt-oss templates
+SHARED = sorted(TEMPLATES.glob("*.jinja"))
 # Written for these tests in the style of Llama 3's and Mixtral's templates: the date, a system
 # message sliced off, `+` and `~`, trim, tojson with an indent, a macro, a namespace, loop state.
 LLAMA_STYLE = """{{- bos_token }}{%- set date_string = strftime_now("%d %b %Y") %}
@@ -258,7 +259,7 @@ def test_templates_render_as_transformers(tok, name):
     from engine.chat_template import ChatTemplate
 
     src = {"llama_style": LLAMA_STYLE, "mixtral_style": MIXTRAL_STYLE}.get(name) or \
-        Path("/work/shared/configs", name).read_text()
+        (TEMPLATES / name).read_text()
     t = ChatTemplate(src, tok, Path(name))
     for msgs in CONVERSATIONS:
         want = tok.apply_chat_template(msgs, chat_template=src, add_generation_prompt=True, tokenize=False)
