@@ -441,5 +441,6 @@ class MainWindow(QMainWindow):
         self.server.stop()
         self.bridge.shutdown(timeout=10.0)
         self._store_timer.stop()
-        self.store.close()  # what a lock kept waiting is written, or kept for the next start
+        if not self.store.close():  # what waits is written, or kept for the next start; else the user is told
+            QMessageBox.warning(self, "Chats not saved", self.store.notices[-1])
         super().closeEvent(e)

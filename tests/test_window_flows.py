@@ -13,6 +13,7 @@ from engine.generate import SamplingParams  # noqa: E402
 from engine.tools.serve import Server  # noqa: E402
 
 from test_app import open_window, window  # noqa: E402,F401  (the same window fixture)
+from test_store import small_disk  # noqa: E402,F401  (a tmpfs that fills)
 from window_helpers import menu_actions, no_uncaught_exceptions, on_modal  # noqa: E402
 
 
@@ -171,3 +172,30 @@ def test_a_reply_held_back_by_a_calibration_step_says_what_it_waits_for(qtbot, t
             assert "your reply starts" not in w.statusBar().currentMessage()  # said no longer than it held
     finally:
         w.close()
+
+
+def test_closing_with_chats_that_can_be_kept_nowhere_says_so(qtbot, tiny, small_disk, tmp_path, monkeypatch):
+    """The disk holding the chats fills, and the copy's folder is on it too: the window's close
+    says plainly that the waiting messages are lost (the store's notice), never silently."""
+    from PySide6.QtWidgets import QMessageBox
+
+    from app.main_window import MainWindow
+    from app.store import Store
+    from test_store import fill
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    store = Store(small_disk / "chats.sqlite3", fallback_dirs=[small_disk / "state"])
+    w = MainWindow(store, model=str(tiny), session_kwargs={"poll_s": 0.1}, device="cpu", dtype="fp32")
+    qtbot.addWidget(w)
+    w.show()
+    qtbot.waitUntil(lambda: w.send_btn.isEnabled(), timeout=120_000)
+    filler = fill(small_disk)
+    try:
+        say(qtbot, w, "this one waits for room", 4)
+        assert w.store.pending
+        said = []
+        on_modal(lambda box: (said.append(box.text()), box.accept()), QMessageBox)
+        w.close()
+        assert said and "lost when Mixdesk closes" in said[0], said
+    finally:
+        filler.unlink()
