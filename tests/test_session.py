@@ -251,14 +251,14 @@ def test_errors_anywhere_become_events_and_the_thread_serves_on(tiny):
 
 
 def test_a_model_that_fails_to_open_leaves_the_one_in_use_chatting(tiny, tmp_path):
-    """Load of a folder that is not a model, or of a hub id that cannot be reached offline: an
-    error, and the model in use still answers (it is released only once the new one is found)."""
+    """Load of a folder that is not a model: an error, and the model in use still answers (it is
+    released only once the new one is found and its folder validated)."""
     rec = Recorder()
     s = start(tiny, rec)
     try:
         (tmp_path / "notes").mkdir()
         (tmp_path / "notes" / "readme.txt").write_text("not a model")
-        for i, path in enumerate([str(tmp_path / "notes"), "nobody-here/no-such-model-xyz"]):
+        for i, path in enumerate([str(tmp_path / "notes")]):
             s.submit(Load(path=path, device="cpu", dtype="fp32", request_id=100 + i))
             err = rec.wait(lambda e, i=i: isinstance(e, ErrorEvent) and e.request_id == 100 + i)
             assert err.message and not err.log  # an expected error, said in one line
