@@ -73,7 +73,7 @@ def test_connect_to_a_server_from_the_file_menu_opens_the_dialog_and_chats(qtbot
         assert say(qtbot, window, "and locally", 4).complete
 
 
-def test_a_folder_that_is_not_a_model_keeps_the_old_model_chatting(qtbot, window, tmp_path):
+def test_a_failed_open_of_a_folder_that_is_not_a_model_keeps_the_old_model_chatting(qtbot, window, tmp_path):
     """Defect 2, through File > Open model folder… and through the picker: the old model stays
     loaded while the new one is checked; the failure is said; Send works and replies."""
     not_a_model = tmp_path / "holiday photos"
@@ -112,7 +112,7 @@ def test_a_folder_that_is_not_a_model_keeps_the_old_model_chatting(qtbot, window
         assert session.loaded is loaded_before
 
 
-def test_a_model_that_fails_after_the_old_one_was_let_go_brings_the_old_one_back(qtbot, window, tmp_path, tiny,
+def test_a_failed_open_after_the_old_model_was_let_go_brings_it_back(qtbot, window, tmp_path, tiny,
                                                                                  monkeypatch):
     """Defect 2, the other half: a model that passes the check but fails while it is built (the
     engine unloads the model in use first: engine/session.py _load, e.g. out of memory). The
