@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from two_threads import ids_from_two_threads
+
 N = "400000000"
 S = "{% set s = 'x' * 1000000 %}"  # a string at the size limit, shared by many cases
 
@@ -337,19 +339,6 @@ def test_two_threads_tokenise_at_once(tok):
     t = ChatTemplate(CHAT_TEMPLATE, tok, Path("x"))
     convs = [[{"role": "user", "content": f"hello {i} " * (1 + 50 * i)}] for i in range(20)]
     want = [t.ids(m) for m in convs]
-    got, errors = {0: [], 1: []}, []
-
-    def run(k):
-        try:
-            for _ in range(10):
-                got[k].append([t.ids(m) for m in (convs if k == 0 else convs[::-1])])
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(f"{type(e).__name__}: {e}")
-
-    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(60)
+    got, errors = ids_from_two_threads(t, convs, 10)
     assert not errors, errors
     assert got[0] == [want] * 10 and got[1] == [want[::-1]] * 10

@@ -5,13 +5,13 @@ tokenised exactly as transformers' apply_chat_template tokenises it.
 """
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
 
 from engine.chat_template import ChatTemplate
 from engine.control_tokens import END, START
+from two_threads import ids_from_two_threads
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
@@ -190,20 +190,7 @@ def test_two_threads_tokenise_typed_tokens_at_once(chatml):
     convs = [[{"role": "user", "content": INJECTION * (1 + i)}] for i in range(5)] + \
         [[{"role": "user", "content": "hello world " * (1 + i)}] for i in range(5)]
     want = [t.ids(m) for m in convs]
-    got, errors = {0: [], 1: []}, []
-
-    def run(k):
-        try:
-            for _ in range(20):
-                got[k].append([t.ids(m) for m in (convs if k == 0 else convs[::-1])])
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(f"{type(e).__name__}: {e}")
-
-    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(60)
+    got, errors = ids_from_two_threads(t, convs, 20)
     assert not errors, errors
     assert got[0] == [want] * 20 and got[1] == [want[::-1]] * 20
     assert chatml.backend_tokenizer.encode_special_tokens is False
