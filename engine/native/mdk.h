@@ -43,8 +43,15 @@
 #define MDK_X86 0
 #endif
 
-enum { MDK_F32 = 0, MDK_F16 = 1, MDK_BF16 = 2, MDK_Q4 = 3, MDK_MX4 = 4 };
+enum { MDK_F32 = 0, MDK_F16 = 1, MDK_BF16 = 2, MDK_Q4 = 3, MDK_MX4 = 4,
+       /* GGUF's block formats, each repacked into tiles of its own (kquant.c: 256-weight super-blocks;
+        * qblock.c: 32-weight blocks). Their values are exactly gguf.quants.dequantize's. */
+       MDK_Q4K = 5, MDK_Q5K = 6, MDK_Q6K = 7,
+       MDK_Q8_0 = 8, MDK_Q4_0 = 9, MDK_Q4_1 = 10, MDK_Q5_0 = 11, MDK_Q5_1 = 12 };
 #define MDK_IS_Q4(fmt) ((fmt) == MDK_Q4 || (fmt) == MDK_MX4)  /* both use the Q4 tiles and dot products */
+#define MDK_IS_KQ(fmt) ((fmt) >= MDK_Q4K && (fmt) <= MDK_Q6K)      /* kquant.c */
+#define MDK_IS_QB(fmt) ((fmt) >= MDK_Q8_0 && (fmt) <= MDK_Q5_1)    /* qblock.c */
+#define MDK_IS_INT(fmt) (MDK_IS_Q4(fmt) || MDK_IS_KQ(fmt) || MDK_IS_QB(fmt))  /* int8-activation formats */
 enum { MDK_PATH_C = 0, MDK_PATH_AVX2 = 1, MDK_PATH_AVX512 = 2 };
 
 typedef struct {
@@ -106,6 +113,27 @@ void mdk_q4_rows(const mdk_matrix *w, int r0, int r1, const mdk_q8 *a, float *y)
 void mdk_q4_rows_multi(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y);
 
 MDK_API void mdk_q4_dequantize_fmt(const uint8_t *packed, int fmt, int n, int k, float *out);
+
+/* ---- kquant.c (Q4_K, Q5_K, Q6_K) and qblock.c (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) ----
+ * raw: GGUF's own rows, n rows of (k / block) blocks in ggml's block structs, as the file holds them.
+ * tiles: the kernel's layout, built from raw at load ("repack"); the same bytes a weight as raw
+ * (bytes_for(fmt, n, k) == n * raw row bytes) unless a comment in the file says otherwise and why.
+ * The generic entry points (kquant.c) dispatch on fmt to the qblock.c functions of the same shape. */
+MDK_API size_t mdk_wq_bytes(int fmt, int n, int k);                        /* bytes of the tiles */
+MDK_API int mdk_wq_pack(int fmt, const uint8_t *raw, int n, int k, uint8_t *tiles);    /* 0, or -1: bad shape */
+MDK_API int mdk_wq_unpack(int fmt, const uint8_t *tiles, int n, int k, uint8_t *raw);  /* the inverse */
+MDK_API void mdk_wq_dequantize(int fmt, const uint8_t *tiles, int n, int k, int r0, int r1, float *out); /* rows r0..r1-1 */
+void mdk_wq_rows(const mdk_matrix *w, int r0, int r1, const mdk_q8 *a, float *y);  /* as mdk_q4_rows, any MDK_IS_INT fmt */
+void mdk_wq_rows_multi(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y);
+size_t mdk_qb_bytes(int fmt, int n, int k);                                /* qblock.c, for MDK_IS_QB */
+int mdk_qb_pack(int fmt, const uint8_t *raw, int n, int k, uint8_t *tiles);
+int mdk_qb_unpack(int fmt, const uint8_t *tiles, int n, int k, uint8_t *raw);
+void mdk_qb_dequantize(int fmt, const uint8_t *tiles, int n, int k, int r0, int r1, float *out);
+void mdk_qb_rows(const mdk_matrix *w, int r0, int r1, const mdk_q8 *a, float *y);
+void mdk_qb_rows_multi(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y);
+/* kquantize.c: fp32/fp16/bf16 rows [n, k] (src_fmt) -> raw GGUF blocks of fmt (any MDK_IS_KQ/QB);
+ * llama.cpp-style scale searches, deterministic and independent of nthreads. 0, or -1: bad shape. */
+MDK_API int mdk_quantize_blocks(int fmt, const void *src, int src_fmt, int n, int k, uint8_t *raw, int nthreads);
 
 /* ---- dense.c ---- */
 void mdk_dense_rows(const mdk_matrix *w, int r0, int r1, const float *x, const uint16_t *xbf, float *y);
