@@ -25,6 +25,8 @@ import torch
 log = logging.getLogger(__name__)
 
 F32, F16, BF16, Q4, MX4 = 0, 1, 2, 3, 4
+# GGUF block formats (mdk.h): K-quants, then the 32-weight blocks
+Q4K, Q5K, Q6K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 = 5, 6, 7, 8, 9, 10, 11, 12
 ERRORS = {-1: "out of memory for its scratch buffers", -2: "a selected expert is not a native CPU expert",
           -3: "top-k outside 1..experts, or more than 1024 experts"}
 PATHS = ("portable C", "AVX2", "AVX-512 VNNI")
@@ -132,6 +134,12 @@ def _declare(lib) -> None:
     lib.mdk_q4_dequantize_fmt.restype = None
     lib.mdk_mx4_pack.argtypes = [vp, vp, i, i, vp]
     lib.mdk_mx4_pack.restype = i
+    sz = ctypes.c_size_t
+    lib.mdk_wq_bytes.argtypes, lib.mdk_wq_bytes.restype = [i, i, i], sz
+    lib.mdk_wq_pack.argtypes, lib.mdk_wq_pack.restype = [i, vp, i, i, vp], i
+    lib.mdk_wq_unpack.argtypes, lib.mdk_wq_unpack.restype = [i, vp, i, i, vp], i
+    lib.mdk_wq_dequantize.argtypes, lib.mdk_wq_dequantize.restype = [i, vp, i, i, i, i, vp], None
+    lib.mdk_quantize_blocks.argtypes, lib.mdk_quantize_blocks.restype = [i, vp, i, i, i, vp, i], i
     lib.mdk_matmul.argtypes = [POINTER(Matrix), vp, i, i, vp, i]
     lib.mdk_matmul.restype = i
     lib.mdk_experts.argtypes = [vp, i, vp, vp, vp, vp, i, i, vp, i, i]

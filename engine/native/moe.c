@@ -35,7 +35,7 @@ typedef struct {
 
 static void rows_any(const mdk_matrix *w, int r0, int r1, const float *xf, const uint16_t *xbf, const mdk_q8 *xq,
                      float *y) {
-    if (MDK_IS_Q4(w->fmt)) mdk_q4_rows(w, r0, r1, xq, y);
+    if (MDK_IS_INT(w->fmt)) mdk_wq_rows(w, r0, r1, xq, y);
     else mdk_dense_rows(w, r0, r1, xf, xbf, y);
 }
 
@@ -52,14 +52,14 @@ static void phase1(void *c, int t) {
             for (int half = 0; half < 2; half++)
                 for (int s = m->offs[j]; s < m->offs[j + 1];) {
                     int ns = m->offs[j + 1] - s < 4 ? m->offs[j + 1] - s : 4;
-                    if (MDK_IS_Q4(w->fmt) && ns > 1) {  /* up to 4 tokens per read of the rows */
+                    if (MDK_IS_INT(w->fmt) && ns > 1) {  /* up to 4 tokens per read of the rows */
                         const mdk_q8 *aa[4];
                         float *yy[4];
                         for (int t = 0; t < ns; t++) {
                             aa[t] = &m->xq[m->tok[s + t]];
                             yy[t] = m->h + (size_t)(s + t) * 2 * I + half * I + r;
                         }
-                        mdk_q4_rows_multi(w, half * I + r, half * I + re, aa, ns, yy);
+                        mdk_wq_rows_multi(w, half * I + r, half * I + re, aa, ns, yy);
                         s += ns;
                         continue;
                     }
@@ -94,7 +94,7 @@ static void phase1(void *c, int t) {
                     float g = h[i];
                     act[i] = g / (1.f + expf(-g)) * h[I + i];
                 }
-            if (MDK_IS_Q4(fmt)) mdk_quantize_act_range(act, I, a, b, &m->aq[s]);
+            if (MDK_IS_INT(fmt)) mdk_quantize_act_range(act, I, a, b, &m->aq[s]);
             else if (fmt == MDK_BF16 && m->actbf) mdk_store_row(MDK_BF16, act + a, m->actbf + (size_t)s * I + a, b - a);
         }
     }
@@ -111,11 +111,11 @@ static void phase3(void *c, int t) {
             int re = r + SUB < b ? r + SUB : b;
             for (int s = m->offs[j]; s < m->offs[j + 1];) {
                 int ns = m->offs[j + 1] - s < 4 ? m->offs[j + 1] - s : 4;
-                if (MDK_IS_Q4(w->fmt) && ns > 1) {  /* up to 4 slots per read of the rows */
+                if (MDK_IS_INT(w->fmt) && ns > 1) {  /* up to 4 slots per read of the rows */
                     const mdk_q8 *aa[4];
                     float *yy[4] = {y4[0], y4[1], y4[2], y4[3]};
                     for (int t = 0; t < ns; t++) aa[t] = &m->aq[s + t];
-                    mdk_q4_rows_multi(w, r, re, aa, ns, yy);
+                    mdk_wq_rows_multi(w, r, re, aa, ns, yy);
                 } else {
                     ns = 1;
                     rows_any(w, r, re, m->act + (size_t)s * I, m->actbf ? m->actbf + (size_t)s * I : NULL,
@@ -161,8 +161,8 @@ MDK_API int mdk_experts(const mdk_expert *const *ex, int njobs, const int32_t *o
     int D = ex[0]->w13.k, I = ex[0]->w2.k, S = offs[njobs];
     int any_q4_in = 0, any_q4_out = 0, any_bf_in = 0, any_bf_out = 0;
     for (int j = 0; j < njobs; j++) {
-        any_q4_in |= MDK_IS_Q4(ex[j]->w13.fmt);
-        any_q4_out |= MDK_IS_Q4(ex[j]->w2.fmt);
+        any_q4_in |= MDK_IS_INT(ex[j]->w13.fmt);
+        any_q4_out |= MDK_IS_INT(ex[j]->w2.fmt);
         any_bf_in |= ex[j]->w13.fmt == MDK_BF16;
         any_bf_out |= ex[j]->w2.fmt == MDK_BF16;
     }
@@ -273,11 +273,11 @@ static void mm_task(void *c, int t) {
         int re = r + SUB < b ? r + SUB : b;
         for (int tk = 0; tk < m->T;) {
             int nt = m->T - tk < 4 ? m->T - tk : 4;
-            if (MDK_IS_Q4(m->w->fmt) && nt > 1) {
+            if (MDK_IS_INT(m->w->fmt) && nt > 1) {
                 const mdk_q8 *aa[4];
                 float *yy[4] = {y4[0], y4[1], y4[2], y4[3]};
                 for (int t = 0; t < nt; t++) aa[t] = &m->xq[tk + t];
-                mdk_q4_rows_multi(m->w, r, re, aa, nt, yy);
+                mdk_wq_rows_multi(m->w, r, re, aa, nt, yy);
             } else {
                 nt = 1;
                 rows_any(m->w, r, re, m->xf + (size_t)tk * k, m->xbf ? m->xbf + (size_t)tk * k : NULL,
@@ -294,8 +294,8 @@ MDK_API int mdk_matmul(const mdk_matrix *w, const void *x, int x_fmt, int T, flo
     int k = w->k;
     size_t q8 = mdk_q8_bytes(k);
     float *xf = (float *)mdk_scratch(0, (size_t)T * k * 4);
-    char *mem = MDK_IS_Q4(w->fmt) ? (char *)mdk_scratch(1, (size_t)T * (q8 + sizeof(mdk_q8))) : NULL;
-    if (!xf || (MDK_IS_Q4(w->fmt) && !mem)) return -1;
+    char *mem = MDK_IS_INT(w->fmt) ? (char *)mdk_scratch(1, (size_t)T * (q8 + sizeof(mdk_q8))) : NULL;
+    if (!xf || (MDK_IS_INT(w->fmt) && !mem)) return -1;
     mdk_q8 *xq = NULL;
     if (mem) {
         xq = (mdk_q8 *)mem;
