@@ -18,7 +18,7 @@ from .errors import ModelError
 from .families import fused
 from .kernels import linear, weight_problem
 from .placement import Tier
-from .quant import NF4, MX4Native, Q4Native, cpu4_format, run_to_end
+from .quant import NF4, MX4Native, Q4Native, cpu4_format, cpu4_quantize, cpu4_quantize_steps, run_to_end
 
 CPU = torch.device("cpu")
 ACTS = {"silu": 0, "swiglu_oai": 1}  # the native kernel's codes (mdk.h)
@@ -182,8 +182,7 @@ def quantise(tier: Tier, w13: torch.Tensor, w2: torch.Tensor, accel: torch.devic
              dtype: torch.dtype, threads: int | None = None, glu: Glu | None = None) -> QuantExpert:
     """The 4-bit form of a 16-bit expert for `tier` (cpu-4: the native Q4 kernel, or torch int4 without it; gpu-4: NF4)."""
     if tier == Tier.CPU4:
-        fmt = cpu4_format()
-        return QuantExpert(tier, fmt.quantize(w13, threads), fmt.quantize(w2, threads), CPU, glu)
+        return QuantExpert(tier, cpu4_quantize(w13, threads), cpu4_quantize(w2, threads), CPU, glu)
     if tier == Tier.GPU4:
         return QuantExpert(tier, NF4.quantize(w13, accel, dtype), NF4.quantize(w2, accel, dtype), accel, glu)
     raise ValueError(f"{tier} is not a 4-bit tier")
@@ -234,6 +233,10 @@ def build_steps(ckpt: Checkpoint, layer: int, expert: int, tier: Tier, accel: to
                 threads: int | None = None):
     """materialise as a generator: it yields between short steps (a read, a check, a slice of
     quantisation) and returns the form, so a build can be spread between decode steps."""
+    if getattr(ckpt, "is_gguf", False):  # the file's own formats (engine/gguf/tiers.py)
+        from .gguf import tiers
+
+        return (yield from tiers.build_steps(ckpt, layer, expert, tier, accel, dtype, threads))
     w13, w2 = read_expert(ckpt, layer, expert)
     glu = read_glu(ckpt, layer, expert)
     yield
@@ -249,8 +252,8 @@ def build_steps(ckpt: Checkpoint, layer: int, expert: int, tier: Tier, accel: to
             return mx
     if tier == Tier.CPU4 and cpu4_format() is Q4Native and threads != 1:
         yield
-        q13 = yield from Q4Native.quantize_steps(w13)
-        q2 = yield from Q4Native.quantize_steps(w2)
+        q13 = yield from cpu4_quantize_steps(w13)
+        q2 = yield from cpu4_quantize_steps(w2)
         return QuantExpert(tier, q13, q2, CPU, glu)
     if tier.bits == 4:
         return quantise(tier, w13, w2, accel, dtype, threads, glu)

@@ -71,8 +71,11 @@ def auto_placement(ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype, bud
     from .planning.inputs import default_budgets, from_dims
     from .planning.planner import plan
 
+    from .tier_bytes import tier_bytes
+
     hw = load_or_measure(accel.device)
-    inp = from_dims(ckpt.dims, hw, torch.empty((), dtype=dtype).element_size())
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    inp = from_dims(ckpt.dims, hw, itemsize, sizes=tier_bytes(ckpt, itemsize), cpu4_lossless=lossless_cpu4(ckpt))
     if accel.cpu_only and not inp.cpu_only:
         from dataclasses import replace
 
@@ -108,8 +111,30 @@ def load(folder: str | Path, placement: str | Placement = "auto", device: str | 
     return LoadedModel(ckpt, accel, model, tokenizer, gen)
 
 
+def lossless_cpu4(ckpt) -> bool:
+    """cpu-4 holds exactly what cpu-16 does: a GGUF file whose experts are 4-bit already."""
+    if not getattr(ckpt, "is_gguf", False):
+        return False
+    from .gguf.tiers import cpu4_is_file_form
+
+    return cpu4_is_file_form(ckpt)
+
+
+def is_gguf(path: str | Path) -> bool:
+    """A .gguf file, or a folder holding GGUF weights and no config.json."""
+    p = Path(path).expanduser()
+    if p.suffix.lower() == ".gguf":
+        return True
+    return p.is_dir() and not (p / "config.json").exists() and any(p.glob("*.gguf"))
+
+
 def open_checkpoint(folder: str | Path) -> Checkpoint:
-    """A model folder opened and validated (no weights read): a checkpoint or a synthetic model."""
+    """A model opened and validated (no weights read): a safetensors folder, a GGUF file (or a
+    folder or split set of one: engine/gguf), or a synthetic model."""
     from .sources.synthetic import SyntheticCheckpoint, is_synthetic
 
+    if is_gguf(folder):
+        from .gguf import open_gguf
+
+        return open_gguf(folder)
     return SyntheticCheckpoint(folder) if is_synthetic(folder) else Checkpoint(folder)

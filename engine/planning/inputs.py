@@ -109,13 +109,18 @@ def dense_bytes_of(d, dtype: torch.dtype) -> int:
 
 
 def from_dims(d, hw: HardwareProfile, itemsize: int = 2, sensitivity: float = ASSUMED_SENSITIVITY,
-              gpu_costs: dict | None = None) -> PlanInputs:
+              gpu_costs: dict | None = None, sizes: dict | None = None, dense_bytes: int | None = None,
+              cpu4_lossless: bool = False) -> PlanInputs:
     """Planner inputs from a model's shape alone (no weights read): uniform popularity, one assumed
     sensitivity for every 4-bit expert, this machine's measured tier costs. GPU tiers: gpu_costs
-    when given, else the measured ones when this machine has a GPU, else none (CPU-only)."""
-    n = d.expert_params()
-    sizes = {"gpu-16": n * itemsize, "cpu-16": n * itemsize, "gpu-4": n * 9 // 16, "cpu-4": n * 5 // 8}
-    dense_bytes = sum(math.prod(s) for s in dense_shapes(d).values()) * itemsize
+    when given, else the measured ones when this machine has a GPU, else none (CPU-only).
+    sizes: bytes of one expert per tier (engine/tier_bytes.py; default: from the shape);
+    cpu4_lossless: cpu-4 holds what cpu-16 holds (a GGUF file's 4-bit experts), so it costs nothing."""
+    from ..tier_bytes import tier_bytes_of_dims
+
+    sizes = sizes or tier_bytes_of_dims(d, itemsize)
+    if dense_bytes is None:
+        dense_bytes = sum(math.prod(s) for s in dense_shapes(d).values()) * itemsize
     costs = {t: tuple(hw.tier_costs[t]) for t in ("cpu-16", "cpu-4")}
     gpu = gpu_costs or {t: tuple(hw.tier_costs[t]) for t in ("gpu-16", "gpu-4") if t in hw.tier_costs}
     costs.update(gpu)
@@ -124,6 +129,8 @@ def from_dims(d, hw: HardwareProfile, itemsize: int = 2, sensitivity: float = AS
     dense_s = dense_bytes * per_byte + d.layers * (REFERENCE_GPU["layer_overhead_s"] if not cpu_only else fixed)
     share = tuple(tuple([1.0 / d.experts] * d.experts) for _ in range(d.layers))
     sens = {t: [[sensitivity] * d.experts for _ in range(d.layers)] for t in ("cpu-4", "gpu-4")}
+    if cpu4_lossless:
+        sens["cpu-4"] = [[0.0] * d.experts for _ in range(d.layers)]
     scale = {t: hw.batch_scale[t] for t in costs if t in hw.batch_scale}
     return PlanInputs(d.layers, d.experts, d.top_k, share, sens, sizes, costs, dense_bytes, dense_s, cpu_only,
                       scale, dense_s / 8)  # dense prefill per token: ASSUMED 8x cheaper than a decode step

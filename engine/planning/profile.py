@@ -94,8 +94,13 @@ class ModelProfile:
 
 
 def model_key(folder: Path) -> str:
-    """Identifies a checkpoint by its path, config and weight files' sizes and times."""
+    """Identifies a checkpoint by its path, config and weight files' sizes and times (a GGUF
+    checkpoint's `folder` is its file: two quantisations of one model in one folder differ)."""
     h = hashlib.sha256(str(folder.resolve()).encode())
+    if folder.is_file():
+        st = folder.stat()
+        h.update(f"{folder.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+        return h.hexdigest()[:16]
     for f in sorted(folder.iterdir()):
         if f.suffix in (".json", ".safetensors"):
             st = f.stat()
@@ -238,14 +243,15 @@ ASSUMED_SENSITIVITY = 0.004
 
 def uniform_profile(model: MixtralModel, sensitivity: float = ASSUMED_SENSITIVITY) -> ModelProfile:
     """A stand-in when calibration is cancelled: every expert equally popular and sensitive."""
+    from ..tier_bytes import tier_bytes
+
     d = model.dims
-    n = d.expert_params()  # 4-bit sizes: cpu-4 5 bits a weight, gpu-4 4.5 (see quant.py)
-    b16 = n * torch.empty((), dtype=model.dtype).element_size()
+    sizes = tier_bytes(model.ckpt, torch.empty((), dtype=model.dtype).element_size())
     return ModelProfile(key=model_key(model.ckpt.folder), layers=d.layers, experts=d.experts, calibration_tokens=0,
                         popularity=[[1] * d.experts for _ in range(d.layers)],
                         sensitivity={t: [[sensitivity] * d.experts for _ in range(d.layers)] for t in ("cpu-4", "gpu-4")},
                         error={}, layer_kl=[sensitivity] * d.layers,
-                        expert_bytes={"cpu-16": b16, "gpu-16": b16, "cpu-4": n * 5 // 8, "gpu-4": n * 9 // 16},
+                        expert_bytes=sizes,
                         dtype=str(model.dtype).replace("torch.", ""))
 
 

@@ -1,0 +1,30 @@
+"""Bytes of one expert in each tier, known before any expert is built (the planner's sizes until
+calibration measures the real forms).
+
+16-bit tiers hold D x I x 3 weights at the compute dtype; gpu-4 is NF4 (4 bits + an fp32 absmax per
+64: 4.5 bits); cpu-4 is the cpu-4 format's own size for each matrix (engine/quant.py). A GGUF file's
+experts are what the file holds on the CPU (engine/gguf/tiers.py): cpu-16 its own bytes, and cpu-4
+the same where its experts are 4-bit already.
+"""
+from __future__ import annotations
+
+
+def tier_bytes_of_dims(d, itemsize: int) -> dict[str, int]:
+    """From the model's shape, for a 16-bit source."""
+    from .quant import cpu4_nbytes
+
+    n = d.expert_params()
+    cpu4 = cpu4_nbytes(2 * d.ffn, d.hidden) + cpu4_nbytes(d.hidden, d.ffn)
+    return {"gpu-16": n * itemsize, "cpu-16": n * itemsize, "gpu-4": n * 9 // 16, "cpu-4": cpu4}
+
+
+def tier_bytes(ckpt, itemsize: int) -> dict[str, int]:
+    """For this checkpoint: its shape, and for a GGUF file what its experts hold."""
+    sizes = tier_bytes_of_dims(ckpt.dims, itemsize)
+    if getattr(ckpt, "is_gguf", False):
+        from .gguf.tiers import cpu4_is_file_form
+
+        sizes["cpu-16"] = ckpt.expert_nbytes()
+        if cpu4_is_file_form(ckpt):
+            sizes["cpu-4"] = sizes["cpu-16"]
+    return sizes
