@@ -6,6 +6,7 @@ q/k/v are one fused matmul and rope is applied to q and k together.
 """
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -13,7 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from . import native, offload
-from .checkpoint import Checkpoint
+from .blockquant import NATIVE as BLOCK_TYPES, BlockQuant
+from .checkpoint import Checkpoint, dense_shapes
+from .dense_forms import embed_rows, stack
 from .errors import ModelError
 from .experts import Expert16, build_steps, materialise
 from .kernels import linear, weight_problem
@@ -93,21 +96,33 @@ class MixtralModel:
                 raise ModelError(ckpt.where[name].path, f"tensor '{name}' {why}")
             return t.to(device=accel, dtype=dtype)
 
-        self.embed = dense("model.embed_tokens.weight")  # [V, D]
+        # A GGUF file's matrices stay in its own blocks where the native kernels run them (the CPU,
+        # below fp32: fp32 is the reference precision); elsewhere they are its exact dequantisation.
+        self.file_dense = (getattr(ckpt, "is_gguf", False) and accel.type == "cpu" and native.available()
+                           and dtype != torch.float32)
+        shapes = dense_shapes(d)
+
+        def matrix(name: str):
+            """A matrix the forward multiplies: a tensor, or the file's blocks (engine/dense_forms.py)."""
+            if self.file_dense and ckpt.tensor_type(name) in BLOCK_TYPES:
+                return BlockQuant.from_raw(ckpt.tensor_type(name), ckpt.read_raw(name), shapes[name])
+            return dense(name)
+
+        self.embed = matrix("model.embed_tokens.weight")  # [V, D]
         self.norm = dense("model.norm.weight")
-        self.lm_head = self.embed if d.tie_embeddings else dense("lm_head.weight")
+        self.lm_head = self.embed if d.tie_embeddings else matrix("lm_head.weight")
         tick("dense weights")
         self.layers: list[DenseLayer] = []
         self.moe: list[MoEBlock] = []
         fam = d.adapter
         for l in range(d.layers):
             p = f"model.layers.{l}."
-            wqkv = torch.cat([dense(p + f"self_attn.{n}_proj.weight") for n in "qkv"])  # [(H+2G)Hd, D]
+            wqkv = stack([matrix(p + f"self_attn.{n}_proj.weight") for n in "qkv"])  # [(H+2G)Hd, D]
             bqkv = torch.cat([dense(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if d.qkv_bias else None
             qn, kn = ((dense(p + "self_attn.q_norm.weight").to(self.attn_dtype),  # applied in attention's dtype
                        dense(p + "self_attn.k_norm.weight").to(self.attn_dtype)) if d.qk_norm else (None, None))
             self.layers.append(DenseLayer(
-                dense(p + "input_layernorm.weight"), wqkv, dense(p + "self_attn.o_proj.weight"),
+                dense(p + "input_layernorm.weight"), wqkv, matrix(p + "self_attn.o_proj.weight"),
                 dense(p + "post_attention_layernorm.weight"), bqkv, qn, kn,
                 dense(p + "self_attn.o_proj.bias") if d.o_bias else None,
                 dense(p + "self_attn.sinks").to(self.attn_dtype) if d.attn_sinks else None, d.window(l)))
@@ -190,7 +205,11 @@ class MixtralModel:
             ts += layer.tensors()
         ts += [b.gate for b in self.moe]
         ts += [t for b in self.moe if b.shared for t in (b.shared[0].w13, b.shared[0].w2, b.shared[1])]
-        return sum(t.numel() * t.element_size() for t in ts)
+        return sum(t.nbytes for t in ts)
+
+    def dense_params(self) -> int:
+        """Weights outside the experts (a count, whatever format each matrix is in)."""
+        return sum(math.prod(s) for s in dense_shapes(self.dims).values())
 
     @contextmanager
     def recording(self) -> Iterator[list]:
@@ -251,7 +270,7 @@ class MixtralModel:
         cos, sin = cos_t[pos:end], sin_t[pos:end]  # [T, 1, Hd]
         masks = {w: self._mask(T, pos, w) for w in {layer.window for layer in self.layers}}
         if start is None:
-            first, x = 0, F.embedding(ids.to(self.accel), self.embed).to(self.residual_dtype)  # [T, D]
+            first, x = 0, embed_rows(self.embed, ids.to(self.accel)).to(self.residual_dtype)  # [T, D]
         else:  # calibration: resume at a layer from its recorded input (earlier layers unchanged)
             first, x = start
         for l in range(first, len(self.layers)):
@@ -300,7 +319,7 @@ class MixtralModel:
         cos_t, sin_t = self.rope_tables(max(positions) + 1)
         at = torch.tensor(positions, device=self.accel)
         cos, sin = cos_t[at], sin_t[at]  # [B, 1, Hd]
-        x = F.embedding(ids.to(self.accel), self.embed).to(self.residual_dtype)  # [B, D]
+        x = embed_rows(self.embed, ids.to(self.accel)).to(self.residual_dtype)  # [B, D]
         for l, layer in enumerate(self.layers):
             qk, v = self._qkv(x, layer, cos, sin)  # [B, H+G, Hd], [B, G, Hd]
             att = []

@@ -359,7 +359,7 @@ class Session(Profiling):
         self.last_loaded = Loaded(name=ld.ckpt.folder.name, description=ld.describe(), cpu_only=ld.accel.cpu_only,
                          layers=d.layers, experts=d.experts, ctx=ld.generator.ctx, share=share,
                          params=d.layers * d.experts * d.expert_params()
-                         + ld.model.dense_bytes() // ld.model.embed.element_size(),
+                         + ld.model.dense_params(),
                          count_tokens=_token_counter(ld.tokenizer), prompt_ids=_prompt_ids(ld.generator),
                          max_token_chars=self._max_token_chars)
         self.emit(self.last_loaded)
