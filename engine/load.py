@@ -75,7 +75,10 @@ def auto_placement(ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype, bud
 
     hw = load_or_measure(accel.device)
     itemsize = torch.empty((), dtype=dtype).element_size()
-    inp = from_dims(ckpt.dims, hw, itemsize, sizes=tier_bytes(ckpt, itemsize), cpu4_lossless=lossless_cpu4(ckpt))
+    # a GGUF file's dense matrices stay in its blocks on a CPU-only machine (engine/model.py)
+    dense = ckpt.dense_nbytes() if getattr(ckpt, "is_gguf", False) and accel.cpu_only else None
+    inp = from_dims(ckpt.dims, hw, itemsize, sizes=tier_bytes(ckpt, itemsize), dense_bytes=dense,
+                    cpu4_lossless=lossless_cpu4(ckpt))
     if accel.cpu_only and not inp.cpu_only:
         from dataclasses import replace
 

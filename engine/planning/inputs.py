@@ -157,3 +157,24 @@ def from_config(config_path: Path, hw: HardwareProfile, sensitivity: float = ASS
             f"all 4-bit) for every 4-bit expert; "
             f"CPU tiers measured here; GPU: {REFERENCE_GPU['name']}")
     return inp, note
+
+
+def from_gguf(path: Path, hw: HardwareProfile, sensitivity: float = ASSUMED_SENSITIVITY) -> tuple[PlanInputs, str]:
+    """Plan a GGUF file from its header alone (no tensor read): its metadata gives the shape, its
+    tensor infos each expert's real bytes; otherwise as from_config."""
+    from ..gguf import open_gguf
+    from ..gguf.tiers import cpu4_is_file_form
+    from ..tier_bytes import tier_bytes
+
+    ck = open_gguf(path)
+    try:
+        gpu = {"gpu-16": REFERENCE_GPU["gpu-16"], "gpu-4": REFERENCE_GPU["gpu-4"]}
+        inp = from_dims(ck.dims, hw, 2, sensitivity, gpu_costs=gpu, sizes=tier_bytes(ck, 2),
+                        cpu4_lossless=cpu4_is_file_form(ck))
+        label = ck.format_label()
+    finally:
+        ck.close()
+    note = (f"from the GGUF header only ({label}): uniform popularity, ASSUMED sensitivity {sensitivity} "
+            f"for every 4-bit expert the file does not already hold; CPU tiers measured here; GPU: "
+            f"{REFERENCE_GPU['name']}")
+    return inp, note

@@ -85,10 +85,16 @@ def cmd_plan(a) -> int:
 
     t_start = time.perf_counter()
     if a.config_only:
+        from ..load import is_gguf
+        from ..planning.inputs import from_gguf
+
         cfg = Path(a.model or "")
-        cfg = cfg / "config.json" if cfg.is_dir() else cfg
         hw = load_or_measure(torch.device("cpu"))
-        inp, note = from_config(cfg, hw)
+        if is_gguf(cfg):  # its header holds the config and every tensor's size
+            inp, note = from_gguf(cfg, hw)
+        else:
+            cfg = cfg / "config.json" if cfg.is_dir() else cfg
+            inp, note = from_config(cfg, hw)
         b = _budgets(a, default_budgets(False))
         title = f"{cfg.parent.name or cfg.name}, VRAM {b.vram / GB:.0f} GB, RAM {b.ram / GB:.0f} GB (config only)"
     else:
@@ -201,7 +207,7 @@ def add_parsers(sub, add_model_args, number) -> None:
     add_model_args(p)
     p.add_argument("--gpu-budget", type=number(0, 1e6), default=None, help="GB of VRAM for the model")
     p.add_argument("--ram-budget", type=number(0, 1e6), default=None, help="GB of RAM for the model")
-    p.add_argument("--config-only", action="store_true", help="plan from config.json alone (no weights)")
+    p.add_argument("--config-only", action="store_true", help="plan from config.json or a GGUF file's header alone (no weights read)")
     p.add_argument("--png", default=None, metavar="PATH", help="also draw the frontier into this PNG file "
                    "(default: no file)")
     p.add_argument("--streams", type=int, choices=range(1, 65), default=1, metavar="N",
