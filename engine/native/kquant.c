@@ -1,21 +1,492 @@
-/* K-quant weights (Q4_K, Q5_K, Q6_K: super-blocks of 256) in the kernel's tiles, their
- * dequantisation, and their dot products with int8 activations; and the generic mdk_wq_* entry
- * points of every GGUF block format, which send the 32-weight formats to qblock.c.
- * (The K-quant half is being written.) */
+/* K-quant weights (GGUF's Q4_K, Q5_K, Q6_K: super-blocks of 256 weights) in the kernel's tiles,
+ * their dequantisation, and their dot products with int8 activations; and the generic mdk_wq_*
+ * entry points of every GGUF block format, which send the 32-weight formats to qblock.c.
+ *
+ * The values (ggml's block_q4_K / q5_K / q6_K, as gguf/quants.py reads them):
+ *   Q4_K  w = (d * sc_j) * q - (dmin * m_j), q in 0..15, j the sub-block of 32 (6-bit sc_j, m_j)
+ *   Q5_K  the same with q in 0..31 (a fifth bit from qh)
+ *   Q6_K  w = (d * sc_s) * (q - 32), q in 0..63, s the sub-block of 16 (int8 sc_s)
+ *
+ * Tiles: 16 rows x one super-block each (row tiles in order, super-blocks inside), built from the
+ * raw rows at load. A tile holds exactly the bits of its 16 raw blocks, rearranged so that in an
+ * integer dot product's 32-bit lanes, lane r is row r (as quant4.c's Q4 tiles; llama.cpp's repacked
+ * GEMVs interleave rows for the same reason): a broadcast of 4 activation bytes multiplies 16 rows,
+ * and the 16 rows' scales of a sub-block load as one vector. So the tiles are the raw bytes' size,
+ * 4.5 / 5.5 / 6.5625 bits a weight (the last row tile is padded with zero rows to 16).
+ *   quants [0, 2048): per sub-block j of 32, V0..V3 (64 B each): byte 4r+i of Vc holds row r's
+ *          element 4c+i in its low nibble, element 16+4c+i in its high one (quant4.c's order)
+ *   Q5_K   [2048, 2560): per j, 64 B: byte 4r+i, bit c: fifth bit of element 4c+i; bit 4+c: of 16+4c+i
+ *   Q6_K   [2048, 3072): per 32-block j, H0, H1 (64 B each): byte 4r+i, bits 2c..2c+1: the top two
+ *          bits of element 4c+i (H0) / 16+4c+i (H1); then int8 scales [3072, 3328): byte 16s+r
+ *   d, dmin: 16 fp16 each (Q6_K: d only, at 3328)
+ *   Q4_K/Q5_K scales, 192 B = S0, S1, S2 (64 B each), byte 16j+r for j = 0..3:
+ *          S0 = sc_j & 15 | (sc_{j+4} & 15) << 4;  S1: the same of m;
+ *          S2 = sc_j >> 4 | (sc_{j+4} >> 4) << 2 | (m_j >> 4) << 4 | (m_{j+4} >> 4) << 6
+ *          (four vector ops decode all 16 rows' 8 scales and minima to bytes)
+ *
+ * Dot products: activations are int8 per block of 32 (mdk_q8), which is a Q4_K/Q5_K sub-block, so
+ * per sub-block sum(w x) = d dx sc_j sum(q xq) - dmin m_j sx. Q6_K's q - 32 uses the activation's
+ * sums per 16 (s16): sum((q - 32) xq) = sum(q xq) - 32 s16, both halves of a 32-block summed in
+ * integers before the one float multiply by dx.
+ * Bit-exact dequantisation: the same float ops in numpy's order; no FMA contraction, since the
+ * build is ISO C (-std=c11: GCC's -ffp-contract=off) and the SIMD code writes its FMAs explicitly.
+ */
 #include "mdk.h"
 
 #include <string.h>
 
-static size_t kq_bytes(int fmt, int n, int k) { (void)fmt; (void)n; (void)k; return 0; }
-static int kq_pack(int fmt, const uint8_t *raw, int n, int k, uint8_t *t) { (void)fmt; (void)raw; (void)n; (void)k; (void)t; return -1; }
-static int kq_unpack(int fmt, const uint8_t *t, int n, int k, uint8_t *raw) { (void)fmt; (void)t; (void)n; (void)k; (void)raw; return -1; }
-static void kq_dequantize(int fmt, const uint8_t *t, int n, int k, int r0, int r1, float *out) {
-    (void)fmt; (void)t; (void)n; (void)k; (void)r0; (void)r1; (void)out;
-}
-static void kq_rows(const mdk_matrix *w, int r0, int r1, const mdk_q8 *a, float *y) {
-    (void)w; (void)a; memset(y, 0, sizeof(float) * (size_t)(r1 - r0));
+#if MDK_X86
+#include <immintrin.h>
+#endif
+
+typedef struct { int raw, tile, hoff, doff, moff, soff; } kq_layout;  /* bytes: raw block, tile, offsets */
+static const kq_layout KQ[3] = {
+    {144, 2304, 0, 2048, 2080, 2112},     /* Q4_K */
+    {176, 2816, 2048, 2560, 2592, 2624},  /* Q5_K */
+    {210, 3360, 2048, 3328, 0, 3072},     /* Q6_K */
+};
+#define LAY(fmt) (&KQ[(fmt) - MDK_Q4K])
+
+/* One row's super-block: q unsigned (Q6_K: 0..63, the weight is q - 32), sc[8] and m[8] (Q6_K: sc[16]) */
+typedef struct { uint8_t q[256]; int sc[16], mn[8]; uint16_t d, dmin; } kq_fields;
+
+static uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+static void raw_fields(int fmt, const uint8_t *b, kq_fields *f) {
+    if (fmt == MDK_Q6K) {
+        const uint8_t *ql = b, *qh = b + 128;
+        for (int e = 0; e < 256; e++) {  /* half h of 128, chunk i of 32 in it, j in the chunk */
+            int h = e >> 7, i = (e >> 5) & 3, j = e & 31;
+            int lo = (ql[64 * h + 32 * (i & 1) + j] >> (4 * (i >> 1))) & 15, hi = (qh[32 * h + j] >> (2 * i)) & 3;
+            f->q[e] = (uint8_t)(lo | hi << 4);
+        }
+        for (int s = 0; s < 16; s++) f->sc[s] = (int8_t)b[192 + s];
+        f->d = rd16(b + 208);
+        f->dmin = 0;
+        return;
+    }
+    const uint8_t *s = b + 4, *qh = b + 16, *qs = b + (fmt == MDK_Q5K ? 48 : 16);
+    f->d = rd16(b);
+    f->dmin = rd16(b + 2);
+    for (int j = 0; j < 4; j++) {  /* gguf's Q4_K.get_scale_min */
+        f->sc[j] = s[j] & 63;
+        f->mn[j] = s[j + 4] & 63;
+        f->sc[j + 4] = (s[j + 8] & 15) | (s[j] >> 6) << 4;
+        f->mn[j + 4] = (s[j + 8] >> 4) | (s[j + 4] >> 6) << 4;
+    }
+    for (int e = 0; e < 256; e++) {
+        int j = e >> 5, l = e & 31;
+        int q = (qs[32 * (j >> 1) + l] >> (4 * (j & 1))) & 15;
+        if (fmt == MDK_Q5K) q |= ((qh[l] >> j) & 1) << 4;
+        f->q[e] = (uint8_t)q;
+    }
 }
 
+static void raw_store(int fmt, const kq_fields *f, uint8_t *b) {  /* the inverse: every bit of b is a field's */
+    memset(b, 0, (size_t)LAY(fmt)->raw);
+    if (fmt == MDK_Q6K) {
+        for (int e = 0; e < 256; e++) {
+            int h = e >> 7, i = (e >> 5) & 3, j = e & 31;
+            b[64 * h + 32 * (i & 1) + j] |= (uint8_t)((f->q[e] & 15) << (4 * (i >> 1)));
+            b[128 + 32 * h + j] |= (uint8_t)((f->q[e] >> 4) << (2 * i));
+        }
+        for (int s = 0; s < 16; s++) b[192 + s] = (uint8_t)f->sc[s];
+        memcpy(b + 208, &f->d, 2);
+        return;
+    }
+    uint8_t *s = b + 4, *qh = b + 16, *qs = b + (fmt == MDK_Q5K ? 48 : 16);
+    memcpy(b, &f->d, 2);
+    memcpy(b + 2, &f->dmin, 2);
+    for (int j = 0; j < 4; j++) {
+        s[j] = (uint8_t)(f->sc[j] | (f->sc[j + 4] >> 4) << 6);
+        s[j + 4] = (uint8_t)(f->mn[j] | (f->mn[j + 4] >> 4) << 6);
+        s[j + 8] = (uint8_t)((f->sc[j + 4] & 15) | (f->mn[j + 4] & 15) << 4);
+    }
+    for (int e = 0; e < 256; e++) {
+        int j = e >> 5, l = e & 31;
+        qs[32 * (j >> 1) + l] |= (uint8_t)((f->q[e] & 15) << (4 * (j & 1)));
+        if (fmt == MDK_Q5K) qh[l] |= (uint8_t)(((f->q[e] >> 4) & 1) << j);
+    }
+}
+
+/* Where element e (0..255) of row r lives in a tile: its nibble's byte and shift, and its high
+ * bits' byte and shift (Q5_K: one bit, Q6_K: two) */
+static void tile_pos(int fmt, int e, int r, int *nb, int *ns, int *hb, int *hs) {
+    int j = e >> 5, el = e & 31, c = (el & 15) >> 2, i = el & 3;
+    *nb = 256 * j + 64 * c + 4 * r + i;
+    *ns = el < 16 ? 0 : 4;
+    if (fmt == MDK_Q5K) { *hb = 2048 + 64 * j + 4 * r + i; *hs = el < 16 ? c : 4 + c; }
+    else { *hb = 2048 + 128 * j + (el < 16 ? 0 : 64) + 4 * r + i; *hs = 2 * c; }
+}
+
+static void tile_fields(int fmt, const uint8_t *t, int r, kq_fields *f) {
+    const kq_layout *L = LAY(fmt);
+    for (int e = 0; e < 256; e++) {
+        int nb, ns, hb, hs;
+        tile_pos(fmt, e, r, &nb, &ns, &hb, &hs);
+        int q = (t[nb] >> ns) & 15;
+        if (fmt == MDK_Q5K) q |= ((t[hb] >> hs) & 1) << 4;
+        if (fmt == MDK_Q6K) q |= ((t[hb] >> hs) & 3) << 4;
+        f->q[e] = (uint8_t)q;
+    }
+    f->d = rd16(t + L->doff + 2 * r);
+    if (fmt == MDK_Q6K) {
+        for (int s = 0; s < 16; s++) f->sc[s] = (int8_t)t[3072 + 16 * s + r];
+        f->dmin = 0;
+        return;
+    }
+    f->dmin = rd16(t + L->moff + 2 * r);
+    const uint8_t *s = t + L->soff;
+    for (int j = 0; j < 4; j++) {
+        int s0 = s[16 * j + r], s1 = s[64 + 16 * j + r], s2 = s[128 + 16 * j + r];
+        f->sc[j] = (s0 & 15) | (s2 & 3) << 4;
+        f->sc[j + 4] = (s0 >> 4) | ((s2 >> 2) & 3) << 4;
+        f->mn[j] = (s1 & 15) | ((s2 >> 4) & 3) << 4;
+        f->mn[j + 4] = (s1 >> 4) | ((s2 >> 6) & 3) << 4;
+    }
+}
+
+static void tile_store(int fmt, uint8_t *t, int r, const kq_fields *f) {  /* ORs into a zeroed tile */
+    const kq_layout *L = LAY(fmt);
+    for (int e = 0; e < 256; e++) {
+        int nb, ns, hb, hs;
+        tile_pos(fmt, e, r, &nb, &ns, &hb, &hs);
+        t[nb] |= (uint8_t)((f->q[e] & 15) << ns);
+        if (fmt != MDK_Q4K) t[hb] |= (uint8_t)((f->q[e] >> 4) << hs);
+    }
+    memcpy(t + L->doff + 2 * r, &f->d, 2);
+    if (fmt == MDK_Q6K) {
+        for (int s = 0; s < 16; s++) t[3072 + 16 * s + r] = (uint8_t)f->sc[s];
+        return;
+    }
+    memcpy(t + L->moff + 2 * r, &f->dmin, 2);
+    uint8_t *s = t + L->soff;
+    for (int j = 0; j < 4; j++) {
+        s[16 * j + r] = (uint8_t)((f->sc[j] & 15) | (f->sc[j + 4] & 15) << 4);
+        s[64 + 16 * j + r] = (uint8_t)((f->mn[j] & 15) | (f->mn[j + 4] & 15) << 4);
+        s[128 + 16 * j + r] = (uint8_t)((f->sc[j] >> 4) | (f->sc[j + 4] >> 4) << 2 | (f->mn[j] >> 4) << 4 |
+                                        (f->mn[j + 4] >> 4) << 6);
+    }
+}
+
+/* ---------------- layout: bytes, repack, unpack, dequantise ---------------- */
+static int kq_shape_ok(int n, int k) { return n > 0 && k > 0 && k % 256 == 0; }
+
+static size_t kq_bytes(int fmt, int n, int k) {
+    if (!kq_shape_ok(n, k)) return 0;
+    return (size_t)((n + 15) / 16) * (size_t)(k / 256) * (size_t)LAY(fmt)->tile;
+}
+
+static uint8_t *tile_at(int fmt, const uint8_t *t, int k, int r, int s) {  /* row r's tile, super-block s */
+    return (uint8_t *)t + ((size_t)(r / 16) * (size_t)(k / 256) + (size_t)s) * (size_t)LAY(fmt)->tile;
+}
+
+static int kq_pack(int fmt, const uint8_t *raw, int n, int k, uint8_t *t) {
+    if (!kq_shape_ok(n, k)) return -1;
+    const kq_layout *L = LAY(fmt);
+    int nsb = k / 256;
+    kq_fields f;
+    memset(t, 0, kq_bytes(fmt, n, k));
+    for (int r = 0; r < n; r++)
+        for (int s = 0; s < nsb; s++) {
+            raw_fields(fmt, raw + ((size_t)r * nsb + s) * L->raw, &f);
+            tile_store(fmt, tile_at(fmt, t, k, r, s), r % 16, &f);
+        }
+    return 0;
+}
+
+static int kq_unpack(int fmt, const uint8_t *t, int n, int k, uint8_t *raw) {
+    if (!kq_shape_ok(n, k)) return -1;
+    const kq_layout *L = LAY(fmt);
+    int nsb = k / 256;
+    kq_fields f;
+    for (int r = 0; r < n; r++)
+        for (int s = 0; s < nsb; s++) {
+            tile_fields(fmt, tile_at(fmt, t, k, r, s), r % 16, &f);
+            raw_store(fmt, &f, raw + ((size_t)r * nsb + s) * L->raw);
+        }
+    return 0;
+}
+
+/* out[r - r0][0..k) for rows r0..r1-1, in gguf/quants.py's float ops and order */
+static void kq_dequantize(int fmt, const uint8_t *t, int n, int k, int r0, int r1, float *out) {
+    if (!kq_shape_ok(n, k) || r0 < 0 || r1 > n) return;
+    kq_fields f;
+    for (int r = r0; r < r1; r++)
+        for (int s = 0; s < k / 256; s++) {
+            tile_fields(fmt, tile_at(fmt, t, k, r, s), r % 16, &f);
+            float *o = out + (size_t)(r - r0) * k + 256 * s, d = mdk_h2f(f.d), dmin = mdk_h2f(f.dmin);
+            if (fmt == MDK_Q6K) {
+                for (int e = 0; e < 256; e++) o[e] = (d * (float)f.sc[e >> 4]) * (float)((int)f.q[e] - 32);
+                continue;
+            }
+            for (int j = 0; j < 8; j++) {
+                float ds = d * (float)f.sc[j], dm = dmin * (float)f.mn[j];
+                for (int e = 32 * j; e < 32 * j + 32; e++) o[e] = ds * (float)f.q[e] - dm;
+            }
+        }
+}
+
+/* ---------------- 16 rows (one row tile) against nt tokens: y[t][16] ---------------- */
+static void rows_c(int fmt, const uint8_t *tile, int nsb, const mdk_q8 *const *a, int nt, float *const *y) {
+    const kq_layout *L = LAY(fmt);
+    kq_fields f;
+    for (int t = 0; t < nt; t++)
+        for (int r = 0; r < 16; r++) y[t][r] = 0.f;
+    for (int s = 0; s < nsb; s++) {
+        const uint8_t *T = tile + (size_t)s * L->tile;
+        for (int r = 0; r < 16; r++) {
+            tile_fields(fmt, T, r, &f);
+            float d = mdk_h2f(f.d), dmin = mdk_h2f(f.dmin);
+            for (int t = 0; t < nt; t++) {
+                float part = 0.f, mins = 0.f;
+                for (int j = 0; j < 8; j++) {
+                    const int8_t *x = a[t]->q + 256 * s + 32 * j;
+                    int lo = 0, hi = 0, b = 8 * s + j;
+                    for (int i = 0; i < 16; i++) { lo += f.q[32 * j + i] * x[i]; hi += f.q[32 * j + 16 + i] * x[16 + i]; }
+                    if (fmt == MDK_Q6K) {
+                        int v = f.sc[2 * j] * (lo - 32 * a[t]->s16[2 * b]) + f.sc[2 * j + 1] * (hi - 32 * a[t]->s16[2 * b + 1]);
+                        part += (float)v * a[t]->dx[b];
+                    } else {
+                        part += (float)(f.sc[j] * (lo + hi)) * a[t]->dx[b];
+                        mins += (float)f.mn[j] * a[t]->sx[b];
+                    }
+                }
+                y[t][r] += d * part - dmin * mins;
+            }
+        }
+    }
+}
+
+#if MDK_X86
+static inline int32_t ld4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
+
+#define A512 "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
+
+/* The 6-bit scales and minima of a Q4_K/Q5_K tile's 16 rows, to bytes sc[16j + r], mn[16j + r] */
+MDK_TARGET(A512)
+static MDK_INLINE void scales512(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
+    const __m512i lo = _mm512_set1_epi8(15), hi = _mm512_set1_epi8(0x30);
+    __m512i s0 = _mm512_loadu_si512(s), s1 = _mm512_loadu_si512(s + 64), s2 = _mm512_loadu_si512(s + 128);
+    _mm512_storeu_si512(sc, _mm512_or_si512(_mm512_and_si512(s0, lo), _mm512_and_si512(_mm512_slli_epi16(s2, 4), hi)));
+    _mm512_storeu_si512(sc + 64, _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(s0, 4), lo),
+                                                 _mm512_and_si512(_mm512_slli_epi16(s2, 2), hi)));
+    _mm512_storeu_si512(mn, _mm512_or_si512(_mm512_and_si512(s1, lo), _mm512_and_si512(s2, hi)));
+    _mm512_storeu_si512(mn + 64, _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(s1, 4), lo),
+                                                 _mm512_and_si512(_mm512_srli_epi16(s2, 2), hi)));
+}
+
+/* fmt and nt are constants in each instance below: each super-block's bits are unpacked once for
+ * all nt tokens (a batched decode step or a prefill reads each weight from RAM once) */
+MDK_TARGET(A512)
+static MDK_INLINE void body512(const int fmt, const uint8_t *tile, int nsb, const mdk_q8 *const *a, const int nt,
+                               float *const *y) {
+    const kq_layout *L = LAY(fmt);
+    const __m512i m4 = _mm512_set1_epi8(15), b4 = _mm512_set1_epi8(0x10), b45 = _mm512_set1_epi8(0x30);
+    const __m512i z = _mm512_setzero_si512();
+    uint8_t sc[128], mn[128];
+    __m512 acc[4];
+    for (int t = 0; t < 4; t++) acc[t] = _mm512_setzero_ps();
+    for (int s = 0; s < nsb; s++) {
+        const uint8_t *T = tile + (size_t)s * L->tile;
+        __m512 part[4], mins[4];
+        for (int t = 0; t < 4; t++) part[t] = mins[t] = _mm512_setzero_ps();
+        if (fmt != MDK_Q6K) scales512(T + L->soff, sc, mn);
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *Q = T + 256 * j;
+            __m512i n[8];
+            for (int c = 0; c < 4; c++) {
+                __m512i v = _mm512_loadu_si512(Q + 64 * c);
+                n[2 * c] = _mm512_and_si512(v, m4);
+                n[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+            }
+            if (fmt == MDK_Q5K) {  /* fifth bits: bit c (elements 4c+i) and 4+c (16+4c+i) -> bit 4 */
+                __m512i h = _mm512_loadu_si512(T + 2048 + 64 * j);
+                n[0] = _mm512_or_si512(n[0], _mm512_and_si512(_mm512_slli_epi16(h, 4), b4));
+                n[2] = _mm512_or_si512(n[2], _mm512_and_si512(_mm512_slli_epi16(h, 3), b4));
+                n[4] = _mm512_or_si512(n[4], _mm512_and_si512(_mm512_slli_epi16(h, 2), b4));
+                n[6] = _mm512_or_si512(n[6], _mm512_and_si512(_mm512_slli_epi16(h, 1), b4));
+                n[1] = _mm512_or_si512(n[1], _mm512_and_si512(h, b4));
+                n[3] = _mm512_or_si512(n[3], _mm512_and_si512(_mm512_srli_epi16(h, 1), b4));
+                n[5] = _mm512_or_si512(n[5], _mm512_and_si512(_mm512_srli_epi16(h, 2), b4));
+                n[7] = _mm512_or_si512(n[7], _mm512_and_si512(_mm512_srli_epi16(h, 3), b4));
+            }
+            if (fmt == MDK_Q6K) {  /* top two bits 2c..2c+1 -> bits 4..5 */
+                for (int g = 0; g < 2; g++) {
+                    __m512i h = _mm512_loadu_si512(T + 2048 + 128 * j + 64 * g);
+                    n[g] = _mm512_or_si512(n[g], _mm512_and_si512(_mm512_slli_epi16(h, 4), b45));
+                    n[2 + g] = _mm512_or_si512(n[2 + g], _mm512_and_si512(_mm512_slli_epi16(h, 2), b45));
+                    n[4 + g] = _mm512_or_si512(n[4 + g], _mm512_and_si512(h, b45));
+                    n[6 + g] = _mm512_or_si512(n[6 + g], _mm512_and_si512(_mm512_srli_epi16(h, 2), b45));
+                }
+            }
+            __m512i s_a, s_b;
+            __m512 mnj = _mm512_setzero_ps();
+            if (fmt == MDK_Q6K) {
+                s_a = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(T + 3072 + 32 * j)));
+                s_b = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(T + 3088 + 32 * j)));
+            } else {
+                s_a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16 * j)));
+                s_b = s_a;
+                mnj = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(mn + 16 * j))));
+            }
+            int b = 8 * s + j;
+            for (int t = 0; t < nt; t++) {
+                const int8_t *x = a[t]->q + 32 * b;
+                __m512i lo = _mm512_dpbusd_epi32(z, n[0], _mm512_set1_epi32(ld4(x)));
+                __m512i hi = _mm512_dpbusd_epi32(z, n[1], _mm512_set1_epi32(ld4(x + 16)));
+                lo = _mm512_dpbusd_epi32(lo, n[2], _mm512_set1_epi32(ld4(x + 4)));
+                hi = _mm512_dpbusd_epi32(hi, n[3], _mm512_set1_epi32(ld4(x + 20)));
+                lo = _mm512_dpbusd_epi32(lo, n[4], _mm512_set1_epi32(ld4(x + 8)));
+                hi = _mm512_dpbusd_epi32(hi, n[5], _mm512_set1_epi32(ld4(x + 24)));
+                lo = _mm512_dpbusd_epi32(lo, n[6], _mm512_set1_epi32(ld4(x + 12)));
+                hi = _mm512_dpbusd_epi32(hi, n[7], _mm512_set1_epi32(ld4(x + 28)));
+                __m512i v;
+                if (fmt == MDK_Q6K) {
+                    lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(32 * a[t]->s16[2 * b]));
+                    hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(32 * a[t]->s16[2 * b + 1]));
+                    v = _mm512_add_epi32(_mm512_mullo_epi32(lo, s_a), _mm512_mullo_epi32(hi, s_b));
+                } else {
+                    v = _mm512_mullo_epi32(_mm512_add_epi32(lo, hi), s_a);
+                    mins[t] = _mm512_fmadd_ps(mnj, _mm512_set1_ps(a[t]->sx[b]), mins[t]);
+                }
+                part[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(a[t]->dx[b]), part[t]);
+            }
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(T + L->doff)));
+        __m512 dm = fmt == MDK_Q6K ? _mm512_setzero_ps() : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(T + L->moff)));
+        for (int t = 0; t < nt; t++) {
+            acc[t] = _mm512_fmadd_ps(d, part[t], acc[t]);
+            if (fmt != MDK_Q6K) acc[t] = _mm512_fnmadd_ps(dm, mins[t], acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) _mm512_storeu_ps(y[t], acc[t]);
+}
+
+#define KQ512(name, fmt, nt) MDK_TARGET(A512) \
+    static void name(const uint8_t *tl, int nsb, const mdk_q8 *const *a, float *const *y) { body512(fmt, tl, nsb, a, nt, y); }
+KQ512(q4k_1, MDK_Q4K, 1) KQ512(q4k_2, MDK_Q4K, 2) KQ512(q4k_3, MDK_Q4K, 3) KQ512(q4k_4, MDK_Q4K, 4)
+KQ512(q5k_1, MDK_Q5K, 1) KQ512(q5k_2, MDK_Q5K, 2) KQ512(q5k_3, MDK_Q5K, 3) KQ512(q5k_4, MDK_Q5K, 4)
+KQ512(q6k_1, MDK_Q6K, 1) KQ512(q6k_2, MDK_Q6K, 2) KQ512(q6k_3, MDK_Q6K, 3) KQ512(q6k_4, MDK_Q6K, 4)
+#undef KQ512
+typedef void (*kq512_fn)(const uint8_t *, int, const mdk_q8 *const *, float *const *);
+static const kq512_fn K512[3][4] = {{q4k_1, q4k_2, q4k_3, q4k_4}, {q5k_1, q5k_2, q5k_3, q5k_4},
+                                    {q6k_1, q6k_2, q6k_3, q6k_4}};
+
+/* AVX2: one token, the two 8-row halves of a tile in turn (maddubs pair sums: at most
+ * 2 * 63 * 127 = 16002, two added still fit int16) */
+MDK_TARGET("avx2,fma,f16c")
+static void rows_avx2(int fmt, const uint8_t *tile, int nsb, const mdk_q8 *a, float *y) {
+    const kq_layout *L = LAY(fmt);
+    const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(0x10), b45 = _mm256_set1_epi8(0x30);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    uint8_t sc[128], mn[128];
+    for (int s = 0; s < nsb; s++) {
+        const uint8_t *T = tile + (size_t)s * L->tile;
+        if (fmt != MDK_Q6K)  /* scalar decode of the 16 x 8 scales: a small share of a super-block's work */
+            for (int r = 0; r < 16; r++) {
+                const uint8_t *S = T + L->soff;
+                for (int j = 0; j < 4; j++) {
+                    int s0 = S[16 * j + r], s1 = S[64 + 16 * j + r], s2 = S[128 + 16 * j + r];
+                    sc[16 * j + r] = (uint8_t)((s0 & 15) | (s2 & 3) << 4);
+                    sc[64 + 16 * j + r] = (uint8_t)((s0 >> 4) | ((s2 >> 2) & 3) << 4);
+                    mn[16 * j + r] = (uint8_t)((s1 & 15) | ((s2 >> 4) & 3) << 4);
+                    mn[64 + 16 * j + r] = (uint8_t)((s1 >> 4) | ((s2 >> 6) & 3) << 4);
+                }
+            }
+        for (int half = 0; half < 2; half++) {
+            __m256 part = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *Q = T + 256 * j + 32 * half;
+                __m256i n[8];
+                for (int c = 0; c < 4; c++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(Q + 64 * c));
+                    n[2 * c] = _mm256_and_si256(v, m4);
+                    n[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                }
+                if (fmt == MDK_Q5K) {
+                    __m256i h = _mm256_loadu_si256((const __m256i *)(T + 2048 + 64 * j + 32 * half));
+                    n[0] = _mm256_or_si256(n[0], _mm256_and_si256(_mm256_slli_epi16(h, 4), b4));
+                    n[2] = _mm256_or_si256(n[2], _mm256_and_si256(_mm256_slli_epi16(h, 3), b4));
+                    n[4] = _mm256_or_si256(n[4], _mm256_and_si256(_mm256_slli_epi16(h, 2), b4));
+                    n[6] = _mm256_or_si256(n[6], _mm256_and_si256(_mm256_slli_epi16(h, 1), b4));
+                    n[1] = _mm256_or_si256(n[1], _mm256_and_si256(h, b4));
+                    n[3] = _mm256_or_si256(n[3], _mm256_and_si256(_mm256_srli_epi16(h, 1), b4));
+                    n[5] = _mm256_or_si256(n[5], _mm256_and_si256(_mm256_srli_epi16(h, 2), b4));
+                    n[7] = _mm256_or_si256(n[7], _mm256_and_si256(_mm256_srli_epi16(h, 3), b4));
+                }
+                if (fmt == MDK_Q6K)
+                    for (int g = 0; g < 2; g++) {
+                        __m256i h = _mm256_loadu_si256((const __m256i *)(T + 2048 + 128 * j + 64 * g + 32 * half));
+                        n[g] = _mm256_or_si256(n[g], _mm256_and_si256(_mm256_slli_epi16(h, 4), b45));
+                        n[2 + g] = _mm256_or_si256(n[2 + g], _mm256_and_si256(_mm256_slli_epi16(h, 2), b45));
+                        n[4 + g] = _mm256_or_si256(n[4 + g], _mm256_and_si256(h, b45));
+                        n[6 + g] = _mm256_or_si256(n[6 + g], _mm256_and_si256(_mm256_srli_epi16(h, 2), b45));
+                    }
+                int b = 8 * s + j;
+                const int8_t *x = a->q + 32 * b;
+#define MB(k, o) _mm256_maddubs_epi16(n[k], _mm256_set1_epi32(ld4(x + (o))))
+                __m256i lo = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(MB(0, 0), MB(2, 4)), ones),
+                                              _mm256_madd_epi16(_mm256_add_epi16(MB(4, 8), MB(6, 12)), ones));
+                __m256i hi = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(MB(1, 16), MB(3, 20)), ones),
+                                              _mm256_madd_epi16(_mm256_add_epi16(MB(5, 24), MB(7, 28)), ones));
+#undef MB
+                __m256i v;
+                if (fmt == MDK_Q6K) {
+                    __m256i sa = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(T + 3072 + 32 * j + 8 * half)));
+                    __m256i sb = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(T + 3088 + 32 * j + 8 * half)));
+                    lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(32 * a->s16[2 * b]));
+                    hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(32 * a->s16[2 * b + 1]));
+                    v = _mm256_add_epi32(_mm256_mullo_epi32(lo, sa), _mm256_mullo_epi32(hi, sb));
+                } else {
+                    __m256i sa = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 16 * j + 8 * half)));
+                    __m256 mj = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn + 16 * j + 8 * half))));
+                    v = _mm256_mullo_epi32(_mm256_add_epi32(lo, hi), sa);
+                    mins = _mm256_fmadd_ps(mj, _mm256_set1_ps(a->sx[b]), mins);
+                }
+                part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(a->dx[b]), part);
+            }
+            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(T + L->doff + 16 * half)));
+            acc[half] = _mm256_fmadd_ps(d, part, acc[half]);
+            if (fmt != MDK_Q6K) {
+                __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(T + L->moff + 16 * half)));
+                acc[half] = _mm256_fnmadd_ps(dm, mins, acc[half]);
+            }
+        }
+    }
+    _mm256_storeu_ps(y, acc[0]);
+    _mm256_storeu_ps(y + 8, acc[1]);
+}
+#endif
+
+/* rows r0..r1-1 (r0 % 16 == 0) against nt tokens (1..4): y[t][r - r0] */
+static void kq_rows_multi(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y) {
+    int fmt = w->fmt, nsb = w->k / 256;
+    const uint8_t *base = (const uint8_t *)w->w;
+    float tmp[4][16];
+    for (int r = r0; r < r1; r += 16) {
+        const uint8_t *tile = base + (size_t)(r / 16) * nsb * LAY(fmt)->tile;
+        int n = r1 - r < 16 ? r1 - r : 16;
+        float *dst[4];
+        for (int t = 0; t < nt; t++) dst[t] = n == 16 ? y[t] + (r - r0) : tmp[t];
+#if MDK_X86
+        if (mdk_path == MDK_PATH_AVX512) K512[fmt - MDK_Q4K][nt - 1](tile, nsb, a, dst);
+        else if (mdk_path == MDK_PATH_AVX2)
+            for (int t = 0; t < nt; t++) rows_avx2(fmt, tile, nsb, a[t], dst[t]);
+        else
+#endif
+            rows_c(fmt, tile, nsb, a, nt, dst);
+        if (n < 16)
+            for (int t = 0; t < nt; t++) memcpy(y[t] + (r - r0), tmp[t], (size_t)n * 4);
+    }
+}
+
+static void kq_rows(const mdk_matrix *w, int r0, int r1, const mdk_q8 *a, float *y) {
+    kq_rows_multi(w, r0, r1, &a, 1, &y);
+}
+
+/* ---------------- the generic entry points of every GGUF block format ---------------- */
 MDK_API size_t mdk_wq_bytes(int fmt, int n, int k) {
     if (MDK_IS_QB(fmt)) return mdk_qb_bytes(fmt, n, k);
     if (MDK_IS_KQ(fmt)) return kq_bytes(fmt, n, k);
@@ -48,5 +519,5 @@ void mdk_wq_rows(const mdk_matrix *w, int r0, int r1, const mdk_q8 *a, float *y)
 void mdk_wq_rows_multi(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y) {
     if (MDK_IS_Q4(w->fmt)) mdk_q4_rows_multi(w, r0, r1, a, nt, y);
     else if (MDK_IS_QB(w->fmt)) mdk_qb_rows_multi(w, r0, r1, a, nt, y);
-    else for (int t = 0; t < nt; t++) kq_rows(w, r0, r1, a[t], y[t]);
+    else kq_rows_multi(w, r0, r1, a, nt, y);
 }

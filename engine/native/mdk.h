@@ -100,10 +100,11 @@ static inline float mdk_round_to(int fmt, float v) {               /* v as store
 }
 
 /* ---- quant4.c ---- */
-typedef struct {          /* one token's activation, quantised for MDK_Q4 dot products */
+typedef struct {          /* one token's activation, quantised for the int8 dot products (MDK_IS_INT) */
     int8_t *q;            /* [k] int8, in the kernel's element order */
     float *dx;            /* [k/32] scale per natural block */
     float *sx;            /* [k/32] dx * sum(q) of the block (for the minimum term) */
+    int16_t *s16;         /* [k/16] sum(q) of each half block (Q6_K's sub-blocks of 16: its -32 offset term) */
 } mdk_q8;
 size_t mdk_q8_bytes(int k);
 void mdk_q8_init(mdk_q8 *a, void *mem, int k);

@@ -36,12 +36,13 @@
 static const uint8_t MX4_Q[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 static const uint8_t ID_Q[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
-size_t mdk_q8_bytes(int k) { return (size_t)k + 2 * (size_t)(k / 32) * sizeof(float) + 128; }
+size_t mdk_q8_bytes(int k) { return (size_t)k + 2 * (size_t)(k / 32) * sizeof(float) + (size_t)(k / 16) * 2 + 128; }
 
 void mdk_q8_init(mdk_q8 *a, void *mem, int k) {
     a->dx = (float *)mem;
     a->sx = a->dx + k / 32;
     a->q = (int8_t *)(a->sx + k / 32);
+    a->s16 = (int16_t *)(a->q + k);  /* k is a multiple of 32: aligned */
 }
 
 /* Quantise x[e0..e1) (multiples of 32) into a, per block of 32. */
@@ -52,15 +53,17 @@ void mdk_quantize_act_range(const float *x, int k, int e0, int e1, mdk_q8 *a) {
         float amax = 0.f;
         for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
         float dx = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-        int sum = 0;
+        int sum[2] = {0, 0};
         for (int i = 0; i < 32; i++) {
             int q = (int)lrintf(xb[i] * inv);
             q = q > 127 ? 127 : (q < -127 ? -127 : q);
             a->q[b0 + i] = (int8_t)q;
-            sum += q;
+            sum[i >> 4] += q;
         }
         a->dx[b0 / 32] = dx;
-        a->sx[b0 / 32] = dx * (float)sum;
+        a->sx[b0 / 32] = dx * (float)(sum[0] + sum[1]);
+        a->s16[b0 / 16] = (int16_t)sum[0];
+        a->s16[b0 / 16 + 1] = (int16_t)sum[1];
     }
 }
 
