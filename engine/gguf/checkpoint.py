@@ -1,0 +1,351 @@
+"""A GGUF model as the engine's checkpoint: engine.checkpoint.Checkpoint's duck type over the file.
+
+The engine reads tensors by their Hugging Face names (engine/checkpoint.py dense_shapes and the
+families' expert keys); here each one is found in the file (engine/gguf/names.py) and checked at
+open: present, its shape the one the metadata implies, its type one Mixdesk reads. `read` gives
+the exact dequantisation (gguf.quants.dequantize of the file's rows; F32/F16/BF16 tensors as
+stored), so every existing path of the engine runs a GGUF file unchanged; `read_raw`, `expert_raw`
+and `expert_mxfp4` give the file's own blocks to the tiers that keep them (engine/gguf/tiers.py).
+
+Shapes: E experts, D hidden, I expert ffn. GGUF fuses a layer's experts: ffn_gate_exps and
+ffn_up_exps [E, I, D], ffn_down_exps [E, D, I] (torch order; the file lists ne0 first), each
+expert's matrix a contiguous run of rows, read alone.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from gguf import GGMLQuantizationType as GT
+from gguf.constants import GGML_QUANT_SIZES, LlamaFileType
+from gguf.quants import dequantize
+
+from ..checkpoint import check_config, dense_shapes, dims_from_config, expert_shapes, hf_config
+from ..errors import ModelError
+from ..families import FAMILIES
+from . import mxfp4
+from .config import hf_config_dict
+from .header import TensorInfo
+from .names import PERMUTED_QK, ExpertRef, expert_ref, expert_tensor_name, gguf_name, unpermute_rows
+from .reader import SPLIT, GGUFFile
+
+SUPPORTED = (GT.F32, GT.F16, GT.BF16, GT.Q8_0, GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q4_K, GT.Q5_K, GT.Q6_K,
+             GT.MXFP4)
+FLOATS = {GT.F32: torch.float32, GT.F16: torch.float16, GT.BF16: torch.bfloat16}
+ST_DTYPE = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.uint8: "U8"}
+_FUSED = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_blocks|_scales|_bias)?$")
+
+
+@dataclass(frozen=True)
+class Info:
+    """What Checkpoint.info gives: the HF tensor's shape, the dtype read() returns, and the bytes it
+    takes in the file."""
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+class _Where:
+    def __init__(self, path: Path):
+        self.path = path
+
+
+def unsupported(t: TensorInfo) -> str:
+    return (f"tensor '{t.name}' is {t.qtype.name}, which Mixdesk does not read yet (it reads "
+            f"{', '.join(q.name for q in SUPPORTED)})")
+
+
+def dequantize_rows(qtype: GT, raw: torch.Tensor, k: int) -> torch.Tensor:
+    """The file's rows [R, row_bytes] uint8 -> their values [R, K]: the stored floats, or
+    gguf.quants.dequantize's float32 (the reference the native kernels are tested against)."""
+    if qtype in FLOATS:
+        return raw.reshape(-1).view(FLOATS[qtype]).reshape(-1, k)
+    return torch.from_numpy(dequantize(raw.numpy(), qtype)).reshape(-1, k)
+
+
+class GGUFCheckpoint:
+    """Open and validate a GGUF model (a file, a folder holding one, or a split set); read lazily."""
+
+    is_gguf = True
+
+    def __init__(self, path: str | Path):
+        self.file = GGUFFile(path)
+        try:
+            self._open()
+        except BaseException:
+            self.file.close()
+            raise
+
+    def _open(self) -> None:
+        f = self.file
+        self.path = f.path                  # the first .gguf: messages name it
+        self.folder = f.path                # the model's identity (profile key, display name)
+        self.config_path = f.path
+        m = SPLIT.match(self.path.name)
+        self.name = m["prefix"] if m else self.path.stem
+        self.arch = f.get("general.architecture")
+        self.raw_config = hf_config_dict(f)
+        check_config(self.raw_config, self.path)
+        self.config = hf_config(self.raw_config, self.path)
+        self.dims = d = dims_from_config(self.config, self.path)
+        self.family = FAMILIES[d.family]
+        self.permuted = self.arch in PERMUTED_QK
+        self._dense: dict[str, TensorInfo] = {}
+        for hf, shape in dense_shapes(d).items():
+            self._dense[hf] = self._find_dense(hf, shape)
+        self._experts: dict[tuple[int, str], list[ExpertRef]] = {}
+        for l in range(d.layers):
+            for w in ("w1", "w2", "w3"):
+                self._experts[l, w] = self._find_experts(l, w)
+        gate = self.expert_raw_info(0, 0, "w1")
+        self.mxfp4 = self.family.fused_experts and gate.qtype == GT.MXFP4
+        if self.family.fused_experts:
+            self._biases = {}
+            for l in range(d.layers):
+                for w, n in (("w1", d.ffn), ("w3", d.ffn), ("w2", d.hidden)):
+                    name = expert_tensor_name(l, w).replace(".weight", ".bias")
+                    self._biases[l, w] = self._need(name, (d.experts, n))
+        # the experts' source precision: the stored float type, or fp32 for the exact dequantisation
+        # of quantised blocks (MXFP4 is exact in bf16, as for safetensors releases)
+        self.dtype = FLOATS.get(gate.qtype, torch.bfloat16 if self.mxfp4 else torch.float32)
+        self.expected = {**dense_shapes(d), **expert_shapes(d, self.mxfp4)}
+        wheres = {p: _Where(p) for p in f.parts}
+        self.where = {hf: wheres[self._info_of(hf).path] for hf in self.expected}
+
+    # ---- validation ------------------------------------------------------------------------------
+    def _need(self, name: str, shape: tuple[int, ...]) -> TensorInfo:
+        t = self.file.tensors.get(name)
+        if t is None:
+            raise ModelError(self.path, f"is missing tensor '{name}'")
+        if t.qtype not in SUPPORTED:
+            raise ModelError(t.path, unsupported(t))
+        if t.shape != shape and t.shape != tuple(s for s in shape if s != 1):
+            raise ModelError(t.path, f"tensor '{name}' has shape {list(t.shape)} but the metadata implies "
+                             f"{list(shape)}")
+        return t
+
+    def _find_dense(self, hf: str, shape: tuple[int, ...]) -> TensorInfo:
+        name = gguf_name(hf, self.arch)
+        if name is None:
+            raise ModelError(self.path, f"has no GGUF name for tensor '{hf}'")
+        return self._need(name, shape)
+
+    def _find_experts(self, l: int, w: str) -> list[ExpertRef]:
+        d, t = self.dims, self.file.tensors
+        rows, k = (d.hidden, d.ffn) if w == "w2" else (d.ffn, d.hidden)
+        first = expert_ref(t, l, 0, w, d.ffn)
+        if first is None:
+            raise ModelError(self.path, f"is missing tensor '{expert_tensor_name(l, w)}'")
+        if first.expert is None:  # one tensor per expert (the first Mixtral GGUFs)
+            refs = [expert_ref(t, l, e, w, d.ffn) for e in range(d.experts)]
+            for e, r in enumerate(refs):
+                if r is None:
+                    raise ModelError(self.path, f"is missing tensor 'blk.{l}.ffn_{w}.{e}.weight'")
+                self._need(r.tensor, (rows, k))
+            return refs
+        fused_rows = 2 * d.ffn if "gate_up" in first.tensor else rows
+        self._need(first.tensor, (d.experts, fused_rows, k))
+        return [ExpertRef(first.tensor, e, first.row0, rows) for e in range(d.experts)]
+
+    # ---- the file's own blocks -------------------------------------------------------------------
+    def expert_raw_info(self, layer: int, expert: int, w: str) -> TensorInfo:
+        return self.file.tensors[self._experts[layer, w][expert].tensor]
+
+    def _rows(self, t: TensorInfo, row0: int, rows: int) -> torch.Tensor:
+        rb = t.row_bytes
+        out = torch.empty(rows, rb, dtype=torch.uint8)
+        return self.file.read_bytes(t, row0 * rb, rows * rb, out)
+
+    def tensor_type(self, hf_name: str) -> GT:
+        """The GGUF type the file stores a tensor in (an expert's: its layer's tensor's)."""
+        return self._info_of(hf_name).qtype
+
+    def read_raw(self, hf_name: str) -> torch.Tensor:
+        """A dense tensor's rows as the file holds them, [rows, row_bytes] uint8, in the HF row order
+        (llama's q and k rows un-permuted)."""
+        t = self._dense[hf_name]
+        raw = self._rows(t, 0, t.rows)
+        if self.permuted and hf_name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
+            heads = self.dims.heads if ".q_proj." in hf_name else self.dims.kv_heads
+            raw = raw[unpermute_rows(t.rows, heads)]
+        return raw
+
+    def expert_raw(self, layer: int, expert: int, w: str) -> tuple[GT, torch.Tensor]:
+        """(type, rows [R, row_bytes] uint8) of expert (layer, expert)'s w1 (gate), w3 (up) or w2
+        (down), read alone from its layer's tensor."""
+        r = self._experts[layer, w][expert]
+        t = self.file.tensors[r.tensor]
+        base = 0 if r.expert is None else r.expert * (t.rows // self.dims.experts)
+        return t.qtype, self._rows(t, base + r.row0, r.rows)
+
+    def expert_float(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The exact dequantisation in fp32: w13 [2I, D] (gate rows, then up rows), w2 [D, I]."""
+        d = self.dims
+        gate, up = (dequantize_rows(*self.expert_raw(layer, expert, w), d.hidden).float() for w in ("w1", "w3"))
+        return torch.cat([gate, up]), dequantize_rows(*self.expert_raw(layer, expert, "w2"), d.ffn).float()
+
+    def expert_mxfp4(self, layer: int, expert: int):
+        """An MXFP4 expert (GPT-OSS) in the release's layout: ((blocks13 [2I, D/32, 16], scales13
+        [2I, D/32]), (blocks2 [D, I/32, 16], scales2 [D, I/32])), gate rows then up rows."""
+        d = self.dims
+        parts = {}
+        for w, k in (("w1", d.hidden), ("w3", d.hidden), ("w2", d.ffn)):
+            qtype, raw = self.expert_raw(layer, expert, w)
+            if qtype != GT.MXFP4:
+                raise ValueError(f"expert {expert} of layer {layer}: {w} is {qtype.name}, not MXFP4")
+            parts[w] = mxfp4.to_release(raw, k)
+        b13 = torch.cat([parts["w1"][0], parts["w3"][0]])
+        s13 = torch.cat([parts["w1"][1], parts["w3"][1]])
+        return (b13, s13), parts["w2"]
+
+    def expert_biases(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """GPT-OSS: the expert's biases in fp32, b13 [2I] (gate half first) and b2 [D]."""
+        def row(w):
+            t = self._biases[layer, w]
+            return dequantize_rows(t.qtype, self._rows(t, expert, 1), t.ne[0]).reshape(-1).float()
+        return torch.cat([row("w1"), row("w3")]), row("w2")
+
+    def expert_formats(self) -> set[GT]:
+        return {self.file.tensors[refs[0].tensor].qtype for refs in self._experts.values()}
+
+    def _expert_bits(self) -> float:
+        d = self.dims
+        bits = 0.0
+        for (l, w), refs in self._experts.items():
+            block, size = GGML_QUANT_SIZES[self.file.tensors[refs[0].tensor].qtype]
+            bits += 8.0 * size / block
+        return bits / len(self._experts) if d.layers else 0.0
+
+    def format_label(self) -> str:
+        """e.g. 'Q4_K_M GGUF, experts at 4.8 bits' (general.file_type, and the experts' real bits)."""
+        ft = self.file.get("general.file_type")
+        try:
+            name = LlamaFileType(ft).name.replace("MOSTLY_", "").replace("ALL_", "")
+        except (ValueError, TypeError):
+            name = "/".join(sorted(q.name for q in self.expert_formats()))
+        return f"{name} GGUF, experts at {self._expert_bits():.1f} bits"
+
+    # ---- Checkpoint's duck type ------------------------------------------------------------------
+    def expert_key(self, layer: int, expert: int, w: str) -> str:
+        return self.family.expert_key(layer, expert, w)
+
+    def _info_of(self, hf: str) -> TensorInfo:
+        if hf in self._dense:
+            return self._dense[hf]
+        m = _FUSED.match(hf)
+        if m:  # a GPT-OSS layer tensor: its gate (or down) tensor in the file
+            l, w = int(m[1]), "w2" if m[2] == "down_proj" else "w1"
+            return self._biases[l, w] if m[3] == "_bias" else self.expert_raw_info(l, 0, w)
+        l, e, w = self._parse_expert(hf)
+        return self.expert_raw_info(l, e, w)
+
+    def _parse_expert(self, hf: str) -> tuple[int, int, str]:
+        parts = hf.split(".")  # model.layers.L.<moe>.experts.E.<weight>.weight
+        try:
+            l, e = int(parts[2]), int(parts[5])
+            w = next(k for k, v in self.family.weights.items() if v == parts[6])
+        except (IndexError, ValueError, StopIteration):
+            raise KeyError(hf) from None
+        if (l, "w1") not in self._experts or not 0 <= e < self.dims.experts:
+            raise KeyError(hf)
+        return l, e, w
+
+    def info(self, name: str) -> Info:
+        shape = self.expected[name]
+        if name in self._dense:
+            t = self._dense[name]
+            return Info(shape, ST_DTYPE[FLOATS.get(t.qtype, torch.float32)], t.nbytes)
+        if self.family.fused_experts:
+            dtype = "U8" if name.endswith(("_blocks", "_scales")) else ST_DTYPE[self.dtype]
+            return Info(shape, dtype, self._info_of(name).nbytes)
+        l, e, w = self._parse_expert(name)
+        r = self._experts[l, w][e]
+        return Info(shape, ST_DTYPE[self.dtype], r.rows * self.file.tensors[r.tensor].row_bytes)
+
+    def read(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The tensor's exact values: the stored floats, or the dequantised blocks in fp32."""
+        shape = self.expected[name]
+        if name in self._dense:
+            t = self._dense[name]
+            k = t.ne[0]
+            v = dequantize_rows(t.qtype, self.read_raw(name), k).reshape(shape)
+        elif self.family.fused_experts:
+            v = self.read_rows(name, 0, shape[0])
+        else:
+            l, e, w = self._parse_expert(name)
+            qtype, raw = self.expert_raw(l, e, w)
+            v = dequantize_rows(qtype, raw, shape[1]).to(self.dtype)
+        if out is not None:
+            out.copy_(v)
+            return out
+        return v.contiguous()
+
+    def read_rows(self, name: str, first: int, count: int) -> torch.Tensor:
+        """Rows of a tensor's first dimension: for a GPT-OSS layer tensor, experts first..first+count-1
+        in the release's layout (gate and up interleaved, as engine/families/fused.py reads them)."""
+        m = _FUSED.match(name) if self.family.fused_experts else None
+        if m is None:
+            return self.read(name)[first:first + count]
+        return torch.stack([self._fused_expert(int(m[1]), e, m[2], m[3]) for e in range(first, first + count)])
+
+    def _fused_expert(self, l: int, e: int, which: str, part: str | None) -> torch.Tensor:
+        def interleave(g, u):  # gate row i -> 2i, up row i -> 2i + 1 (the release's gate_up order)
+            return torch.stack([g, u], dim=1).reshape(2 * g.shape[0], *g.shape[1:])
+        d = self.dims
+        if part == "_bias":
+            b13, b2 = self.expert_biases(l, e)
+            return interleave(b13[:d.ffn], b13[d.ffn:]).to(self.dtype) if which == "gate_up_proj" else b2.to(self.dtype)
+        if part in ("_blocks", "_scales"):
+            (b13, s13), (b2, s2) = self.expert_mxfp4(l, e)
+            t = (b13 if part == "_blocks" else s13) if which == "gate_up_proj" else (b2 if part == "_blocks" else s2)
+            return interleave(t[:d.ffn], t[d.ffn:]) if which == "gate_up_proj" else t
+        w13, w2 = self.expert_float(l, e)  # 16-bit release layout: applied as x @ W
+        if which == "gate_up_proj":
+            return interleave(w13[:d.ffn], w13[d.ffn:]).t().to(self.dtype)
+        return w2.t().to(self.dtype)
+
+    def expert_nbytes(self) -> int:
+        """Bytes of one expert in the file (the average over layer 0's experts: its own blocks)."""
+        total = 0
+        for w in ("w1", "w2", "w3"):
+            r = self._experts[0, w][0]
+            t = self.file.tensors[r.tensor]
+            total += r.rows * t.row_bytes
+        return total
+
+    def dense_nbytes(self) -> int:
+        return sum(t.nbytes for t in self._dense.values())
+
+    def load_tokenizer(self):
+        """The tokenizer from the file's metadata, which must carry a chat template."""
+        try:
+            from .tokenizer import tokenizer_from_metadata
+        except ImportError:
+            tokenizer_from_metadata = None
+        if tokenizer_from_metadata is not None:
+            tok = tokenizer_from_metadata(self.file.header, self.path)
+        else:  # until engine/gguf/tokenizer.py lands: transformers' own GGUF reader
+            from transformers import AutoTokenizer
+
+            try:
+                tok = AutoTokenizer.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
+            except Exception as e:
+                raise ModelError(self.path, f"has a tokenizer that could not be loaded: {e}") from None
+        if not getattr(tok, "chat_template", None):
+            raise ModelError(self.path, "has no chat template (tokenizer.chat_template); Mixdesk is a chat app")
+        return tok
+
+    def eos_token_ids(self, tokenizer) -> set[int]:
+        ids = set()
+        for k in ("eos", "eot", "eom"):
+            v = self.file.get(f"tokenizer.ggml.{k}_token_id")
+            if isinstance(v, int) and not isinstance(v, bool):
+                ids.add(v)
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            ids.add(int(tokenizer.eos_token_id))
+        return ids
+
+    def close(self) -> None:
+        self.file.close()

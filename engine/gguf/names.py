@@ -1,0 +1,97 @@
+"""GGUF's tensor names and architectures, and the Hugging Face names the engine reads them by.
+
+llama.cpp's converter (convert_hf_to_gguf.py, gguf-py's tensor_mapping.py) renames every tensor
+and fuses each layer's experts into one [E, rows, K] tensor per weight; tests/test_gguf_read.py
+checks this table against gguf's own TensorNameMap. Two layouts older or newer than that one are
+read too: one tensor per expert (blk.N.ffn_gate.E.weight, the first Mixtral GGUFs of December 2023)
+and gate and up fused into one (blk.N.ffn_gate_up_exps.weight, gate rows first).
+
+llama's converter permutes the rows of attn_q and attn_k for its rope kernel (LlamaModel.permute:
+the two halves of each head interleaved); `unpermute_rows` undoes it as a row index, which is
+lossless on quantised rows too (a row's blocks move whole).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+# general.architecture -> the engine's model_type ("llama" only with experts: Mixtral)
+ARCHS = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe",
+         "gpt-oss": "gpt_oss"}
+ARCH_NAMES = {"llama": "Mixtral (llama with experts)", "qwen3moe": "Qwen3-MoE", "qwen2moe": "Qwen2-MoE",
+              "olmoe": "OLMoE", "gpt-oss": "GPT-OSS"}
+PERMUTED_QK = ("llama",)  # the architectures whose converter permutes q and k rows
+
+_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_ATTN = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+         "q_norm": "attn_q_norm", "k_norm": "attn_k_norm"}
+_SHARED = {"gate_proj": "ffn_gate_shexp", "up_proj": "ffn_up_shexp", "down_proj": "ffn_down_shexp"}
+# the engine's w1 (gate), w2 (down), w3 (up) -> GGUF's word for it
+EXPERT_WORD = {"w1": "gate", "w2": "down", "w3": "up"}
+
+
+def gguf_name(hf: str, arch: str) -> str | None:
+    """The GGUF tensor holding a dense (non-expert) HF tensor; None if there is none."""
+    if hf in _GLOBAL:
+        return _GLOBAL[hf]
+    m = _LAYER.match(hf)
+    if not m:
+        return None
+    b, rest = f"blk.{m[1]}.", m[2]
+    if rest == "input_layernorm.weight":
+        return b + "attn_norm.weight"
+    if rest == "post_attention_layernorm.weight":  # GPT-OSS keeps the HF word, the others say ffn_norm
+        return b + ("post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight")
+    if rest == "self_attn.sinks":
+        return b + "attn_sinks.weight"
+    parts = rest.split(".")
+    if parts[0] == "self_attn" and len(parts) == 3 and parts[1] in _ATTN:
+        return b + f"{_ATTN[parts[1]]}.{parts[2]}"
+    if len(parts) == 3 and parts[1] in ("gate", "router"):  # mlp.gate / block_sparse_moe.gate / mlp.router
+        return b + f"ffn_gate_inp.{parts[2]}"
+    if rest == "mlp.shared_expert_gate.weight":
+        return b + "ffn_gate_inp_shexp.weight"
+    if len(parts) == 4 and parts[:2] == ["mlp", "shared_expert"] and parts[2] in _SHARED:
+        return b + f"{_SHARED[parts[2]]}.{parts[3]}"
+    return None
+
+
+@dataclass(frozen=True)
+class ExpertRef:
+    """Where one expert's w1/w2/w3 lies: `tensor` holds it whole (expert None), or expert `expert`
+    of a fused [E, rows, K] tensor, rows row0..row0+rows of that expert's matrix."""
+    tensor: str
+    expert: int | None
+    row0: int
+    rows: int
+
+
+def expert_ref(tensors, layer: int, expert: int, w: str, ffn: int) -> ExpertRef | None:
+    """Find expert (layer, expert)'s w in the file's tensors (a name -> info mapping); None if absent."""
+    word, b = EXPERT_WORD[w], f"blk.{layer}."
+    fused = b + f"ffn_{word}_exps.weight"
+    if fused in tensors:
+        return ExpertRef(fused, expert, 0, tensors[fused].ne[1])
+    if w != "w2" and b + "ffn_gate_up_exps.weight" in tensors:
+        return ExpertRef(b + "ffn_gate_up_exps.weight", expert, 0 if w == "w1" else ffn, ffn)
+    single = b + f"ffn_{word}.{expert}.weight"
+    if single in tensors:
+        return ExpertRef(single, None, 0, tensors[single].ne[1])
+    return None
+
+
+def expert_tensor_name(layer: int, w: str) -> str:
+    """The tensor the converter writes for a layer's w (the name a missing-tensor message gives)."""
+    return f"blk.{layer}.ffn_{EXPERT_WORD[w]}_exps.weight"
+
+
+def unpermute_rows(rows: int, heads: int) -> torch.Tensor:
+    """Row index p with hf = gguf[p]: LlamaModel.permute reshaped each head's rows (2, half) and
+    swapped the axes to (half, 2); this swaps them back."""
+    hd = rows // heads
+    idx = torch.arange(rows).reshape(heads, hd // 2, 2)  # gguf row of (head, i, j)
+    return idx.transpose(1, 2).reshape(rows)               # hf row (head, j, i) reads gguf (head, i, j)

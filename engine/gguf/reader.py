@@ -1,0 +1,149 @@
+"""A GGUF model as the user holds it: one .gguf file, a folder holding one, or a split set
+(name-00001-of-00003.gguf ..., as llama.cpp's gguf-split writes it), with its tensors read by
+positional reads into buffers the caller owns.
+
+Why positional reads and not the mapping gguf.GGUFReader makes: pages of a mapping stay counted in
+the process's RSS while it is mapped, so reading every expert once through one would count the
+whole file; os.preadv leaves the file in the page cache only and RSS follows what the engine keeps
+(the same reason as engine/safetensors_file.py). Nothing is ever written next to the file.
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+import threading
+from pathlib import Path
+
+import torch
+
+from ..errors import ModelError
+from .header import Header, TensorInfo
+
+SPLIT = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+# files that sit beside a model's .gguf and are not the language model
+NOT_MODELS = ("mmproj", "imatrix")
+
+
+def is_gguf(path: str | Path) -> bool:
+    """A .gguf file, or a folder holding .gguf files and no config.json (a Hugging Face folder)."""
+    p = Path(path).expanduser()
+    if p.suffix == ".gguf":
+        return True
+    return p.is_dir() and not (p / "config.json").exists() and any(p.glob("*.gguf"))
+
+
+def _regular(path: Path) -> None:
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise ModelError(path, "does not exist") from None
+    except OSError as e:
+        raise ModelError(path, f"cannot be read: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        raise ModelError(path, "is not a regular file")
+
+
+def resolve(path: str | Path) -> list[Path]:
+    """The model's .gguf files, the first part first: every part of a split set must be there."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        found = sorted(q for q in p.glob("*.gguf") if not q.name.lower().startswith(NOT_MODELS))
+        if not found:
+            raise ModelError(p, "holds no .gguf model file")
+        models = sorted({SPLIT.match(q.name)["prefix"] if SPLIT.match(q.name) else q.name for q in found})
+        if len(models) > 1:
+            raise ModelError(p, f"holds several GGUF models ({', '.join(models[:6])}); give the file to open")
+        p = found[0]
+    if not p.exists():
+        raise ModelError(p, "does not exist")
+    _regular(p)
+    m = SPLIT.match(p.name)
+    if not m:
+        return [p]
+    count = int(m["count"])
+    if count < 1:
+        raise ModelError(p, "names a split set of 0 parts")
+    parts = [p.with_name(f"{m['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    for q in parts:
+        if not q.exists():
+            raise ModelError(q, f"is missing: the model is split in {count} parts and every part is needed")
+        _regular(q)
+    return parts
+
+
+class GGUFFile:
+    """The model's files opened: merged tensor infos (name -> TensorInfo) and the first part's
+    metadata; reads are thread-safe (positional, no shared file offset)."""
+
+    def __init__(self, path: str | Path):
+        self.parts = resolve(path)
+        self.path = self.parts[0]
+        self.headers = [Header(p) for p in self.parts]
+        self.metadata = self.headers[0].metadata
+        self.header = self.headers[0]
+        self._check_split()
+        self.tensors: dict[str, TensorInfo] = {}
+        for h in self.headers:
+            for name, t in h.tensors.items():
+                if name in self.tensors:
+                    raise ModelError(h.path, f"is corrupt: tensor '{name}' is also in {self.tensors[name].path.name}")
+                self.tensors[name] = t
+        self._fds: dict[Path, int] = {}
+        self._lock = threading.Lock()
+
+    def _check_split(self) -> None:
+        n = len(self.parts)
+        declared = 0
+        for i, h in enumerate(self.headers):
+            no, count = h.get("split.no"), h.get("split.count")
+            if n == 1 and count in (None, 0, 1):
+                return
+            if count != n or no != i:
+                raise ModelError(h.path, f"is corrupt: its split metadata says part {no!r} of {count!r}, but it is "
+                                 f"part {i} (counting from 0) of the {n} files of this split set")
+            declared = h.get("split.tensors.count", declared)
+        total = sum(len(h.tensors) for h in self.headers)
+        if declared != total:
+            raise ModelError(self.path, f"is corrupt: split.tensors.count is {declared!r}, and the {n} parts hold "
+                             f"{total} tensors")
+
+    def get(self, key: str, default=None):
+        return self.header.get(key, default)
+
+    # ---- reading ---------------------------------------------------------------------------------
+    def _fd(self, path: Path) -> int:
+        with self._lock:
+            fd = self._fds.get(path)
+            if fd is None:
+                try:
+                    fd = self._fds[path] = os.open(path, os.O_RDONLY)
+                except OSError as e:
+                    raise ModelError(path, f"cannot be opened: {e.strerror or e}") from None
+            return fd
+
+    def read_bytes(self, t: TensorInfo, offset: int = 0, nbytes: int | None = None,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+        """Bytes offset..offset+nbytes of tensor t's data into `out` (uint8, contiguous) or a new
+        uint8 tensor."""
+        nbytes = t.nbytes - offset if nbytes is None else nbytes
+        if not 0 <= offset <= offset + nbytes <= t.nbytes:
+            raise ValueError(f"bytes {offset}..{offset + nbytes} of {t.name} ({t.nbytes} bytes)")
+        if out is None:
+            out = torch.empty(nbytes, dtype=torch.uint8)
+        view = memoryview(out.view(torch.uint8).reshape(-1).numpy()).cast("B")
+        if len(view) != nbytes:
+            raise ValueError(f"buffer of {len(view)} bytes for {nbytes} bytes of {t.name}")
+        fd, pos, done = self._fd(t.path), t.start + offset, 0
+        while done < nbytes:  # a read may return less than asked (signals, very large reads)
+            got = os.preadv(fd, [view[done:]], pos + done)
+            if got <= 0:
+                raise ModelError(t.path, f"is truncated: tensor '{t.name}' could not be read whole")
+            done += got
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
