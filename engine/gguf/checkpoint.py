@@ -259,6 +259,8 @@ class GGUFCheckpoint:
             return Info(shape, ST_DTYPE[FLOATS.get(t.qtype, torch.float32)], t.nbytes)
         if self.family.fused_experts:
             dtype = "U8" if name.endswith(("_blocks", "_scales")) else ST_DTYPE[self.dtype]
+            if name.endswith("_bias"):
+                dtype = ST_DTYPE[FLOATS.get(self._info_of(name).qtype, torch.float32)]
             return Info(shape, dtype, self._info_of(name).nbytes)
         l, e, w = self._parse_expert(name)
         r = self._experts[l, w][e]
@@ -295,8 +297,9 @@ class GGUFCheckpoint:
             return torch.stack([g, u], dim=1).reshape(2 * g.shape[0], *g.shape[1:])
         d = self.dims
         if part == "_bias":
-            b13, b2 = self.expert_biases(l, e)
-            return interleave(b13[:d.ffn], b13[d.ffn:]).to(self.dtype) if which == "gate_up_proj" else b2.to(self.dtype)
+            b13, b2 = self.expert_biases(l, e)  # in the type the file stores them (F32 as converted)
+            dtype = FLOATS.get(self._biases[l, "w2"].qtype, torch.float32)
+            return interleave(b13[:d.ffn], b13[d.ffn:]).to(dtype) if which == "gate_up_proj" else b2.to(dtype)
         if part in ("_blocks", "_scales"):
             (b13, s13), (b2, s2) = self.expert_mxfp4(l, e)
             t = (b13 if part == "_blocks" else s13) if which == "gate_up_proj" else (b2 if part == "_blocks" else s2)

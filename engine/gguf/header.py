@@ -21,6 +21,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as GT
 
 from ..errors import ModelError
@@ -184,6 +185,8 @@ class Header:
     def _value(self, mm, off: int, vtype: int, key: str):
         if vtype in SCALARS:
             v, off = self._u(mm, off, SCALARS[vtype], f"metadata '{key}'")
+            if vtype == 6:  # float32: the shortest decimal that rounds to it (1e-05, not 9.99999974e-06),
+                v = float(str(np.float32(v)))  # which is what the converter was given
             return v, off
         if vtype == STRING:
             return self._str(mm, off, f"metadata '{key}'", MAX_STRING)
