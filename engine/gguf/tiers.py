@@ -3,7 +3,8 @@
 A GGUF file is the source of truth, as a 16-bit checkpoint is for safetensors, but its experts are
 already quantised, and quantising them again would round twice. So the tiers mean, per expert:
 - cpu-16 ("the file's precision on the CPU"): the file's own blocks, repacked for the native
-  kernel (engine/blockquant.py), no second rounding; F16/BF16/F32 experts as 16-bit tensors.
+  kernel (engine/blockquant.py), no second rounding; F16/BF16/F32 experts as 16-bit tensors. At
+  fp32, the reference precision, and without the native library: the exact dequantisation.
 - cpu-4: the same form where the file's experts are 4-bit already (Q4_K, Q4_0, Q4_1, MXFP4: they
   cannot rise or fall); for a file with more bits (Q5_*, Q6_K, Q8_0, F16, BF16, F32) the exact
   dequantisation re-quantised to the cpu-4 format (engine/quant.py cpu4_quantize).
@@ -66,18 +67,21 @@ def cpu4_is_file_form(ckpt) -> bool:
 
 def build_steps(ckpt, layer: int, expert: int, tier: Tier, accel: torch.device, dtype: torch.dtype,
                 threads: int | None = None):
-    """experts.build_steps for a GGUF checkpoint: yields between short steps, returns the form."""
+    """experts.build_steps for a GGUF checkpoint: yields between short steps, returns the form.
+    At fp32 (the reference precision: parity tests, `eval --dtype fp32`) and without the native
+    library every CPU tier holds the exact dequantisation instead of the file's blocks."""
     from ..experts import Expert16, quantise, read_glu
 
     glu = read_glu(ckpt, layer, expert)
     yield
-    if tier == Tier.CPU16 or (tier == Tier.CPU4 and cpu4_is_file_form(ckpt)):
+    same_as_file = tier == Tier.CPU16 or (tier == Tier.CPU4 and cpu4_is_file_form(ckpt))
+    if same_as_file and dtype != torch.float32:
         form = file_form(ckpt, layer, expert, tier, dtype, glu)
         if form is not None:
             return form
     w13, w2 = ckpt.expert_float(layer, expert)  # the exact dequantisation, fp32
     yield
-    if tier.bits == 4:
+    if tier.bits == 4 and not same_as_file:
         return quantise(tier, w13, w2, accel, dtype, threads, glu)
     device = accel if tier.on_accelerator else CPU
     return Expert16(tier, w13.to(device=device, dtype=dtype), w2.to(device=device, dtype=dtype),

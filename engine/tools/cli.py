@@ -61,7 +61,8 @@ MAX_CTX = 1 << 20
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
-                   help="a model folder (safetensors; Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE or GPT-OSS), or a Hugging Face repo id "
+                   help="a model folder (safetensors; Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE or GPT-OSS), a GGUF file "
+                   "(or a folder holding one, or the first of split files), or a Hugging Face repo id "
                    "(owner/name, downloaded into the HF cache); default: the built-in demo")
     p.add_argument("--placement", default="auto", type=_placement,
                    help="auto (planned, re-placed live) | gpu | cpu | random:SEED | a JSON placement file; "
@@ -220,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "that do not fit in your GPU, with per-expert CPU/GPU placement. "
                                  "With no command: the desktop app.")
     ap.add_argument("--model", dest="window_model", default="demo", metavar="MODEL",
-                    help="the model the app opens: a folder, a hub id (owner/name) or demo (default)")
+                    help="the model the app opens: a folder, a GGUF file, a hub id (owner/name) or demo (default)")
     ap.add_argument("--device", dest="window_device", default=None, type=_device, metavar="DEVICE",
                     help="cpu | cuda | cuda:N")
     ap.add_argument("--self-test", action="store_true", help="check the installation and exit")
