@@ -1,16 +1,22 @@
-"""Does the cpu-4 grid's per-block minimum pay for its bits? The issue asked for it only if measured.
+"""Which 4-bit grid should the cpu-4 tier re-quantise 16-bit experts to? Quality per byte, measured.
 
-    python benchmarks/q4_grid_quality.py
+    python benchmarks/q4_grid_quality.py [--rows 1024] [--cols 14336] [--tokens 64] [--threads 2]
 
-Relative output error of one 4096 x 4096 matrix (64 activations) quantised in blocks of 32 with an
-fp16 scale and minimum (w = q*d + m, 5 bits a weight: the cpu-4 grid) against the symmetric grid
-with an fp16 scale alone (w = (q-8)*d, 4.5 bits: llama.cpp's Q4_0), on Gaussian, heavy-tailed
-(Laplace) and row-offset weights, and on two of the demo's expert matrices (whose Q4_1 source the
-grid with a minimum reproduces: not representative, shown for completeness).
+For each weight kind (Gaussian; heavy-tailed: Student-t with 3 degrees of freedom; row-offset:
+Gaussian plus a per-row mean of 0.5 sigma * N(0, 1)) one matrix W [rows, cols] (by default a
+1024-row slice of a Mixtral-sized 4096 x 14336 down projection) is quantised to each grid and read
+back: the current cpu-4 grid (engine.quant.Q4Native: fp16 scale and minimum per 32, min/max, 5 bits
+a weight), and GGUF's Q4_0, Q4_1, Q4_K and, for context, Q5_0, Q5_K, Q6_K, Q8_0 from our own
+quantisers (engine/native/kquantize.c), decoded by gguf.quants.dequantize (the reference, not our
+kernels). Reported: bits a weight; the relative output error |x Wq^T - x W^T| / |x W^T| over a batch
+of Gaussian activations x [tokens, cols]; the relative weight RMSE |Wq - W| / |W|; and the
+quantiser's wall time for the matrix on --threads threads.
 """
 from __future__ import annotations
 
+import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -18,49 +24,71 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import record  # noqa: E402
 
-
-def with_min(w: torch.Tensor) -> torch.Tensor:
-    n, k = w.shape
-    wb = w.float().reshape(n, k // 32, 32)
-    lo, hi = wb.amin(-1, keepdim=True), wb.amax(-1, keepdim=True)
-    d = ((hi - lo) / 15).clamp(min=1e-10).half().float()
-    m = lo.half().float()
-    return (((wb - m) / d).round().clamp(0, 15) * d + m).reshape(n, k)
+GRIDS = ("Q4Native", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_K", "Q6_K", "Q8_0")
 
 
-def symmetric(w: torch.Tensor) -> torch.Tensor:
-    n, k = w.shape
-    wb = w.float().reshape(n, k // 32, 32)
-    mx = wb.gather(-1, wb.abs().argmax(-1, keepdim=True))
-    d = (mx / -8).half().float()
-    d = torch.where(d == 0, torch.full_like(d, 1e-10), d)
-    return (((wb / d + 8).round().clamp(0, 15) - 8) * d).reshape(n, k)
+def kinds(rows: int, cols: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    chi2 = sum(torch.randn(rows, cols, generator=g) ** 2 for _ in range(3))  # 3 degrees of freedom
+    return {"Gaussian": torch.randn(rows, cols, generator=g),
+            "heavy-tailed (Student-t, 3 dof)": torch.randn(rows, cols, generator=g) / (chi2 / 3).sqrt(),
+            "row-offset (Gaussian + 0.5 N(0,1) a row)": torch.randn(rows, cols, generator=g)
+            + 0.5 * torch.randn(rows, 1, generator=g)}
+
+
+def quantise(w: torch.Tensor, grid: str, threads: int) -> tuple[torch.Tensor, float, float]:
+    """(the weight as the grid stores it, fp32; bits a weight; seconds to quantise)."""
+    import gguf
+    from gguf import GGMLQuantizationType as GT
+
+    from engine.blockquant import bits_per_weight, quantize_raw
+    from engine.quant import Q4Native
+
+    t0 = time.perf_counter()
+    if grid == "Q4Native":
+        q = Q4Native.quantize(w, threads=threads)
+        dt = time.perf_counter() - t0
+        return q.dequantize(), 8.0 * q.nbytes / w.numel(), dt
+    raw = quantize_raw(w, GT[grid], threads)
+    dt = time.perf_counter() - t0
+    back = torch.from_numpy(gguf.quants.dequantize(raw.numpy(), GT[grid]).reshape(w.shape))
+    return back, bits_per_weight(GT[grid]), dt
 
 
 def main() -> None:
-    g = torch.Generator().manual_seed(0)
-    cases = {"Gaussian": torch.randn(4096, 4096, generator=g),
-             "Laplace (heavy tails)": torch.distributions.Laplace(0.0, 1.0).sample((4096, 4096)),
-             "Gaussian + per-row offset": torch.randn(4096, 4096, generator=g) + 0.5 * torch.randn(4096, 1, generator=g)}
-    try:
-        from engine.checkpoint import Checkpoint
-        from engine.sources.demo import demo_dir
-        from engine.experts import read_expert
-
-        w13, w2 = read_expert(Checkpoint(demo_dir()), 5, 0)
-        cases["demo w13 (Q4_1 source)"], cases["demo w2 (Q4_1 source)"] = w13.float(), w2.float()
-    except Exception as e:  # noqa: BLE001 -- the demo is optional here
-        print(f"(demo not built: {e})")
-    rows = ["| weights | with minimum (5 bits) | symmetric (4.5 bits) | error ratio |", "|---|---|---|---|"]
-    res = {}
-    for name, w in cases.items():
-        x = torch.randn(64, w.shape[1], generator=g)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=1024, help="rows of W (Mixtral's down projection has 4096)")
+    ap.add_argument("--cols", type=int, default=14336, help="in-features of W (a multiple of 256)")
+    ap.add_argument("--tokens", type=int, default=64, help="Gaussian activations in the batch")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    g = torch.Generator().manual_seed(args.seed)
+    res: dict[str, dict] = {"shape": [args.rows, args.cols], "tokens": args.tokens, "threads": args.threads}
+    lines = []
+    for name, w in kinds(args.rows, args.cols, g).items():
+        x = torch.randn(args.tokens, args.cols, generator=g)
         ref = x @ w.t()
-        a = float((x @ with_min(w).t() - ref).norm() / ref.norm())
-        b = float((x @ symmetric(w).t() - ref).norm() / ref.norm())
-        res[name] = {"with_min": a, "symmetric": b}
-        rows.append(f"| {name} | {a:.4f} | {b:.4f} | {b / a:.2f}x |")
-    table = "\n".join(rows) + "\n\nRelative output error of x @ W.T, 64 Gaussian activations."
+        res[name] = {}
+        for grid in GRIDS:
+            back, bits, dt = quantise(w, grid, args.threads)
+            out = float((x @ back.t() - ref).norm() / ref.norm())
+            rmse = float((back - w).norm() / w.norm())
+            res[name][grid] = {"bits": bits, "output_error": out, "weight_rmse": rmse, "seconds": dt}
+            lines.append(f"| {name} | {grid} | {bits:.3f} | {out:.4f} | {rmse:.4f} | {dt:.2f} |")
+            print(lines[-1], flush=True)
+        del w, x, ref
+    verdict = []
+    for name in res:
+        if isinstance(res[name], dict) and "Q4_K" in res[name]:
+            a, b = res[name]["Q4_K"]["output_error"], res[name]["Q4Native"]["output_error"]
+            verdict.append(f"- {name}: Q4_K {a:.4f} at {res[name]['Q4_K']['bits']:.2f} bits vs the 5-bit grid {b:.4f}"
+                           f" ({(a / b - 1) * 100:+.1f}%)")
+    table = "\n".join(
+        [f"W [{args.rows}, {args.cols}], {args.tokens} Gaussian activations, quantiser on {args.threads} threads.",
+         "", "| weights | grid | bits/weight | output error | weight RMSE | quantise s |", "|---|---|---|---|---|---|",
+         *lines, "", "Output error: |x Wq^T - x W^T| / |x W^T|. Weight RMSE: |Wq - W| / |W|. "
+         "Q4Native is the current cpu-4 grid; the others are GGUF's, from engine/native/kquantize.c,"
+         " decoded by gguf.quants.dequantize.", "", "Q4_K against the 5-bit grid:", *verdict])
     print(table)
     print(f"recorded {record('q4_grid_quality', res, table)}")
 

@@ -1,8 +1,390 @@
 /* Quantisers to GGUF's blocks (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) from fp32/fp16/bf16
- * rows, with llama.cpp-style scale searches. (Being written.) */
+ * rows: the bytes a .gguf file holds (ggml's block structs), n rows of k / block blocks.
+ *
+ * The searches follow llama.cpp's reference quantisers (ggml-quants.c, no importance matrix):
+ *   Q4_K / Q5_K  per 32-weight sub-block a weighted least-squares fit of scale and minimum over a
+ *                sweep of candidate grids (make_qkx2_quants: Q4_K nstep 20, rmin -1, rdelta 0.1;
+ *                Q5_K nstep 15, rmin -0.5, rdelta 0.1; weight av_x + |x|), then the 8 scales and
+ *                8 minimums to 6 bits under the super-block's fp16 d and dmin, then every q again
+ *                against the stored (rounded) scales.
+ *   Q6_K         per 16-weight sub-block make_qx_quants (rmse_type 1: weight x^2, 19 candidate
+ *                grids), the 16 scales to int8 under the fp16 d, q against the stored scales.
+ *   Q8_0         d = amax / 127, q = roundf(x / d) (gguf.quants' bytes exactly).
+ *   Q4_0 / Q5_0  the largest-magnitude weight maps to -8 / -16 (d = max / -8 or -16).
+ *   Q4_1 / Q5_1  d = (max - min) / 15 or 31, m = min.
+ * Every float operation is the reference's, in its order, so the bytes are the reference's (the
+ * tests compare them with llama.cpp's own quantize_row_*_ref where it is installed), except q of a
+ * K-quant sub-block whose stored scale is 0 (its values are then -dm whatever q is; we write 0).
+ *
+ * Deterministic: rows are independent and each is quantised by the same code whatever the thread
+ * count, and the AVX2 build of the search (the same C compiled for wider vectors, with no FMA
+ * contraction under -std=c11) gives the portable build's bytes.
+ * Returns 0; -1 when k is not a multiple of the block, fmt or src_fmt is unknown, a weight is NaN or
+ * infinite, a block's fp16 scale would overflow (|d| > 65504: the format cannot hold such weights),
+ * or memory runs out. On -1 the contents of raw are unspecified.
+ * Weights so small that a block's scale falls below fp16's normal range (about 6e-5 for d) lose
+ * precision in d, as in any GGUF writer: the format's limit, not the search's.
+ */
 #include "mdk.h"
 
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define QK 256  /* a K-quant super-block */
+
+/* Round half to even for |v| < 2^22 (what llama.cpp's nearest_int does), in float so the loops
+ * vectorise: adding 1.5 * 2^23 leaves no fraction bits. Needs strict IEEE order (no -ffast-math). */
+static MDK_INLINE float rnd(float v) { return (v + 12582912.f) - 12582912.f; }
+static MDK_INLINE float clampf(float v, float lo, float hi) { v = v < lo ? lo : v; return v > hi ? hi : v; }
+
+/* ---------------- 8 lanes ----------------
+ * The searches fit 8 sub-blocks at once, one a lane. With GCC / Clang a lane set is a vector type
+ * (AVX2 in the AVX2 build, two SSE2 halves otherwise): written with plain scalar selects, the
+ * compiler turned the loops into branches. Elsewhere (MSVC) it is a plain array. Either way each
+ * lane does exactly the scalar float operations, so the bytes do not depend on the build. */
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"  /* vf never crosses a call: everything here is inlined */
+typedef float vf __attribute__((vector_size(32)));
+typedef int32_t vm __attribute__((vector_size(32)));  /* a mask: all ones or zero a lane */
+static MDK_INLINE vf vb(float s) { vf v = {s, s, s, s, s, s, s, s}; return v; }
+static MDK_INLINE vf vadd(vf a, vf b) { return a + b; }
+static MDK_INLINE vf vsub(vf a, vf b) { return a - b; }
+static MDK_INLINE vf vmul(vf a, vf b) { return a * b; }
+static MDK_INLINE vf vdiv(vf a, vf b) { return a / b; }
+static MDK_INLINE vm vlt(vf a, vf b) { return a < b; }
+static MDK_INLINE vm vand(vm a, vm b) { return a & b; }
+static MDK_INLINE vf vsel(vm m, vf a, vf b) { return (vf)(((vm)a & m) | ((vm)b & ~m)); }
+static MDK_INLINE vf vabs(vf a) { return (vf)((vm)a & 0x7fffffff); }
+static MDK_INLINE vf vneg(vf a) { return (vf)((vm)a ^ (int32_t)0x80000000); }
+#else
+typedef struct { float v[8]; } vf;
+typedef struct { int v[8]; } vm;
+#define LANEWISE(T, expr) { T r; for (int j = 0; j < 8; j++) r.v[j] = (expr); return r; }
+static MDK_INLINE vf vb(float s) LANEWISE(vf, s)
+static MDK_INLINE vf vadd(vf a, vf b) LANEWISE(vf, a.v[j] + b.v[j])
+static MDK_INLINE vf vsub(vf a, vf b) LANEWISE(vf, a.v[j] - b.v[j])
+static MDK_INLINE vf vmul(vf a, vf b) LANEWISE(vf, a.v[j] * b.v[j])
+static MDK_INLINE vf vdiv(vf a, vf b) LANEWISE(vf, a.v[j] / b.v[j])
+static MDK_INLINE vm vlt(vf a, vf b) LANEWISE(vm, a.v[j] < b.v[j] ? -1 : 0)
+static MDK_INLINE vm vand(vm a, vm b) LANEWISE(vm, a.v[j] & b.v[j])
+static MDK_INLINE vf vsel(vm m, vf a, vf b) LANEWISE(vf, m.v[j] ? a.v[j] : b.v[j])
+static MDK_INLINE vf vabs(vf a) LANEWISE(vf, fabsf(a.v[j]))
+static MDK_INLINE vf vneg(vf a) LANEWISE(vf, -a.v[j])
+#endif
+static MDK_INLINE vf vld(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
+static MDK_INLINE void vst(float *p, vf v) { memcpy(p, &v, sizeof v); }
+static MDK_INLINE vf vrnd(vf v) { return vsub(vadd(v, vb(12582912.f)), vb(12582912.f)); }  /* as rnd() */
+static MDK_INLINE vf vclamp(vf v, vf lo, vf hi) { v = vsel(vlt(v, lo), lo, v); return vsel(vlt(hi, v), hi, v); }
+
+/* ---------------- the searches ---------------- */
+
+/* Q4_K / Q5_K: for each of 8 sub-blocks of 32 (x: the super-block, 256 values), scale s >= 0 and
+ * minimum m <= 0 with x ~ s * l + m, l in 0..nmax (make_qkx2_quants): the best, by squared error
+ * weighted by w = av_x + |x| (av_x: the sub-block's rms), of the min/max grid and of nstep + 1
+ * weighted least-squares fits, one for each candidate grid iscale = (nmax + rmin + rdelta * step) /
+ * (max - min). The minimum stays <= 0: the format stores -m as a 6-bit multiple of dmin >= 0. */
+static MDK_INLINE void fit_min8(const float *x, float nmax, float rmin, float rdelta, int nstep,
+                                float *scale, float *the_min) {
+    vf xt[32], wt[32], L[32];
+    for (int i = 0; i < 32; i++) {  /* transpose: xt[i] holds element i of each sub-block */
+        float t[8];
+        for (int j = 0; j < 8; j++) t[j] = x[32 * j + i];
+        xt[i] = vld(t);
+    }
+    vf zero = vb(0.f), vmax = vb(nmax), s2 = zero;
+    for (int i = 0; i < 32; i++) s2 = vadd(s2, vmul(xt[i], xt[i]));
+    float av[8];
+    vst(av, s2);
+    for (int j = 0; j < 8; j++) av[j] = sqrtf(av[j] / 32.f);
+    vf avx = vld(av), mn = xt[0], mx = xt[0], sw = zero, sx = zero;
+    for (int i = 0; i < 32; i++) {
+        vf v = xt[i], w = vadd(avx, vabs(v));
+        wt[i] = w;
+        mn = vsel(vlt(v, mn), v, mn);
+        mx = vsel(vlt(mx, v), v, mx);
+        sw = vadd(sw, w);
+        sx = vadd(sx, vmul(w, v));
+    }
+    mn = vsel(vlt(zero, mn), zero, mn);
+    vm live = vlt(mn, mx);  /* not all equal; a flat lane gets a dummy range and is fixed at the end */
+    vf rng = vsel(live, vsub(mx, mn), vb(1.f)), isc0 = vdiv(vmax, rng);
+    vf sc = vdiv(vb(1.f), isc0), mi = mn, best = zero;
+    for (int i = 0; i < 32; i++) {  /* the min/max grid */
+        vf l = vrnd(vclamp(vmul(isc0, vsub(xt[i], mn)), zero, vmax));
+        vf d = vsub(vadd(vmul(sc, l), mn), xt[i]);
+        best = vadd(best, vmul(vmul(wt[i], d), d));
+    }
+    for (int is = 0; is <= nstep; is++) {
+        vf isc = vdiv(vb(rmin + rdelta * (float)is + nmax), rng), sl = zero, sl2 = zero, sxl = zero;
+        for (int i = 0; i < 32; i++) {
+            vf l = vrnd(vclamp(vmul(isc, vsub(xt[i], mn)), zero, vmax)), wl = vmul(wt[i], l);
+            L[i] = l;
+            sl = vadd(sl, wl);
+            sl2 = vadd(sl2, vmul(wl, l));
+            sxl = vadd(sxl, vmul(wl, xt[i]));
+        }
+        vf D = vsub(vmul(sw, sl2), vmul(sl, sl));
+        vm ok = vlt(zero, D);
+        vf Ds = vsel(ok, D, vb(1.f));
+        vf a = vdiv(vsub(vmul(sw, sxl), vmul(sx, sl)), Ds), b = vdiv(vsub(vmul(sl2, sx), vmul(sl, sxl)), Ds);
+        vm pos = vlt(zero, b);  /* a positive minimum: minimum 0 and the scale refitted alone */
+        vf ts = vsel(pos, vdiv(sxl, vsel(vlt(zero, sl2), sl2, vb(1.f))), a), tm = vsel(pos, zero, b), e = zero;
+        for (int i = 0; i < 32; i++) {
+            vf d = vsub(vadd(vmul(ts, L[i]), tm), xt[i]);
+            e = vadd(e, vmul(vmul(wt[i], d), d));
+        }
+        vm take = vand(ok, vlt(e, best));
+        best = vsel(take, e, best);
+        sc = vsel(take, ts, sc);
+        mi = vsel(take, tm, mi);
+    }
+    vst(scale, vsel(live, sc, zero));
+    vst(the_min, vneg(vsel(live, mi, mn)));
+}
+
+/* Q6_K: for each of 8 sub-blocks of 16 (x: 128 values), the signed scale of x ~ scale * l, l in
+ * -nmax..nmax-1 (make_qx_quants, rmse_type 1: each weight counts x^2): the grid that maps the
+ * largest-magnitude weight to -nmax, then 18 more, -(nmax + 0.1 i) / max for i = -9..9 but 0, each
+ * taken when its least-squares gain sumlx^2 / suml2 is larger. */
+static MDK_INLINE void fit_signed8(const float *x, float nmax, float *scale) {
+    vf xt[16];
+    for (int i = 0; i < 16; i++) {
+        float t[8];
+        for (int j = 0; j < 8; j++) t[j] = x[16 * j + i];
+        xt[i] = vld(t);
+    }
+    vf zero = vb(0.f), amax = zero, max = zero, sc = zero, best = zero;
+    for (int i = 0; i < 16; i++) {
+        vf a = vabs(xt[i]);
+        vm g = vlt(amax, a);
+        max = vsel(g, xt[i], max);
+        amax = vsel(g, a, amax);
+    }
+    vf maxs = vsel(vlt(zero, amax), max, vb(1.f)), lo = vb(-nmax), hi = vb(nmax - 1.f);
+    for (int t = 0; t < 19; t++) {  /* -nmax first, then nmax + 0.1 * (-9..-1, 1..9) */
+        int is = t == 0 ? 0 : (t <= 9 ? t - 10 : t - 9);
+        vf isc = vdiv(vb(-(nmax + 0.1f * (float)is)), maxs), slx = zero, sl2 = zero;
+        for (int i = 0; i < 16; i++) {
+            vf v = xt[i], l = vrnd(vclamp(vmul(isc, v), lo, hi)), w = vmul(v, v);
+            slx = vadd(slx, vmul(vmul(w, v), l));
+            sl2 = vadd(sl2, vmul(vmul(w, l), l));
+        }
+        vm nz = vlt(zero, sl2);
+        vf s = vsel(nz, vdiv(slx, vsel(nz, sl2, vb(1.f))), zero);
+        vm take = t == 0 ? vlt(vb(-1.f), zero) /* all */ : vand(nz, vlt(vmul(best, sl2), vmul(slx, slx)));
+        sc = vsel(take, s, sc);
+        best = vsel(take, vmul(s, slx), best);
+    }
+    vst(scale, vsel(vlt(amax, vb(1e-15f)), zero, sc));
+}
+
+/* ---------------- one row ---------------- */
+
+static int half_ok(uint16_t h) { return (h & 0x7c00) != 0x7c00; }  /* finite in fp16 */
+static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
+/* Q4_K (nmax 15) or Q5_K (nmax 31): 256 weights -> 144 or 176 bytes. 0, or -1: fp16 overflow. */
+static MDK_INLINE int block_k(const float *x, int q5, uint8_t *y) {
+    float nmax = q5 ? 31.f : 15.f, scales[8], mins[8];
+    uint8_t L[QK], sc[12] = {0};
+    float max_scale = 0.f, max_min = 0.f;
+    if (q5) fit_min8(x, nmax, -0.5f, 0.1f, 15, scales, mins);
+    else fit_min8(x, nmax, -1.f, 0.1f, 20, scales, mins);
+    for (int j = 0; j < 8; j++) {
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    float inv_s = max_scale > 0.f ? 63.f / max_scale : 0.f, inv_m = max_min > 0.f ? 63.f / max_min : 0.f;
+    uint8_t ls[8], lm[8];
+    for (int j = 0; j < 8; j++) {
+        ls[j] = (uint8_t)clampf(rnd(inv_s * scales[j]), 0.f, 63.f);
+        lm[j] = (uint8_t)clampf(rnd(inv_m * mins[j]), 0.f, 63.f);
+        if (j < 4) {
+            sc[j] = ls[j];
+            sc[j + 4] = lm[j];
+        } else {
+            sc[j + 4] = (uint8_t)((ls[j] & 0xF) | ((lm[j] & 0xF) << 4));
+            sc[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
+            sc[j] |= (uint8_t)((lm[j] >> 4) << 6);
+        }
+    }
+    uint16_t d16 = mdk_f2h(max_scale / 63.f), m16 = mdk_f2h(max_min / 63.f);
+    if (!half_ok(d16) || !half_ok(m16)) return -1;
+    float d = mdk_h2f(d16), dmin = mdk_h2f(m16);
+    for (int j = 0; j < 8; j++) {  /* q against the scales as stored */
+        float dd = d * ls[j], dm = dmin * lm[j];
+        for (int i = 0; i < 32; i++)
+            L[32 * j + i] = dd != 0.f ? (uint8_t)rnd(clampf((x[32 * j + i] + dm) / dd, 0.f, nmax)) : 0;
+    }
+    put16(y, d16);
+    put16(y + 2, m16);
+    memcpy(y + 4, sc, 12);
+    if (!q5) {
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) y[16 + 32 * c + l] = (uint8_t)(L[64 * c + l] | (L[64 * c + 32 + l] << 4));
+        return 0;
+    }
+    uint8_t *qh = y + 16, *ql = y + 48;
+    memset(qh, 0, 32);
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            int a = L[64 * c + l], b = L[64 * c + 32 + l];
+            qh[l] |= (uint8_t)(((a >> 4) << (2 * c)) | ((b >> 4) << (2 * c + 1)));
+            ql[32 * c + l] = (uint8_t)((a & 0xF) | ((b & 0xF) << 4));
+        }
+    return 0;
+}
+
+/* Q6_K: 256 weights -> 210 bytes (ql[128], qh[64], int8 scales[16], fp16 d). */
+static MDK_INLINE int block_q6k(const float *x, uint8_t *y) {
+    float scales[16], max_scale = 0.f, max_abs = 0.f;
+    uint8_t L[QK];
+    fit_signed8(x, 32.f, scales);
+    fit_signed8(x + 128, 32.f, scales + 8);
+    for (int b = 0; b < 16; b++) {
+        if (fabsf(scales[b]) > max_abs) { max_abs = fabsf(scales[b]); max_scale = scales[b]; }
+    }
+    memset(y, 0, 210);
+    if (max_abs < 1e-15f) return 0;  /* all (near) zero: d = 0 */
+    float iscale = -128.f / max_scale;
+    uint16_t d16 = mdk_f2h(1.f / iscale);
+    if (!half_ok(d16)) return -1;
+    float d = mdk_h2f(d16);
+    int8_t sc[16];
+    for (int b = 0; b < 16; b++) sc[b] = (int8_t)clampf(rnd(iscale * scales[b]), -128.f, 127.f);
+    for (int b = 0; b < 16; b++) {
+        float dd = d * sc[b];
+        for (int i = 0; i < 16; i++)
+            L[16 * b + i] = dd != 0.f ? (uint8_t)(rnd(clampf(x[16 * b + i] / dd, -32.f, 31.f)) + 32.f) : 32;
+    }
+    uint8_t *ql = y, *qh = y + 128;
+    for (int h = 0; h < 2; h++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *q = L + 128 * h + l;
+            ql[64 * h + l] = (uint8_t)((q[0] & 0xF) | ((q[64] & 0xF) << 4));
+            ql[64 * h + 32 + l] = (uint8_t)((q[32] & 0xF) | ((q[96] & 0xF) << 4));
+            qh[32 * h + l] = (uint8_t)((q[0] >> 4) | ((q[32] >> 4) << 2) | ((q[64] >> 4) << 4) | ((q[96] >> 4) << 6));
+        }
+    memcpy(y + 192, sc, 16);
+    put16(y + 208, d16);
+    return 0;
+}
+
+/* The 32-weight formats, as llama.cpp's quantize_row_*_ref: 0, or -1 on fp16 overflow. */
+static int block_32(int fmt, const float *x, uint8_t *y) {
+    uint8_t q[32];
+    if (fmt == MDK_Q8_0) {
+        float amax = 0.f;
+        for (int i = 0; i < 32; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+        float d = amax / 127.f, id = d != 0.f ? 1.f / d : 0.f;
+        uint16_t d16 = mdk_f2h(d);
+        put16(y, d16);
+        for (int i = 0; i < 32; i++) y[2 + i] = (uint8_t)(int8_t)roundf(x[i] * id);  /* roundf: half away, as ggml */
+        return half_ok(d16) ? 0 : -1;
+    }
+    int five = fmt == MDK_Q5_0 || fmt == MDK_Q5_1, qmax = five ? 31 : 15, off;
+    uint16_t d16, m16 = 0;
+    if (fmt == MDK_Q4_0 || fmt == MDK_Q5_0) {  /* symmetric: the largest magnitude, with its sign, to -8 / -16 */
+        float amax = 0.f, max = 0.f;
+        for (int i = 0; i < 32; i++)
+            if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); max = x[i]; }
+        float d = max / (five ? -16.f : -8.f), id = d != 0.f ? 1.f / d : 0.f, bias = five ? 16.5f : 8.5f;
+        d16 = mdk_f2h(d);
+        for (int i = 0; i < 32; i++) {
+            int v = (int)(x[i] * id + bias);  /* truncation, as the reference's (int8_t) cast */
+            q[i] = (uint8_t)(v < 0 ? 0 : (v > qmax ? qmax : v));
+        }
+        off = 2;
+    } else {  /* Q4_1 / Q5_1: min/max */
+        float mn = x[0], mx = x[0];
+        for (int i = 1; i < 32; i++) { mn = x[i] < mn ? x[i] : mn; mx = x[i] > mx ? x[i] : mx; }
+        float d = (mx - mn) / (float)qmax, id = d != 0.f ? 1.f / d : 0.f;
+        d16 = mdk_f2h(d);
+        m16 = mdk_f2h(mn);
+        for (int i = 0; i < 32; i++) {
+            int v = (int)((x[i] - mn) * id + 0.5f);
+            q[i] = (uint8_t)(v < 0 ? 0 : (v > qmax ? qmax : v));
+        }
+        put16(y + 2, m16);
+        off = 4;
+    }
+    put16(y, d16);
+    if (five) {
+        uint32_t qh = 0;
+        for (int i = 0; i < 32; i++) qh |= (uint32_t)(q[i] >> 4) << i;
+        memcpy(y + off, &qh, 4);
+        off += 4;
+    }
+    for (int i = 0; i < 16; i++) y[off + i] = (uint8_t)((q[i] & 0xF) | ((q[16 + i] & 0xF) << 4));
+    return half_ok(d16) && half_ok(m16) ? 0 : -1;
+}
+
+static int block_of(int fmt) { return MDK_IS_KQ(fmt) ? QK : 32; }
+static int block_bytes(int fmt) {
+    static const int b[] = {144, 176, 210, 34, 18, 20, 22, 24};  /* MDK_Q4K .. MDK_Q5_1 */
+    return b[fmt - MDK_Q4K];
+}
+
+static MDK_INLINE int row_blocks(int fmt, const float *x, int k, uint8_t *y) {
+    int bad = 0, nb = k / block_of(fmt), bb = block_bytes(fmt);
+    for (int b = 0; b < nb; b++) {
+        const float *xb = x + (size_t)b * block_of(fmt);
+        uint8_t *yb = y + (size_t)b * bb;
+        if (fmt == MDK_Q4K || fmt == MDK_Q5K) bad |= block_k(xb, fmt == MDK_Q5K, yb);
+        else if (fmt == MDK_Q6K) bad |= block_q6k(xb, yb);
+        else bad |= block_32(fmt, xb, yb);
+    }
+    return bad;
+}
+
+static int row_blocks_c(int fmt, const float *x, int k, uint8_t *y) { return row_blocks(fmt, x, k, y); }
+#if MDK_X86
+/* The same C compiled for AVX2 (no FMA: the bytes must not depend on the path). */
+MDK_TARGET("avx2")
+static int row_blocks_avx2(int fmt, const float *x, int k, uint8_t *y) { return row_blocks(fmt, x, k, y); }
+#else
+#define row_blocks_avx2 row_blocks_c
+#endif
+
+/* ---------------- rows in parallel ---------------- */
+
+#define ROWS_PER_TASK 4
+
+typedef struct {
+    int fmt, sfmt, n, k;
+    const char *src;
+    uint8_t *raw;
+    atomic_int bad;
+} qjob;
+
+static int finite_row(const float *x, int k) {
+    int bad = 0;
+    for (int i = 0; i < k; i++) bad |= (x[i] - x[i]) != 0.f;  /* NaN for NaN and +-Inf */
+    return !bad;
+}
+
+static void quantize_task(void *c, int t) {
+    qjob *j = (qjob *)c;
+    size_t esz = j->sfmt == MDK_F32 ? 4 : 2, rb = (size_t)(j->k / block_of(j->fmt)) * block_bytes(j->fmt);
+    float *buf = j->sfmt == MDK_F32 ? NULL : (float *)malloc((size_t)j->k * sizeof(float));
+    if (j->sfmt != MDK_F32 && !buf) { atomic_store(&j->bad, 1); return; }
+    int (*rows)(int, const float *, int, uint8_t *) = mdk_path >= MDK_PATH_AVX2 ? row_blocks_avx2 : row_blocks_c;
+    for (int r = t * ROWS_PER_TASK; r < j->n && r < (t + 1) * ROWS_PER_TASK; r++) {
+        const void *s = j->src + (size_t)r * j->k * esz;
+        const float *x = (const float *)s;
+        if (buf) { mdk_load_row(j->sfmt, s, buf, j->k); x = buf; }
+        if (!finite_row(x, j->k) || rows(j->fmt, x, j->k, j->raw + (size_t)r * rb)) atomic_store(&j->bad, 1);
+    }
+    free(buf);
+}
+
 MDK_API int mdk_quantize_blocks(int fmt, const void *src, int src_fmt, int n, int k, uint8_t *raw, int nthreads) {
-    (void)fmt; (void)src; (void)src_fmt; (void)n; (void)k; (void)raw; (void)nthreads;
-    return -1;
+    if (!(MDK_IS_KQ(fmt) || MDK_IS_QB(fmt)) || (src_fmt != MDK_F32 && src_fmt != MDK_F16 && src_fmt != MDK_BF16))
+        return -1;
+    if (n < 0 || k <= 0 || k % block_of(fmt)) return -1;
+    qjob j = {fmt, src_fmt, n, k, (const char *)src, raw, 0};
+    mdk_parallel((n + ROWS_PER_TASK - 1) / ROWS_PER_TASK, quantize_task, &j, nthreads < 1 ? 1 : nthreads);
+    return atomic_load(&j.bad) ? -1 : 0;
 }
