@@ -19,6 +19,7 @@ from gguf.quants import quantize
 
 ARCH = {"mixtral": "llama", "qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "olmoe": "olmoe", "gpt_oss": "gpt-oss"}
 K_QUANTS = (GT.Q4_K, GT.Q5_K, GT.Q6_K)
+QUANTISABLE = (GT.F32, GT.F16, GT.BF16, GT.Q8_0, GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.MXFP4)  # by gguf.quants
 
 
 def permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -46,7 +47,7 @@ def encode(w: torch.Tensor, qtype: GT, seed: int = 0) -> tuple[np.ndarray, GT]:
         return a.astype(np.float32), GT.F32
     if qtype == GT.F16:
         return a.astype(np.float16), GT.F16
-    if qtype in K_QUANTS:
+    if qtype in K_QUANTS or qtype not in QUANTISABLE:
         rows = int(np.prod(a.shape[:-1]))
         raw = k_quant_rows(rows, a.shape[-1], qtype, seed)
         return raw.reshape(*a.shape[:-1], raw.shape[-1]), qtype
@@ -269,6 +270,31 @@ def _gguf_end(path: Path, nbytes: list[int], align: int = 32) -> int:
     tensor padded likewise (as GGUFWriter lays them out)."""
     pad = lambda n: n + (-n) % align  # noqa: E731
     return pad(path.stat().st_size) + sum(pad(n) for n in nbytes)
+
+
+def info_pos(path: Path, name: str) -> int:
+    """Byte offset of tensor `name`'s info record (its u64 name length) in a written file."""
+    data = path.read_bytes()
+    key = len(name).to_bytes(8, "little") + name.encode()
+    pos = data.find(key)
+    assert pos > 0, name
+    return pos
+
+
+def type_pos(path: Path, name: str) -> int:
+    """Byte offset of tensor `name`'s u32 GGML type (then its u64 data offset)."""
+    pos = info_pos(path, name) + 8 + len(name)
+    n_dims = int.from_bytes(path.read_bytes()[pos:pos + 4], "little")
+    return pos + 4 + 8 * n_dims
+
+
+def kv_pos(path: Path, key: str) -> int:
+    """Byte offset of metadata `key`'s value (after its u32 type)."""
+    data = path.read_bytes()
+    k = len(key).to_bytes(8, "little") + key.encode()
+    pos = data.find(k)
+    assert pos >= 0, key
+    return pos + len(k) + 4
 
 
 def flip(path: Path, offset: int, data: bytes) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from itertools import repeat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,7 @@ MAX_TENSORS = 1 << 20
 MAX_STRING = 16 << 20        # one metadata string
 MAX_ARRAY = 1 << 24          # entries of one array
 MAX_STRINGS = 1 << 23        # strings in all arrays together: bounds the time the walk takes
+MAX_STRING_BYTES = 1 << 30  # all the strings of one array
 MAX_NAME = 256               # a tensor name (llama.cpp's GGML_MAX_NAME is 64)
 MAX_DIMS = 4                 # GGML_MAX_DIMS
 
@@ -211,14 +213,18 @@ class Header:
             raise ModelError(self.path, f"is corrupt: metadata '{key}' claims {count:,} strings, more than "
                              "the file can hold" if count * 8 > self.size - off else
                              f"is corrupt: its metadata holds more than {MAX_STRINGS:,} strings")
-        start, unpack, end = off, struct.Struct("<Q").unpack_from, self.size
-        for _ in range(count):  # step over each string: the only per-entry loop of the parse
-            if off + 8 > end:
-                self._need(off, 8, f"metadata '{key}'")
-            (n,) = unpack(mm, off)
-            off += 8 + n
-            if n > MAX_STRING or off > end:
-                self._need(off - n, n, f"a string of metadata '{key}'")
+        start, unpack = off, struct.Struct("<Q").unpack_from
+        try:  # step over each string: the only per-entry loop of the parse, kept to two operations
+            for _ in repeat(None, count):
+                off += 8 + unpack(mm, off)[0]
+        except struct.error:  # a length ran past the end of the file
+            off = self.size + 1
+        if off > self.size:
+            raise ModelError(self.path, f"is truncated or corrupt: the strings of metadata '{key}' (from byte "
+                             f"{start:,}) run past the end of the file ({self.size:,} bytes)")
+        if off - start > MAX_STRING_BYTES:
+            raise ModelError(self.path, f"is corrupt: the strings of metadata '{key}' take {off - start:,} bytes "
+                             f"(the most Mixdesk accepts is {MAX_STRING_BYTES:,})")
         return Strings(bytes(mm[start:off]), count, self.path, key), off
 
     def _tensor(self, name: str, ne: tuple, qcode: int, rel: int) -> TensorInfo:
