@@ -144,7 +144,7 @@ class Header:
         if version not in VERSIONS:
             if version & 0xFFFF == 0 and (version >> 16) in (2, 3):
                 raise ModelError(self.path, "is a big-endian GGUF file; Mixdesk reads little-endian GGUF files")
-            old = " (version 1, from before August 2023: convert the model again)" if version == 1 else ""
+            old = ", from before August 2023 (convert the model again)" if version == 1 else ""
             raise ModelError(self.path, f"is GGUF version {version}{old}; Mixdesk reads GGUF versions 2 and 3")
         self.version = version
         n_tensors, n_kv = struct.unpack_from("<QQ", mm, 8)
