@@ -424,8 +424,8 @@ def _metadata(w: gguf.GGUFWriter, folder: Path, hp: dict, fam: Family, ftype: FT
                 add(rope[key])
     if rope.get("rope_theta") is not None:
         w.add_rope_freq_base(rope["rope_theta"])
-    if (eps := _first(hp, "rms_norm_eps", "norm_eps")) is not None:
-        w.add_layer_norm_rms_eps(eps)
+    if (eps := _first(hp, "rms_norm_eps", "norm_eps")) is not None:  # OlmoeModel then sets 1e-5 over it
+        w.add_layer_norm_rms_eps(1e-5 if fam.arch == MODEL_ARCH.OLMOE else eps)
     if (eps := _first(hp, "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")) is not None:
         w.add_layer_norm_eps(eps)
     if (n := _first(hp, "num_local_experts", "num_experts", "n_routed_experts")) is not None:
@@ -445,8 +445,6 @@ def _metadata(w: gguf.GGUFWriter, folder: Path, hp: dict, fam: Family, ftype: FT
             w.add_expert_feed_forward_length(hp["moe_intermediate_size"])
         if hp.get("shared_expert_intermediate_size") is not None:
             w.add_expert_shared_feed_forward_length(hp["shared_expert_intermediate_size"])
-    elif fam.arch == MODEL_ARCH.OLMOE:
-        w.add_layer_norm_rms_eps(1e-5)  # OlmoeModel overwrites the config's value with this one
     elif fam.arch == MODEL_ARCH.GPT_OSS:
         w.add_sliding_window(hp["sliding_window"])
         w.add_expert_feed_forward_length(hp["intermediate_size"])
