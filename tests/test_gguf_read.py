@@ -70,7 +70,7 @@ def test_f32_file_reads_back_the_source_exactly(sources, tmp_path, family):
         f13, f2 = g.expert_float(layer, expert)
         assert torch.equal(f13, w13.float()) and torch.equal(f2, w2.float())
     assert g.config.rope_parameters == ref.config.rope_parameters
-    assert g.load_tokenizer is not None and g.eos_token_ids(type("T", (), {"eos_token_id": None})()) == {2}
+    assert g.eos_token_ids(type("T", (), {"eos_token_id": None})()) == {2}
     g.close()
     ref.close()
     assert listing(tmp_path) == before, "something was written next to the file"
@@ -222,4 +222,17 @@ def test_reads_do_not_map_the_file(sources, tmp_path):
             g.expert_float(l, e)
     maps = Path(f"/proc/{os.getpid()}/maps").read_text()
     assert str(path) not in maps
+    g.close()
+
+
+def test_tokenizer_from_the_file(sources, tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    src = sources("qwen3_moe")
+    g = open_gguf(gguf_files.hf_to_gguf(src, tmp_path / "t.gguf"))
+    tok, ref = g.load_tokenizer(), AutoTokenizer.from_pretrained(str(src))
+    text = "The capital of France is Paris. Café 東京 🙂"
+    assert tok.encode(text, add_special_tokens=False) == ref.encode(text, add_special_tokens=False)
+    assert tok.chat_template == ref.chat_template and g.eos_token_ids(tok) == {2}
     g.close()

@@ -374,14 +374,18 @@ class GGUFCheckpoint:
         return sum(t.nbytes for t in self._dense.values())
 
     def load_tokenizer(self):
-        """The tokenizer from the file's metadata, which must carry a chat template."""
+        """The tokenizer from the file's metadata (engine/gguf/tokenizer.py), which must carry a chat
+        template: checked first, so a file without one is refused before any conversion is cached."""
+        template = self.file.get("tokenizer.chat_template")
+        if not isinstance(template, str) or not template.strip():
+            raise ModelError(self.path, "has no chat template (tokenizer.chat_template); Mixdesk is a chat app")
         try:
             from .tokenizer import tokenizer_from_metadata
         except ImportError:
             tokenizer_from_metadata = None
         if tokenizer_from_metadata is not None:
             tok = tokenizer_from_metadata(self.file.header, self.path)
-        else:  # until engine/gguf/tokenizer.py lands: transformers' own GGUF reader
+        else:  # without engine/gguf/tokenizer.py: transformers' own GGUF reader
             from transformers import AutoTokenizer
 
             try:
