@@ -2,7 +2,9 @@
 place: engine/gguf/header.py parses a file's header with every length bounded, reader.py finds the
 files (one, a folder, a split set) and reads tensors with positional reads, names.py and config.py
 map GGUF's names and metadata to the Hugging Face ones the engine uses, checkpoint.py is the
-engine's checkpoint over the file, tiers.py what each tier keeps of a GGUF expert."""
+engine's checkpoint over the file, mxfp4.py GPT-OSS's blocks in the release's layout, tokenizer.py
+the tokenizer from the metadata, tiers.py what each tier keeps of a GGUF expert, writer.py files
+for tests and benchmarks."""
 from __future__ import annotations
 
 from pathlib import Path
