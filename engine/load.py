@@ -123,21 +123,13 @@ def lossless_cpu4(ckpt) -> bool:
     return cpu4_is_file_form(ckpt)
 
 
-def is_gguf(path: str | Path) -> bool:
-    """A .gguf file, or a folder holding GGUF weights and no config.json."""
-    p = Path(path).expanduser()
-    if p.suffix.lower() == ".gguf":
-        return True
-    return p.is_dir() and not (p / "config.json").exists() and any(p.glob("*.gguf"))
-
-
 def open_checkpoint(folder: str | Path) -> Checkpoint:
     """A model opened and validated (no weights read): a safetensors folder, a GGUF file (or a
     folder or split set of one: engine/gguf), or a synthetic model."""
     from .sources.synthetic import SyntheticCheckpoint, is_synthetic
 
-    if is_gguf(folder):
-        from .gguf import open_gguf
+    from .gguf import is_gguf, open_gguf
 
+    if is_gguf(folder):
         return open_gguf(folder)
     return SyntheticCheckpoint(folder) if is_synthetic(folder) else Checkpoint(folder)

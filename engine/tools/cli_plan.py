@@ -85,7 +85,7 @@ def cmd_plan(a) -> int:
 
     t_start = time.perf_counter()
     if a.config_only:
-        from ..load import is_gguf
+        from ..gguf import is_gguf
         from ..planning.inputs import from_gguf
 
         cfg = Path(a.model or "")
