@@ -54,7 +54,8 @@ static const uint8_t *tail_row(int fmt, const uint8_t *t, int n, int k, int r) {
     return t + (size_t)(n / 16) * nb * QB_TBB(fmt) + (size_t)(r - n / 16 * 16) * nb * QB_RB(fmt);
 }
 
-/* one raw block p -> row rr of the tile-block tb, and back */
+/* row rr's raw block p -> the tile-block tb, and back; the fifth bits go in and out for all 16
+ * rows of a tile-block at once (qh_put: each mask gathers a nibble from every row) */
 static void tile_put(int f, uint8_t *tb, int rr, const uint8_t *p) {
     const uint8_t *qs = p + QB_QOFF(f);
     memcpy(tb + QB_DOFF(f) + 2 * rr, p, 2);
@@ -65,16 +66,17 @@ static void tile_put(int f, uint8_t *tb, int rr, const uint8_t *p) {
         return;
     }
     for (int c = 0; c < 4; c++) memcpy(tb + 64 * c + 4 * rr, qs + 4 * c, 4);
-    if (QB_BITS(f) == 5) {
-        uint32_t qh = le32(p + 2 + 2 * QB_HASM(f));
-        for (int j = 0; j < 8; j++) {
-            uint8_t *h = tb + QB_HOFF + 8 * j + rr / 2, nib = (uint8_t)((qh >> 4 * j) & 15);
-            *h = rr & 1 ? (uint8_t)((*h & 0x0f) | nib << 4) : (uint8_t)((*h & 0xf0) | nib);
-        }
-    }
 }
 
-static void tile_get(int f, const uint8_t *tb, int rr, uint8_t *p) {
+static void qh_put(int f, uint8_t *tb, const uint8_t *const *p) {  /* p[r]: row r's raw block */
+    uint32_t qh[16];
+    for (int r = 0; r < 16; r++) qh[r] = le32(p[r] + 2 + 2 * QB_HASM(f));
+    for (int j = 0; j < 8; j++)
+        for (int r = 0; r < 16; r += 2)
+            tb[QB_HOFF + 8 * j + r / 2] = (uint8_t)(((qh[r] >> 4 * j) & 15) | ((qh[r + 1] >> 4 * j) & 15) << 4);
+}
+
+static void tile_get(int f, const uint8_t *tb, int rr, uint8_t *p) {  /* all but the fifth bits */
     uint8_t *qs = p + QB_QOFF(f);
     memcpy(p, tb + QB_DOFF(f) + 2 * rr, 2);
     if (QB_HASM(f)) memcpy(p + 2, tb + QB_MOFF(f) + 2 * rr, 2);
@@ -84,12 +86,18 @@ static void tile_get(int f, const uint8_t *tb, int rr, uint8_t *p) {
         return;
     }
     for (int c = 0; c < 4; c++) memcpy(qs + 4 * c, tb + 64 * c + 4 * rr, 4);
-    if (QB_BITS(f) == 5) {
-        uint32_t qh = 0;
-        for (int j = 0; j < 8; j++) qh |= (uint32_t)((tb[QB_HOFF + 8 * j + rr / 2] >> 4 * (rr & 1)) & 15) << 4 * j;
-        uint8_t *h = p + 2 + 2 * QB_HASM(f);
-        for (int i = 0; i < 4; i++) h[i] = (uint8_t)(qh >> 8 * i);
-    }
+}
+
+static void qh_get(int f, const uint8_t *tb, int rr, uint8_t *p) {  /* row rr's fifth bits -> its raw qh */
+    uint32_t qh = 0;
+    for (int j = 0; j < 8; j++) qh |= (uint32_t)((tb[QB_HOFF + 8 * j + rr / 2] >> 4 * (rr & 1)) & 15) << 4 * j;
+    uint8_t *h = p + 2 + 2 * QB_HASM(f);
+    for (int i = 0; i < 4; i++) h[i] = (uint8_t)(qh >> 8 * i);
+}
+
+static void tile_get_row(int f, const uint8_t *tb, int rr, uint8_t *p) {  /* one whole raw block */
+    tile_get(f, tb, rr, p);
+    if (QB_BITS(f) == 5) qh_get(f, tb, rr, p);
 }
 
 /* u[32] (the unsigned values of w = d * u + m) of one raw block */
@@ -109,7 +117,7 @@ static void raw_values(int f, const uint8_t *p, uint8_t *u) {
 /* row r's block b as raw bytes, wherever it lives (a tile or the tail) */
 static void block_raw(int f, const uint8_t *t, int n, int k, int r, int b, uint8_t *p) {
     int nb = k / 32;
-    if (r < n / 16 * 16) tile_get(f, t + ((size_t)(r / 16) * nb + b) * QB_TBB(f), r % 16, p);
+    if (r < n / 16 * 16) tile_get_row(f, t + ((size_t)(r / 16) * nb + b) * QB_TBB(f), r % 16, p);
     else memcpy(p, tail_row(f, t, n, k, r) + (size_t)b * QB_RB(f), QB_RB(f));
 }
 
@@ -117,19 +125,27 @@ int mdk_qb_pack(int fmt, const uint8_t *raw, int n, int k, uint8_t *t) {
     if (!shape_ok(fmt, n, k)) return -1;
     int nb = k / 32, full = n / 16 * 16;
     size_t rb = QB_RB(fmt), row = (size_t)nb * rb;
-    for (int r = 0; r < full; r++)
-        for (int b = 0; b < nb; b++)
-            tile_put(fmt, t + ((size_t)(r / 16) * nb + b) * QB_TBB(fmt), r % 16, raw + r * row + b * rb);
+    for (int r0 = 0; r0 < full; r0 += 16)
+        for (int b = 0; b < nb; b++) {
+            uint8_t *tb = t + ((size_t)(r0 / 16) * nb + b) * QB_TBB(fmt);
+            const uint8_t *p[16];
+            for (int r = 0; r < 16; r++) tile_put(fmt, tb, r, p[r] = raw + (r0 + r) * row + b * rb);
+            if (QB_BITS(fmt) == 5) qh_put(fmt, tb, p);
+        }
     if (n > full) memcpy((uint8_t *)tail_row(fmt, t, n, k, full), raw + (size_t)full * row, (size_t)(n - full) * row);
     return 0;
 }
 
 int mdk_qb_unpack(int fmt, const uint8_t *t, int n, int k, uint8_t *raw) {
     if (!shape_ok(fmt, n, k)) return -1;
-    int nb = k / 32;
-    size_t rb = QB_RB(fmt);
-    for (int r = 0; r < n; r++)
-        for (int b = 0; b < nb; b++) block_raw(fmt, t, n, k, r, b, raw + ((size_t)r * nb + b) * rb);
+    int nb = k / 32, full = n / 16 * 16;
+    size_t rb = QB_RB(fmt), row = (size_t)nb * rb;
+    for (int r0 = 0; r0 < full; r0 += 16)
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *tb = t + ((size_t)(r0 / 16) * nb + b) * QB_TBB(fmt);
+            for (int r = 0; r < 16; r++) tile_get_row(fmt, tb, r, raw + (r0 + r) * row + b * rb);
+        }
+    if (n > full) memcpy(raw + (size_t)full * row, tail_row(fmt, t, n, k, full), (size_t)(n - full) * row);
     return 0;
 }
 
@@ -182,7 +198,7 @@ static void tile_c(int f, const uint8_t *tile, int nb, const mdk_q8 *a, float *y
     for (int b = 0; b < nb; b++) {
         const uint8_t *tb = tile + (size_t)b * QB_TBB(f);
         for (int r = 0; r < 16; r++) {
-            tile_get(f, tb, r, p);
+            tile_get_row(f, tb, r, p);
             acc[r] += block_dot(f, p, a->q + 32 * b, a->dx[b], a->sx[b]);
         }
     }
