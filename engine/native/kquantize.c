@@ -192,10 +192,32 @@ static int subnormal(uint16_t h) { return (h & 0x7c00) == 0 && (h & 0x3ff) != 0;
 static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 
 /* Q4_K (nmax 15) or Q5_K (nmax 31): 256 weights -> 144 or 176 bytes. 0, or -1: fp16 overflow. */
-static MDK_INLINE int block_k(const float *x, int q5, uint8_t *y) {
-    float nmax = q5 ? 31.f : 15.f, scales[8], mins[8];
+static MDK_INLINE int block_k(const float *x0, int q5, uint8_t *y) {
+    float nmax = q5 ? 31.f : 15.f, scales[8], mins[8], neg[QK];
     uint8_t L[QK], sc[12] = {0};
     float max_scale = 0.f, max_min = 0.f;
+    /* The format holds w = d * ls * q - dmin * lm with lm >= 0, so for d, dmin >= 0 a sub-block's
+     * lowest level is <= 0 and a sub-block of only positive weights wastes levels (the search clamps
+     * its minimum to 0). Where more sub-blocks are all positive than all negative, the super-block is
+     * quantised negated and d and dmin are stored negated: the same values, and now the all-negative
+     * ones are the fewer. Measured, rows with a mean of +3 sigma: relative RMSE 0.088 -> 0.073 (the
+     * 5-bit grid: 0.078); zero-mean weights are never flipped (the reference's bytes). */
+    int pos = 0, negs = 0;
+    for (int j = 0; j < 8; j++) {
+        float lo = x0[32 * j], hi = x0[32 * j];
+        for (int i = 1; i < 32; i++) {
+            lo = x0[32 * j + i] < lo ? x0[32 * j + i] : lo;
+            hi = x0[32 * j + i] > hi ? x0[32 * j + i] : hi;
+        }
+        pos += lo > 0.f;
+        negs += hi < 0.f;
+    }
+    int flip = pos > negs;
+    const float *x = x0;
+    if (flip) {
+        for (int i = 0; i < QK; i++) neg[i] = -x0[i];
+        x = neg;
+    }
     if (q5) fit_min8(x, nmax, -0.5f, 0.1f, 15, scales, mins);
     else fit_min8(x, nmax, -1.f, 0.1f, 20, scales, mins);
     for (int j = 0; j < 8; j++) {
@@ -229,8 +251,8 @@ static MDK_INLINE int block_k(const float *x, int q5, uint8_t *y) {
         for (int i = 0; i < 32; i++)
             L[32 * j + i] = dd != 0.f ? (uint8_t)rnd(clampf((x[32 * j + i] + dm) / dd, 0.f, nmax)) : 0;
     }
-    put16(y, d16);
-    put16(y + 2, m16);
+    put16(y, flip ? (uint16_t)(d16 ^ 0x8000) : d16);
+    put16(y + 2, flip ? (uint16_t)(m16 ^ 0x8000) : m16);
     memcpy(y + 4, sc, 12);
     if (!q5) {
         for (int c = 0; c < 4; c++)
