@@ -13,12 +13,18 @@
  * GEMVs interleave rows for the same reason): a broadcast of 4 activation bytes multiplies 16 rows,
  * and the 16 rows' scales of a sub-block load as one vector. So the tiles are the raw bytes' size,
  * 4.5 / 5.5 / 6.5625 bits a weight (the last row tile is padded with zero rows to 16).
- *   quants [0, 2048): per sub-block j of 32, V0..V3 (64 B each): byte 4r+i of Vc holds row r's
- *          element 4c+i in its low nibble, element 16+4c+i in its high one (quant4.c's order)
- *   Q5_K   [2048, 2560): per j, 64 B: byte 4r+i, bit c: fifth bit of element 4c+i; bit 4+c: of 16+4c+i
- *   Q6_K   [2048, 3072): per 32-block j, H0, H1 (64 B each): byte 4r+i, bits 2c..2c+1: the top two
- *          bits of element 4c+i (H0) / 16+4c+i (H1); then int8 scales [3072, 3328): byte 16s+r
- *   d, dmin: 16 fp16 each (Q6_K: d only, at 3328)
+ *   Q6_K first: its int8 scales, 256 B: byte 16s+r (the tile is read in one forward sweep: with the
+ *          scales read between the sub-blocks Q6_K streamed at 16 GB/s from L3, Q4_K at 23)
+ *   per sub-block j of 32 (Q6_K: 32-block), in order, 256 / 320 / 384 bytes:
+ *     V0..V3 (64 B each): byte 4r+i of Vc holds row r's element 4c+i in its low nibble, element
+ *          16+4c+i in its high one (quant4.c's order)
+ *     Q5_K: then 64 B: byte 4r+i, bit c: fifth bit of element 4c+i; bit 4+c: of 16+4c+i
+ *     Q6_K: then H0, H1 (64 B each): byte 4r+i, bits 2c..2c+1: the top two bits of element 4c+i
+ *          (H0) / 16+4c+i (H1)
+ *     (the high bits next to their nibbles: with them 2 KB apart, Q5_K and Q6_K streamed from RAM
+ *     at 6-15 GB/s against Q4_K's 22-40 GB/s in the same runs, in cache at the same speed)
+ *   d, dmin: 16 fp16 each (Q6_K: d only, at 3328. Its tile is 52.5 cache lines, so every other one
+ *          starts mid-line: putting d first in those measured no faster, within the noise)
  *   Q4_K/Q5_K scales, 192 B = S0, S1, S2 (64 B each), byte 16j+r for j = 0..3:
  *          S0 = sc_j & 15 | (sc_{j+4} & 15) << 4;  S1: the same of m;
  *          S2 = sc_j >> 4 | (sc_{j+4} >> 4) << 2 | (m_j >> 4) << 4 | (m_{j+4} >> 4) << 6
@@ -39,13 +45,15 @@
 #include <immintrin.h>
 #endif
 
-typedef struct { int raw, tile, hoff, doff, moff, soff; } kq_layout;  /* bytes: raw block, tile, offsets */
+typedef struct { int raw, tile, sub, qoff, doff, moff, soff; } kq_layout;  /* bytes: raw block, tile, one
+                                                                              sub-block's bits; offsets */
 static const kq_layout KQ[3] = {
-    {144, 2304, 0, 2048, 2080, 2112},     /* Q4_K */
-    {176, 2816, 2048, 2560, 2592, 2624},  /* Q5_K */
-    {210, 3360, 2048, 3328, 0, 3072},     /* Q6_K */
+    {144, 2304, 256, 0, 2048, 2080, 2112},  /* Q4_K */
+    {176, 2816, 320, 0, 2560, 2592, 2624},  /* Q5_K */
+    {210, 3360, 384, 256, 3328, 0, 0},      /* Q6_K */
 };
 #define LAY(fmt) (&KQ[(fmt) - MDK_Q4K])
+
 
 /* One row's super-block: q unsigned (Q6_K: 0..63, the weight is q - 32), sc[8] and m[8] (Q6_K: sc[16]) */
 typedef struct { uint8_t q[256]; int sc[16], mn[8]; uint16_t d, dmin; } kq_fields;
@@ -53,6 +61,7 @@ typedef struct { uint8_t q[256]; int sc[16], mn[8]; uint16_t d, dmin; } kq_field
 static uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
 static void raw_fields(int fmt, const uint8_t *b, kq_fields *f) {
+    memset(f, 0, sizeof *f);
     if (fmt == MDK_Q6K) {
         const uint8_t *ql = b, *qh = b + 128;
         for (int e = 0; e < 256; e++) {  /* half h of 128, chunk i of 32 in it, j in the chunk */
@@ -112,11 +121,11 @@ static void raw_store(int fmt, const kq_fields *f, uint8_t *b) {  /* the inverse
 /* Where element e (0..255) of row r lives in a tile: its nibble's byte and shift, and its high
  * bits' byte and shift (Q5_K: one bit, Q6_K: two) */
 static void tile_pos(int fmt, int e, int r, int *nb, int *ns, int *hb, int *hs) {
-    int j = e >> 5, el = e & 31, c = (el & 15) >> 2, i = el & 3;
-    *nb = 256 * j + 64 * c + 4 * r + i;
+    int j = e >> 5, el = e & 31, c = (el & 15) >> 2, i = el & 3, J = LAY(fmt)->qoff + LAY(fmt)->sub * j;
+    *nb = J + 64 * c + 4 * r + i;
     *ns = el < 16 ? 0 : 4;
-    if (fmt == MDK_Q5K) { *hb = 2048 + 64 * j + 4 * r + i; *hs = el < 16 ? c : 4 + c; }
-    else { *hb = 2048 + 128 * j + (el < 16 ? 0 : 64) + 4 * r + i; *hs = 2 * c; }
+    if (fmt == MDK_Q5K) { *hb = J + 256 + 4 * r + i; *hs = el < 16 ? c : 4 + c; }
+    else { *hb = J + 256 + (el < 16 ? 0 : 64) + 4 * r + i; *hs = 2 * c; }
 }
 
 static void tile_fields(int fmt, const uint8_t *t, int r, kq_fields *f) {
@@ -131,7 +140,7 @@ static void tile_fields(int fmt, const uint8_t *t, int r, kq_fields *f) {
     }
     f->d = rd16(t + L->doff + 2 * r);
     if (fmt == MDK_Q6K) {
-        for (int s = 0; s < 16; s++) f->sc[s] = (int8_t)t[3072 + 16 * s + r];
+        for (int s = 0; s < 16; s++) f->sc[s] = (int8_t)t[L->soff + 16 * s + r];
         f->dmin = 0;
         return;
     }
@@ -156,7 +165,7 @@ static void tile_store(int fmt, uint8_t *t, int r, const kq_fields *f) {  /* ORs
     }
     memcpy(t + L->doff + 2 * r, &f->d, 2);
     if (fmt == MDK_Q6K) {
-        for (int s = 0; s < 16; s++) t[3072 + 16 * s + r] = (uint8_t)f->sc[s];
+        for (int s = 0; s < 16; s++) t[L->soff + 16 * s + r] = (uint8_t)f->sc[s];
         return;
     }
     memcpy(t + L->moff + 2 * r, &f->dmin, 2);
@@ -292,8 +301,9 @@ static MDK_INLINE void body512(const int fmt, const uint8_t *tile, int nsb, cons
         __m512 part[4], mins[4];
         for (int t = 0; t < 4; t++) part[t] = mins[t] = _mm512_setzero_ps();
         if (fmt != MDK_Q6K) scales512(T + L->soff, sc, mn);
+
         for (int j = 0; j < 8; j++) {
-            const uint8_t *Q = T + 256 * j;
+            const uint8_t *Q = T + L->qoff + L->sub * j;
             __m512i n[8];
             for (int c = 0; c < 4; c++) {
                 __m512i v = _mm512_loadu_si512(Q + 64 * c);
@@ -301,7 +311,7 @@ static MDK_INLINE void body512(const int fmt, const uint8_t *tile, int nsb, cons
                 n[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
             }
             if (fmt == MDK_Q5K) {  /* fifth bits: bit c (elements 4c+i) and 4+c (16+4c+i) -> bit 4 */
-                __m512i h = _mm512_loadu_si512(T + 2048 + 64 * j);
+                __m512i h = _mm512_loadu_si512(Q + 256);
                 n[0] = _mm512_or_si512(n[0], _mm512_and_si512(_mm512_slli_epi16(h, 4), b4));
                 n[2] = _mm512_or_si512(n[2], _mm512_and_si512(_mm512_slli_epi16(h, 3), b4));
                 n[4] = _mm512_or_si512(n[4], _mm512_and_si512(_mm512_slli_epi16(h, 2), b4));
@@ -313,7 +323,7 @@ static MDK_INLINE void body512(const int fmt, const uint8_t *tile, int nsb, cons
             }
             if (fmt == MDK_Q6K) {  /* top two bits 2c..2c+1 -> bits 4..5 */
                 for (int g = 0; g < 2; g++) {
-                    __m512i h = _mm512_loadu_si512(T + 2048 + 128 * j + 64 * g);
+                    __m512i h = _mm512_loadu_si512(Q + 256 + 64 * g);
                     n[g] = _mm512_or_si512(n[g], _mm512_and_si512(_mm512_slli_epi16(h, 4), b45));
                     n[2 + g] = _mm512_or_si512(n[2 + g], _mm512_and_si512(_mm512_slli_epi16(h, 2), b45));
                     n[4 + g] = _mm512_or_si512(n[4 + g], _mm512_and_si512(h, b45));
@@ -323,8 +333,8 @@ static MDK_INLINE void body512(const int fmt, const uint8_t *tile, int nsb, cons
             __m512i s_a, s_b;
             __m512 mnj = _mm512_setzero_ps();
             if (fmt == MDK_Q6K) {
-                s_a = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(T + 3072 + 32 * j)));
-                s_b = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(T + 3088 + 32 * j)));
+                s_a = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(T + L->soff + 32 * j)));
+                s_b = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(T + L->soff + 32 * j + 16)));
             } else {
                 s_a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16 * j)));
                 s_b = s_a;
@@ -398,7 +408,7 @@ static void rows_avx2(int fmt, const uint8_t *tile, int nsb, const mdk_q8 *a, fl
         for (int half = 0; half < 2; half++) {
             __m256 part = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
             for (int j = 0; j < 8; j++) {
-                const uint8_t *Q = T + 256 * j + 32 * half;
+                const uint8_t *Q = T + L->qoff + L->sub * j + 32 * half;
                 __m256i n[8];
                 for (int c = 0; c < 4; c++) {
                     __m256i v = _mm256_loadu_si256((const __m256i *)(Q + 64 * c));
@@ -406,7 +416,7 @@ static void rows_avx2(int fmt, const uint8_t *tile, int nsb, const mdk_q8 *a, fl
                     n[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
                 }
                 if (fmt == MDK_Q5K) {
-                    __m256i h = _mm256_loadu_si256((const __m256i *)(T + 2048 + 64 * j + 32 * half));
+                    __m256i h = _mm256_loadu_si256((const __m256i *)(Q + 256));
                     n[0] = _mm256_or_si256(n[0], _mm256_and_si256(_mm256_slli_epi16(h, 4), b4));
                     n[2] = _mm256_or_si256(n[2], _mm256_and_si256(_mm256_slli_epi16(h, 3), b4));
                     n[4] = _mm256_or_si256(n[4], _mm256_and_si256(_mm256_slli_epi16(h, 2), b4));
@@ -418,7 +428,7 @@ static void rows_avx2(int fmt, const uint8_t *tile, int nsb, const mdk_q8 *a, fl
                 }
                 if (fmt == MDK_Q6K)
                     for (int g = 0; g < 2; g++) {
-                        __m256i h = _mm256_loadu_si256((const __m256i *)(T + 2048 + 128 * j + 64 * g + 32 * half));
+                        __m256i h = _mm256_loadu_si256((const __m256i *)(Q + 256 + 64 * g));
                         n[g] = _mm256_or_si256(n[g], _mm256_and_si256(_mm256_slli_epi16(h, 4), b45));
                         n[2 + g] = _mm256_or_si256(n[2 + g], _mm256_and_si256(_mm256_slli_epi16(h, 2), b45));
                         n[4 + g] = _mm256_or_si256(n[4 + g], _mm256_and_si256(h, b45));
@@ -434,8 +444,8 @@ static void rows_avx2(int fmt, const uint8_t *tile, int nsb, const mdk_q8 *a, fl
 #undef MB
                 __m256i v;
                 if (fmt == MDK_Q6K) {
-                    __m256i sa = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(T + 3072 + 32 * j + 8 * half)));
-                    __m256i sb = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(T + 3088 + 32 * j + 8 * half)));
+                    __m256i sa = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(T + 32 * j + 8 * half)));
+                    __m256i sb = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(T + 32 * j + 16 + 8 * half)));
                     lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(32 * a->s16[2 * b]));
                     hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(32 * a->s16[2 * b + 1]));
                     v = _mm256_add_epi32(_mm256_mullo_epi32(lo, sa), _mm256_mullo_epi32(hi, sb));
