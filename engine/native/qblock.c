@@ -327,9 +327,14 @@ static void tile_tokens(int f, const uint8_t *tile, int nb, const mdk_q8 *const 
     for (int t = 0; t < nt; t++) tile_c(f, tile, nb, a[t], y[t]);
 }
 
-/* y[t][0..r1-r0) = rows r0..r1-1 (any range) dotted with token a[t], t < nt <= 4. A range that
+/* y[t][0..r1-r0) = rows r0..r1-1 (any range) dotted with token a[t], t < nt. A range that
  * cuts a tile computes the whole tile and keeps its part. */
 void mdk_qb_rows_multi(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y) {
+    if (nt > 4) {  /* (moe.c passes at most 4) */
+        mdk_qb_rows_multi(w, r0, r1, a + 4, nt - 4, y + 4);
+        nt = 4;
+    }
+    if (nt <= 0) return;
     int f = w->fmt, n = w->n, k = w->k, nb = k / 32, full = n / 16 * 16;
     const uint8_t *base = (const uint8_t *)w->w;
     float tmp[4][16];
