@@ -33,7 +33,7 @@ PATHS = ("portable C", "AVX2", "AVX-512 VNNI")
 FMT = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
 
 
-ABI = 4  # mdk_abi() of the library these structs match (cpu.c)
+ABI = 5  # mdk_abi() of the library these structs match (cpu.c)
 
 
 class Matrix(ctypes.Structure):
@@ -46,7 +46,8 @@ class ExpertDesc(ctypes.Structure):
 
 
 class Layer(ctypes.Structure):
-    _fields_ = [("ln1", c_void_p), ("ln2", c_void_p), ("wqkv", Matrix), ("wo", Matrix), ("experts", c_void_p),
+    _fields_ = [("ln1", c_void_p), ("ln2", c_void_p), ("qkv", Matrix * 3), ("nqkv", c_int), ("wo", Matrix),
+                ("experts", c_void_p),
                 ("router", Matrix), ("k", c_void_p), ("v", c_void_p), ("q_norm", c_void_p), ("k_norm", c_void_p)]
 
 

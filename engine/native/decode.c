@@ -2,13 +2,17 @@
  *
  * Shapes: D hidden, H query heads, G kv heads, Hd head dim, P cached positions (pos + 1 after the
  * write), E experts, K top-k. Per layer, as engine/model.py does it in torch:
- *   h = rms(x) * ln1 (rounded to the model dtype);  qkv = Wqkv . h;  q/k norms and clip where the
+ *   h = rms(x) * ln1 (rounded to the model dtype);  qkv = Wqkv . h (one matrix, or q, k and v as up
+ *   to three stacked parts of different formats);  q/k norms and clip where the
  *   family has them (Qwen3-MoE, OLMoE);  rope on q and k;
  *   k, v -> cache[pos] (rounded to the cache's format);  att = softmax(q . K / sqrt(Hd)) . V over the
  *   window, in fp32;  x += Wo . att;
  *   h = rms(x) * ln2;  x += moe(h)   (mdk_moe: route, experts, weighted sum)
  * The residual x stays in its own format (fp32, or the model dtype) and is rounded after each add,
  * as torch does. Python calls this only when every layer's experts are native CPU experts.
+ * Every dense matrix but the router may be 16-bit, fp32 or a GGUF block format (MDK_IS_INT: then its
+ * input is quantised to int8 once per token, for all the parts that read it, as mdk_matmul does, so
+ * the step gives the torch forward's values exactly).
  */
 #include "mdk.h"
 
@@ -20,7 +24,9 @@ int mdk_moe(const mdk_expert *const *table, int E, const mdk_matrix *router, int
 
 typedef struct {
     const void *ln1, *ln2;          /* [D] in norm_fmt */
-    mdk_matrix wqkv, wo;            /* [(H+2G)Hd, D], [D, H*Hd] */
+    mdk_matrix qkv[3];              /* [(H+2G)Hd, D] as nqkv stacked parts: [q; k; v] in one, or three */
+    int nqkv;
+    mdk_matrix wo;                  /* [D, H*Hd] */
     const mdk_expert *const *experts;  /* [E] */
     mdk_matrix router;              /* [E, D] */
     void *k, *v;                    /* this layer's cache [G, ctx, Hd] in the model's kv_fmt */
@@ -47,15 +53,27 @@ static void rms_inplace(float *v, const float *w, int n, float eps) {
     for (int i = 0; i < n; i++) v[i] = w[i] * (v[i] * r);
 }
 
-/* y [B, n] = x [B, k] . W^T for B tokens: tasks are row ranges, and inside a task each block of 16
- * rows serves every token before the next is read, so the weights cross the memory bus once */
-typedef struct { const mdk_matrix *w; const float *x; const uint16_t *xbf; float *y; int rows, B; } gemv_ctx;
+/* y [B, ldy] (columns from each part's first row on) = x [B, k] . W^T for B tokens and np parts
+ * stacked along the rows, in one dispatch: tasks are row ranges of a part, and inside a task each
+ * block of 16 rows serves every token before the next is read, so the weights cross the memory bus
+ * once. xq: the tokens quantised (read by the MDK_IS_INT parts; NULL when there are none). */
+typedef struct {
+    const mdk_matrix *w; int np; const float *x; const uint16_t *xbf; const mdk_q8 *xq; float *y; int ldy, B;
+    int rows[3], first[4];        /* per part: rows a task, its first task */
+} gemv_ctx;
 
 static void gemv_task(void *c, int t) {
     gemv_ctx *g = (gemv_ctx *)c;
-    int n = g->w->n, k = g->w->k, a = t * g->rows, b = a + g->rows < n ? a + g->rows : n;
+    int p = 0;
+    while (t >= g->first[p + 1]) p++;
+    const mdk_matrix *w = &g->w[p];
+    int off = 0;
+    for (int q = 0; q < p; q++) off += g->w[q].n;
+    int n = w->n, k = w->k, a = (t - g->first[p]) * g->rows[p], b = a + g->rows[p] < n ? a + g->rows[p] : n;
+    int isq = MDK_IS_INT(w->fmt);
     if (g->B == 1) {
-        mdk_dense_rows(g->w, a, b, g->x, g->xbf, g->y + a);
+        if (isq) mdk_wq_rows(w, a, b, g->xq, g->y + off + a);
+        else mdk_dense_rows(w, a, b, g->x, g->xbf, g->y + off + a);
         return;
     }
     for (int r = a; r < b; r += 16) {
@@ -64,22 +82,56 @@ static void gemv_task(void *c, int t) {
             int nt = g->B - tk < 4 ? g->B - tk : 4;
             const float *xs[4];
             const uint16_t *xb[4];
+            const mdk_q8 *xq[4];
             float *ys[4];
             for (int t = 0; t < nt; t++) {
                 xs[t] = g->x + (size_t)(tk + t) * k;
                 xb[t] = g->xbf ? g->xbf + (size_t)(tk + t) * k : NULL;
-                ys[t] = g->y + (size_t)(tk + t) * n + r;
+                xq[t] = isq ? &g->xq[tk + t] : NULL;
+                ys[t] = g->y + (size_t)(tk + t) * g->ldy + off + r;
             }
-            mdk_dense_rows_multi(g->w, r, re, xs, g->xbf ? xb : NULL, nt, ys);
+            if (isq) mdk_wq_rows_multi(w, r, re, xq, nt, ys);
+            else mdk_dense_rows_multi(w, r, re, xs, g->xbf ? xb : NULL, nt, ys);
         }
     }
 }
 
-static void gemv(const mdk_matrix *w, const float *x, const uint16_t *xbf, float *y, int B, int nthreads) {
-    int tasks = 4 * nthreads, rows = (w->n + tasks - 1) / tasks;  /* see rows_per_task in moe.c */
-    if (rows < 64) rows = 64;
-    gemv_ctx g = {w, x, xbf, y, rows, B};
-    mdk_parallel((w->n + rows - 1) / rows, gemv_task, &g, nthreads);
+static void gemv(const mdk_matrix *w, int np, const float *x, const uint16_t *xbf, const mdk_q8 *xq, float *y,
+                 int B, int nthreads) {
+    gemv_ctx g = {w, np, x, xbf, xq, y, 0, B, {0}, {0}};
+    for (int p = 0; p < np; p++) {
+        int tasks = 4 * nthreads, rows = (w[p].n + tasks - 1) / tasks;  /* see rows_per_task in moe.c */
+        if (rows < 64) rows = 64;
+        rows = (rows + 15) / 16 * 16;  /* whole tiles of the block formats */
+        g.rows[p] = rows;
+        g.first[p + 1] = g.first[p] + (w[p].n + rows - 1) / rows;
+        g.ldy += w[p].n;
+    }
+    mdk_parallel(g.first[np], gemv_task, &g, nthreads);
+}
+
+typedef struct { const float *x; int k; mdk_q8 *q; } quant_ctx;
+
+static void quant_task(void *c, int t) {
+    quant_ctx *q = (quant_ctx *)c;
+    mdk_quantize_act(q->x + (size_t)t * q->k, q->k, &q->q[t]);
+}
+
+/* x [B, k] quantised per token into scratch slot `slot` when one of the np matrices is an int8
+ * format, else NULL (and nothing done); ok is cleared when the scratch memory failed */
+static mdk_q8 *quantize_for(const mdk_matrix *w, int np, const float *x, int B, int slot, int nthreads, int *ok) {
+    int any = 0;
+    for (int p = 0; p < np; p++) any |= MDK_IS_INT(w[p].fmt);
+    if (!any) return NULL;
+    int k = w[0].k;
+    size_t each = mdk_q8_bytes(k);
+    char *mem = (char *)mdk_scratch(slot, (size_t)B * (sizeof(mdk_q8) + each) + 64);
+    if (!mem) { *ok = 0; return NULL; }
+    mdk_q8 *q = (mdk_q8 *)mem;
+    for (int b = 0; b < B; b++) mdk_q8_init(&q[b], mem + B * sizeof(mdk_q8) + (size_t)b * each, k);
+    quant_ctx qc = {x, k, q};
+    mdk_parallel(B, quant_task, &qc, B >= 8 ? nthreads : 1);
+    return q;
 }
 
 /* h = rms(x) * w, in the model dtype's values (hf fp32; hb the same as bf16 when dtype is bf16) */
@@ -134,6 +186,7 @@ MDK_API int mdk_decode_batch(const mdk_model *m, int B, void *x, const int *pos,
     float *hf = xf + (size_t)B * D, *qkv = hf + (size_t)B * D, *att = qkv + (size_t)B * nq, *o = att + (size_t)B * H * Hd;
     float *scores = o + (size_t)B * D;
     uint16_t *attb = hb + (size_t)B * D, *hin = attb + (size_t)B * H * Hd;
+    int ok = 1;
     int32_t idx[MAX_BATCH * 64];
     float wts[MAX_BATCH * 64];
     char *kl[MAX_BATCH], *vl[MAX_BATCH];
@@ -153,7 +206,9 @@ MDK_API int mdk_decode_batch(const mdk_model *m, int B, void *x, const int *pos,
             kl[b] = kbase[b] + l * layer_stride;
             vl[b] = vbase[b] + l * layer_stride;
         }
-        gemv(&L->wqkv, hf, use_bf ? hb : NULL, qkv, B, nthreads);
+        mdk_q8 *hq = quantize_for(L->qkv, L->nqkv, hf, B, 10, nthreads, &ok);
+        if (!ok) return -1;
+        gemv(L->qkv, L->nqkv, hf, use_bf ? hb : NULL, hq, qkv, B, nthreads);
         for (int b = 0; b < B; b++) {
             float *r = qkv + (size_t)b * nq;
             for (int i = 0; i < nq; i++) r[i] = mdk_round_to(m->dtype, r[i]);
@@ -185,7 +240,9 @@ MDK_API int mdk_decode_batch(const mdk_model *m, int B, void *x, const int *pos,
             att[i] = mdk_round_to(m->dtype, att[i]);
             if (use_bf) attb[i] = mdk_f2bf(att[i]);
         }
-        gemv(&L->wo, att, use_bf ? attb : NULL, o, B, nthreads);
+        mdk_q8 *aq = quantize_for(&L->wo, 1, att, B, 11, nthreads, &ok);
+        if (!ok) return -1;
+        gemv(&L->wo, 1, att, use_bf ? attb : NULL, aq, o, B, nthreads);
         for (int i = 0; i < B * D; i++) xf[i] = mdk_round_to(m->resid_fmt, xf[i] + mdk_round_to(m->dtype, o[i]));
         for (int b = 0; b < B; b++) {
             rmsnorm(xf + (size_t)b * D, L->ln2, m->norm_fmt, D, m->eps, m->dtype, hf + (size_t)b * D, NULL);
@@ -201,7 +258,9 @@ MDK_API int mdk_decode_batch(const mdk_model *m, int B, void *x, const int *pos,
         rmsnorm(xf + (size_t)b * D, m->norm, m->norm_fmt, D, m->eps, m->dtype, hf + (size_t)b * D,
                 use_bf ? hb + (size_t)b * D : NULL);
     }
-    gemv(&m->lm_head, hf, use_bf ? hb : NULL, logits, B, nthreads);
+    mdk_q8 *fq = quantize_for(&m->lm_head, 1, hf, B, 10, nthreads, &ok);
+    if (!ok) return -1;
+    gemv(&m->lm_head, 1, hf, use_bf ? hb : NULL, fq, logits, B, nthreads);
     if (m->dtype != MDK_F32)
         for (size_t i = 0; i < (size_t)B * m->lm_head.n; i++) logits[i] = mdk_round_to(m->dtype, logits[i]);
     return 0;
