@@ -6,10 +6,14 @@ That conversion takes seconds for a real vocabulary (tens of seconds on a busy 2
 its result is kept in the user cache folder, keyed by a hash of the tokenizer's metadata, and later
 opens load the saved tokenizer instead. An entry is written into a temporary folder and renamed into
 place, so a reader never sees half of one; a broken entry is rebuilt.
+
+The other direction is here too (write_vocab, for engine/gguf/writer.py): a folder's tokenizer as
+the GGUF metadata llama.cpp's converter writes for it.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import shutil
 import tempfile
@@ -160,3 +164,85 @@ def _store(tok, entry: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
     except OSError as e:
         log.warning("tokenizer not cached in %s: %s", entry.parent, e)
+
+
+# --- writing: a tokenizer folder as GGUF metadata ------------------------------------------------------
+
+# convert_hf_to_gguf's pre-tokenizer check (get_vocab_base_pre): the sha256 of the ids a tokenizer gives
+# its test text -> llama.cpp's name for that pre-tokenizer. The entries for the families here; a hash
+# not listed is written as "default" (GPT-2's split, what a plain ByteLevel BPE does) or given by `pre=`.
+PRE_TOKENIZERS = {
+    "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",
+    "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249": "smollm",
+    "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",
+    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",
+    "b6dc8df998e1cfbdc4eac8243701a65afe638679230920b50d6f17d81c098166": "olmo",
+    "ccc2ef013c104be7bae2965776d611e1d7a8a2a9c547dd93a682c9a9fc80352e": "gpt-4o",
+    "63b97e4253352e6f357cc59ea5b583e3a680eaeaf2632188c2b952de2588485e": "tekken",
+    "3ce83efda5659b07b1ad37ca97ca5797ea4285d9b9ab0dc679e4a720c9da7454": "gpt-2",
+    "0fe1cf6eda062318a1af7270f3331a85c539a01778ff948e24388e949c5282f4": "gpt-2",
+}
+CHKTXT = ('\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ 🦙🦙 3 '
+          '33 333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ '
+          '------======= нещо на Български \'\'\'\'\'\'```````""""......!!!!!!?????? I\'ve been \'told he\'s there, '
+          '\'RE you sure? \'M not sure I\'ll make it, \'D you like some tea? We\'Ve a\'lL')
+
+
+def write_vocab(w, folder: Path, hp: dict, llama: bool, pre: str | None) -> None:
+    """The other direction, for engine/gguf/writer.py: a folder's tokenizer as GGUF metadata, as
+    TextModel._set_vocab_gpt2 writes it (with LlamaModel.set_vocab's additions when `llama`); byte-level
+    BPE only."""
+    import gguf
+    from transformers import AutoTokenizer
+
+    tok_json = folder / "tokenizer.json"
+    if (folder / "tokenizer.model").is_file() or not tok_json.is_file() \
+            or json.loads(tok_json.read_text())["model"].get("byte_fallback"):
+        raise ModelError(folder, "only byte-level BPE tokenizers (tokenizer.json, no byte fallback) can be "
+                                 "written as GGUF here")
+    if llama and (folder / "tokenizer_config.json").is_file():
+        cfg = json.loads((folder / "tokenizer_config.json").read_text())
+        if cfg.get("add_prefix_space") is not None:
+            w.add_add_space_prefix(cfg["add_prefix_space"])
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    vocab_size = hp.get("vocab_size", len(tok.vocab))
+    if max(tok.vocab.values()) >= vocab_size:
+        raise ModelError(folder, f"the tokenizer has ids past the model's vocab_size {vocab_size}")
+    chkhsh = hashlib.sha256(str(tok.encode(CHKTXT)).encode()).hexdigest()
+    if pre is None:
+        pre = PRE_TOKENIZERS.get(chkhsh, "default")
+        if chkhsh not in PRE_TOKENIZERS:
+            log.warning("%s: pre-tokenizer %s is not one llama.cpp's converter knows; writing 'default'", folder, chkhsh)
+    reverse = {i: t for t, i in tok.vocab.items()}
+    added, decoder = tok.get_added_vocab(), tok.added_tokens_decoder
+    tokens, toktypes = [], []
+    for i in range(vocab_size):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            toktypes.append(gguf.TokenType.UNUSED)
+            continue
+        t = reverse[i]
+        if t in added:  # get_vocab_base: llama.cpp assumes added tokens are pre-normalized
+            if not decoder[i].normalized:
+                t = tok.decode(tok.encode(t, add_special_tokens=False))
+            if decoder[i].special or _looks_special(t):
+                toktypes.append(gguf.TokenType.CONTROL)
+            else:
+                t = t.replace("\u2581", " ")
+                toktypes.append(gguf.TokenType.USER_DEFINED)
+        else:
+            toktypes.append(gguf.TokenType.NORMAL)
+        tokens.append(t)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(toktypes)
+    gguf.SpecialVocab(folder, load_merges=True).add_to_gguf(w)
+    if llama and hp.get("vocab_size", 32000) == 49152:
+        w.add_add_bos_token(False)  # LlamaModel.set_vocab: "granite small models" (SmolLM's size too)
+
+
+def _looks_special(t: str) -> bool:
+    """TextModel.does_token_look_special."""
+    return (t in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or (t.startswith("<|") and t.endswith("|>"))
+            or (t.startswith("<｜") and t.endswith("｜>")) or (t.startswith("<unused") and t.endswith(">")))

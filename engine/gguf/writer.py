@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import re
 from dataclasses import dataclass
-from hashlib import sha256
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -25,8 +23,7 @@ from gguf import MODEL_ARCH, GGMLQuantizationType as GT, LlamaFileType as FT
 from gguf.constants import GGML_QUANT_SIZES
 
 from ..errors import ModelError
-
-log = logging.getLogger(__name__)
+from .tokenizer import write_vocab
 
 RECIPES = {"f32": FT.ALL_F32, "f16": FT.MOSTLY_F16, "bf16": FT.MOSTLY_BF16, "q8_0": FT.MOSTLY_Q8_0,
            "q4_k_m": FT.MOSTLY_Q4_K_M, "q5_k_m": FT.MOSTLY_Q5_K_M}
@@ -36,25 +33,6 @@ BASE_TYPE = {FT.ALL_F32: GT.F32, FT.MOSTLY_F16: GT.F16, FT.MOSTLY_BF16: GT.BF16,
 K_MIXES = (FT.MOSTLY_Q4_K_M, FT.MOSTLY_Q5_K_M)
 # llama-quant.cpp tensor_type_fallback: a row that is not whole blocks of the type takes a 32-block type
 FALLBACK = {GT.Q2_K: GT.Q4_0, GT.Q3_K: GT.Q4_0, GT.Q4_K: GT.Q5_0, GT.Q5_K: GT.Q5_1, GT.Q6_K: GT.Q8_0}
-
-# convert_hf_to_gguf's pre-tokenizer check (get_vocab_base_pre): the sha256 of the ids a tokenizer gives
-# its test text -> llama.cpp's name for that pre-tokenizer. The entries for the families here; a hash
-# not listed is written as "default" (GPT-2's split, what a plain ByteLevel BPE does) or given by `pre=`.
-PRE_TOKENIZERS = {
-    "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",
-    "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249": "smollm",
-    "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",
-    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",
-    "b6dc8df998e1cfbdc4eac8243701a65afe638679230920b50d6f17d81c098166": "olmo",
-    "ccc2ef013c104be7bae2965776d611e1d7a8a2a9c547dd93a682c9a9fc80352e": "gpt-4o",
-    "63b97e4253352e6f357cc59ea5b583e3a680eaeaf2632188c2b952de2588485e": "tekken",
-    "3ce83efda5659b07b1ad37ca97ca5797ea4285d9b9ab0dc679e4a720c9da7454": "gpt-2",
-    "0fe1cf6eda062318a1af7270f3331a85c539a01778ff948e24388e949c5282f4": "gpt-2",
-}
-CHKTXT = ('\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ 🦙🦙 3 '
-          '33 333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ '
-          '------======= нещо на Български \'\'\'\'\'\'```````""""......!!!!!!?????? I\'ve been \'told he\'s there, '
-          '\'RE you sure? \'M not sure I\'ll make it, \'D you like some tea? We\'Ve a\'lL')
 
 QWEN_EXPERT = r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(\w+_proj)\.weight"
 
@@ -130,7 +108,7 @@ def write_gguf(model_folder: str | Path, out_path: str | Path, recipe: str = "f1
     if mxfp4 and ftype in (FT.ALL_F32, FT.MOSTLY_F16, FT.MOSTLY_BF16):
         ftype = FT.MOSTLY_MXFP4_MOE  # the converter's prepare_metadata
     _metadata(w, folder, hp, fam, ftype)
-    _vocab(w, folder, hp, fam, pre)
+    write_vocab(w, folder, hp, fam.arch == MODEL_ARCH.LLAMA, pre)
 
     paths = w.format_shard_names(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -449,60 +427,3 @@ def _metadata(w: gguf.GGUFWriter, folder: Path, hp: dict, fam: Family, ftype: FT
         w.add_sliding_window(hp["sliding_window"])
         w.add_expert_feed_forward_length(hp["intermediate_size"])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-
-
-def _vocab(w: gguf.GGUFWriter, folder: Path, hp: dict, fam: Family, pre: str | None) -> None:
-    """TextModel._set_vocab_gpt2 (and LlamaModel.set_vocab's additions): byte-level BPE only."""
-    from transformers import AutoTokenizer
-
-    tok_json = folder / "tokenizer.json"
-    if (folder / "tokenizer.model").is_file() or not tok_json.is_file() \
-            or json.loads(tok_json.read_text())["model"].get("byte_fallback"):
-        raise ModelError(folder, "only byte-level BPE tokenizers (tokenizer.json, no byte fallback) can be "
-                                 "written as GGUF here")
-    if fam.arch == MODEL_ARCH.LLAMA and (folder / "tokenizer_config.json").is_file():
-        cfg = json.loads((folder / "tokenizer_config.json").read_text())
-        if cfg.get("add_prefix_space") is not None:
-            w.add_add_space_prefix(cfg["add_prefix_space"])
-    tok = AutoTokenizer.from_pretrained(str(folder))
-    vocab_size = hp.get("vocab_size", len(tok.vocab))
-    if max(tok.vocab.values()) >= vocab_size:
-        raise ModelError(folder, f"the tokenizer has ids past the model's vocab_size {vocab_size}")
-    chkhsh = sha256(str(tok.encode(CHKTXT)).encode()).hexdigest()
-    if pre is None:
-        pre = PRE_TOKENIZERS.get(chkhsh, "default")
-        if chkhsh not in PRE_TOKENIZERS:
-            log.warning("%s: pre-tokenizer %s is not one llama.cpp's converter knows; writing 'default'", folder, chkhsh)
-    reverse = {i: t for t, i in tok.vocab.items()}
-    added, decoder = tok.get_added_vocab(), tok.added_tokens_decoder
-    tokens, toktypes = [], []
-    for i in range(vocab_size):
-        if i not in reverse:
-            tokens.append(f"[PAD{i}]")
-            toktypes.append(gguf.TokenType.UNUSED)
-            continue
-        t = reverse[i]
-        if t in added:  # get_vocab_base: llama.cpp assumes added tokens are pre-normalized
-            if not decoder[i].normalized:
-                t = tok.decode(tok.encode(t, add_special_tokens=False))
-            if decoder[i].special or _looks_special(t):
-                toktypes.append(gguf.TokenType.CONTROL)
-            else:
-                t = t.replace("\u2581", " ")
-                toktypes.append(gguf.TokenType.USER_DEFINED)
-        else:
-            toktypes.append(gguf.TokenType.NORMAL)
-        tokens.append(t)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types(toktypes)
-    gguf.SpecialVocab(folder, load_merges=True).add_to_gguf(w)
-    if fam.arch == MODEL_ARCH.LLAMA and hp.get("vocab_size", 32000) == 49152:
-        w.add_add_bos_token(False)  # LlamaModel.set_vocab: "granite small models" (SmolLM's size too)
-
-
-def _looks_special(t: str) -> bool:
-    """TextModel.does_token_look_special."""
-    return (t in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or (t.startswith("<|") and t.endswith("|>"))
-            or (t.startswith("<｜") and t.endswith("｜>")) or (t.startswith("<unused") and t.endswith(">")))
