@@ -15,6 +15,7 @@ quantiser's wall time for the matrix on --threads threads.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -63,7 +64,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     g = torch.Generator().manual_seed(args.seed)
-    res: dict[str, dict] = {"shape": [args.rows, args.cols], "tokens": args.tokens, "threads": args.threads}
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")  # the timings depend on it
+    res: dict[str, dict] = {"shape": [args.rows, args.cols], "tokens": args.tokens, "threads": args.threads,
+                            "load_average_1min": load}
     lines = []
     for name, w in kinds(args.rows, args.cols, g).items():
         x = torch.randn(args.tokens, args.cols, generator=g)
@@ -79,12 +82,13 @@ def main() -> None:
         del w, x, ref
     verdict = []
     for name in res:
-        if isinstance(res[name], dict) and "Q4_K" in res[name]:
+        if isinstance(res[name], dict) and "Q4_K" in res[name]:  # the weight kinds
             a, b = res[name]["Q4_K"]["output_error"], res[name]["Q4Native"]["output_error"]
             verdict.append(f"- {name}: Q4_K {a:.4f} at {res[name]['Q4_K']['bits']:.2f} bits vs the 5-bit grid {b:.4f}"
                            f" ({(a / b - 1) * 100:+.1f}%)")
     table = "\n".join(
-        [f"W [{args.rows}, {args.cols}], {args.tokens} Gaussian activations, quantiser on {args.threads} threads.",
+        [f"W [{args.rows}, {args.cols}] fp32, {args.tokens} Gaussian activations, quantiser on {args.threads} threads"
+         f" (wall time; 1-minute load average {load:.1f} at the start, on {os.cpu_count()} cores).",
          "", "| weights | grid | bits/weight | output error | weight RMSE | quantise s |", "|---|---|---|---|---|---|",
          *lines, "", "Output error: |x Wq^T - x W^T| / |x W^T|. Weight RMSE: |Wq - W| / |W|. "
          "Q4Native is the current cpu-4 grid; the others are GGUF's, from engine/native/kquantize.c,"

@@ -2,7 +2,7 @@
 dequantiser (numpy: no tiles, no kernels of ours on the way back).
 
 The bounds below are relative RMSEs |Wq - W| / |W| measured on Gaussian weights (seed 0, 256 x 4096),
-rounded up by about 5%: Q4_K 0.0718, Q5_K 0.0363, Q6_K 0.0177, Q8_0 0.0054, Q4_0 0.0859, Q4_1 0.0783,
+rounded up by about 5%: Q4_K 0.0713, Q5_K 0.0357, Q6_K 0.0177, Q8_0 0.0054, Q4_0 0.0859, Q4_1 0.0783,
 Q5_0 0.0427, Q5_1 0.0378 (the 5-bit cpu-4 grid, Q4Native: 0.0783).
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="native library n
 
 from engine.blockquant import NATIVE, quantize_raw  # noqa: E402
 
-BOUND = {GT.Q4_K: 0.075, GT.Q5_K: 0.038, GT.Q6_K: 0.0186, GT.Q8_0: 0.0057,
+BOUND = {GT.Q4_K: 0.075, GT.Q5_K: 0.0375, GT.Q6_K: 0.0186, GT.Q8_0: 0.0057,
          GT.Q4_0: 0.090, GT.Q4_1: 0.082, GT.Q5_0: 0.045, GT.Q5_1: 0.040}
 FORMATS = list(BOUND)
 BLOCK32 = [GT.Q8_0, GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1]  # the ones gguf.quants.quantize implements
@@ -100,11 +100,10 @@ def test_against_llama_cpp_reference(qt):
               torch.randn(64, 2048, generator=g) + 2 * torch.randn(64, 1, generator=g)):
         ours, ref = quantize_raw(w, qt).numpy(), ggml_ref(lib, w, qt)
         if qt in (GT.Q4_K, GT.Q5_K):
-            # the installed llama.cpp's Q4_K / Q5_K reference picks its super-block scales differently
-            # from the make_qkx2_quants version we follow (its d is smaller); measured: our error within
-            # 0.6% of its (Gaussian 0.0720 vs 0.0716)
+            # our d and dmin come from a small search of our own (kquantize.c), so the bytes differ;
+            # measured on Gaussian weights: Q4_K 0.0713 vs llama.cpp's 0.0714, Q5_K 0.0357 vs 0.0361
             a, b = rel(back(ours, qt, w.shape), w), rel(back(ref, qt, w.shape), w)
-            assert a < 1.015 * b, f"{qt.name}: {a:.5f} vs llama.cpp's {b:.5f}"
+            assert a <= b, f"{qt.name}: {a:.5f} vs llama.cpp's {b:.5f}"
         else:
             assert np.array_equal(ours, ref), qt.name
 
@@ -117,7 +116,7 @@ def test_q4k_beats_q4_0_and_the_5_bit_grid():
             sum(torch.randn(256, 4096, generator=g) ** 2 for _ in range(3)) / 3).sqrt(),
               torch.randn(256, 4096, generator=g) + 0.5 * torch.randn(256, 1, generator=g),
               # rows of mostly positive weights: those super-blocks are stored negated (negative d
-              # and dmin); measured relative RMSE 0.073 against the 5-bit grid's 0.078 (0.088 unflipped)
+              # and dmin); measured relative RMSE 0.072 against the 5-bit grid's 0.078 (0.088 unflipped)
               torch.randn(256, 4096, generator=g) + 3.0, torch.randn(256, 4096, generator=g) - 3.0):
         q4k = rel(back(quantize_raw(w, GT.Q4_K), GT.Q4_K, w.shape), w)
         q40 = rel(back(quantize_raw(w, GT.Q4_0), GT.Q4_0, w.shape), w)
@@ -153,7 +152,7 @@ def test_constant_and_zero_rows(qt):
 def test_tiny_and_huge_magnitudes(qt):
     # error relative to the weights' size barely depends on it while the block scales stay inside
     # fp16's range; weights of 1e-3 put the K-quants' d among fp16's subnormals (measured Q6_K 0.0180
-    # against 0.0177 at 1; at 1e-4 Q6_K 0.049, Q4_K 0.073: the format's limit)
+    # against 0.0177 at 1; at 1e-4 Q6_K 0.049, Q4_K 0.072: the format's limit)
     for s in (1e-3, 1e-2, 1e3, 1e4):
         w = gaussian(32, 2048, seed=7, scale=s)
         assert rel(back(quantize_raw(w, qt), qt, w.shape), w) < 1.2 * BOUND[qt], (qt.name, s)

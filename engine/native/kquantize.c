@@ -1,25 +1,23 @@
 /* Quantisers to GGUF's blocks (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) from fp32/fp16/bf16
  * rows: the bytes a .gguf file holds (ggml's block structs), n rows of k / block blocks.
  *
- * The searches follow llama.cpp's reference quantisers (ggml-quants.c, no importance matrix):
- *   Q4_K / Q5_K  per 32-weight sub-block a weighted least-squares fit of scale and minimum over a
- *                sweep of candidate grids (make_qkx2_quants: Q4_K nstep 20, rmin -1, rdelta 0.1;
- *                Q5_K nstep 15, rmin -0.5, rdelta 0.1; weight av_x + |x|), then the 8 scales and
- *                8 minimums to 6 bits under the super-block's fp16 d and dmin, then every q again
- *                against the stored (rounded) scales.
- *   Q6_K         per 16-weight sub-block make_qx_quants (rmse_type 1: weight x^2, 19 candidate
- *                grids), the 16 scales to int8 under the fp16 d, q against the stored scales.
- *   Q8_0         d = amax / 127, q = roundf(x / d) (gguf.quants' bytes exactly).
- *   Q4_0 / Q5_0  the largest-magnitude weight maps to -8 / -16 (d = max / -8 or -16).
- *   Q4_1 / Q5_1  d = (max - min) / 15 or 31, m = min.
- * Every float operation is the reference's, in its order (make_qkx2_quants and make_qx_quants as in
- * ggml-quants.c), with two departures: q of a K-quant sub-block whose stored scale is 0 is written 0
- * (its values are -dm whatever q is), and where a super-block's fp16 d or dmin is subnormal (weights
- * of about 1e-3 and below) the sub-block scales are rounded against the stored d, not the exact one
- * (measured, relative RMSE at weights of 1e-4: Q6_K 0.114 -> 0.049, Q4_K 0.080 -> 0.073). The tests
- * compare the bytes with llama.cpp's own quantize_row_*_ref where it is installed: equal for Q6_K
- * and the 32-weight formats; that build's Q4_K / Q5_K reference picks its super-block scales another
- * way (its error 0.5% lower on Gaussian weights), so those are compared by error.
+ * The searches are llama.cpp's reference quantisers' (ggml-quants.c, no importance matrix), the
+ * same float operations in the same order:
+ *   Q4_K / Q5_K  per 32-weight sub-block make_qkx2_quants (weight av_x + |x|; Q4_K nstep 20, rmin -1,
+ *                rdelta 0.1; Q5_K 15, -0.5, 0.1), the 8 scales and 8 minimums to 6 bits under the
+ *                fp16 d and dmin, every q again against the stored scales;
+ *   Q6_K         per 16-weight sub-block make_qx_quants (rmse_type 1), int8 scales under fp16 d;
+ *   Q8_0 amax / 127 and roundf; Q4_0 / Q5_0 the largest magnitude to -8 / -16; Q4_1 / Q5_1 min/max.
+ * Departures, each measured (relative RMSE on the tests' data):
+ *   - Q4_K / Q5_K: d and dmin are each the best of max / 63 (the reference's), / 63.5, / 64, / 65
+ *     by the super-block's true error (Gaussian: Q4_K 0.0718 -> 0.0713, Q5_K 0.0362 -> 0.0357; the
+ *     installed llama.cpp's reference: 0.0714, 0.0361), and a super-block of mostly all-positive
+ *     sub-blocks is stored negated (block_k);
+ *   - where an fp16 step (d, dmin; Q6_K's d) is subnormal, weights of about 1e-3 and below, the
+ *     sub-block scales are rounded against the stored step (at weights of 1e-4: Q6_K 0.114 -> 0.049);
+ *   - q of a K-quant sub-block whose stored scale is 0 is written 0 (its values are -dm anyway).
+ * Q6_K and the 32-weight formats give the bytes of llama.cpp's quantize_row_*_ref (compared by the
+ * tests where llama.cpp is installed), the 32-weight formats also gguf.quants'.
  *
  * Deterministic: rows are independent and each is quantised by the same code whatever the thread
  * count, and the AVX2 build of the search (the same C compiled for wider vectors, with no FMA
@@ -27,8 +25,6 @@
  * Returns 0; -1 when k is not a multiple of the block, fmt or src_fmt is unknown, a weight is NaN or
  * infinite, a block's fp16 scale would overflow (|d| > 65504: the format cannot hold such weights),
  * or memory runs out. On -1 the contents of raw are unspecified.
- * Weights so small that a block's scale falls below fp16's normal range (about 6e-5 for d) lose
- * precision in d, as in any GGUF writer: the format's limit, not the search's.
  */
 #include "mdk.h"
 
@@ -85,19 +81,14 @@ static MDK_INLINE vf vclamp(vf v, vf lo, vf hi) { v = vsel(vlt(v, lo), lo, v); r
 
 /* ---------------- the searches ---------------- */
 
-/* Q4_K / Q5_K: for each of 8 sub-blocks of 32 (x: the super-block, 256 values), scale s >= 0 and
+/* Q4_K / Q5_K: for each of 8 sub-blocks of 32 (xt[i]: element i of each), scale s >= 0 and
  * minimum m <= 0 with x ~ s * l + m, l in 0..nmax (make_qkx2_quants): the best, by squared error
  * weighted by w = av_x + |x| (av_x: the sub-block's rms), of the min/max grid and of nstep + 1
  * weighted least-squares fits, one for each candidate grid iscale = (nmax + rmin + rdelta * step) /
  * (max - min). The minimum stays <= 0: the format stores -m as a 6-bit multiple of dmin >= 0. */
-static MDK_INLINE void fit_min8(const float *x, float nmax, float rmin, float rdelta, int nstep,
+static MDK_INLINE void fit_min8(const vf *xt, float nmax, float rmin, float rdelta, int nstep,
                                 float *scale, float *the_min) {
-    vf xt[32], wt[32], L[32];
-    for (int i = 0; i < 32; i++) {  /* transpose: xt[i] holds element i of each sub-block */
-        float t[8];
-        for (int j = 0; j < 8; j++) t[j] = x[32 * j + i];
-        xt[i] = vld(t);
-    }
+    vf wt[32], L[32];
     vf zero = vb(0.f), vmax = vb(nmax), s2 = zero;
     for (int i = 0; i < 32; i++) s2 = vadd(s2, vmul(xt[i], xt[i]));
     float av[8];
@@ -191,6 +182,35 @@ static int half_ok(uint16_t h) { return (h & 0x7c00) != 0x7c00; }  /* finite in 
 static int subnormal(uint16_t h) { return (h & 0x7c00) == 0 && (h & 0x3ff) != 0; }
 static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 
+/* The 8 values v (scales or minimums, >= 0) as 6-bit multiples l of one fp16 step: the step is
+ * vmax / den (den 63: llama.cpp's), l = round(v * den / vmax) as the reference rounds them, or, where
+ * the step is an fp16 subnormal (weights of ~1e-3 and below) whose rounding can move it by percents,
+ * l = round(v / step as stored). */
+static MDK_INLINE void six_bit(float vmax, float den, const float *v, uint16_t *h, float *step, uint8_t *l) {
+    *h = mdk_f2h(vmax / den);
+    *step = mdk_h2f(*h);
+    float inv = vmax > 0.f ? den / vmax : 0.f;
+    if (subnormal(*h)) inv = 1.f / *step;
+    for (int j = 0; j < 8; j++) l[j] = (uint8_t)clampf(rnd(inv * v[j]), 0.f, 63.f);
+}
+
+/* The squared error of a super-block (xt: transposed, as in fit_min8) for stored scales d * ls and
+ * minimums dmin * lm, with each q chosen against them. */
+static MDK_INLINE float k_err(const vf *xt, float d, const uint8_t *ls, float dmin, const uint8_t *lm, float nmax) {
+    float a[8], b[8];
+    for (int j = 0; j < 8; j++) { a[j] = d * ls[j]; b[j] = dmin * lm[j]; }
+    vf zero = vb(0.f), dd = vld(a), dm = vld(b), e = zero;
+    vm live = vlt(zero, dd);
+    vf dds = vsel(live, dd, vb(1.f));
+    for (int i = 0; i < 32; i++) {
+        vf l = vsel(live, vrnd(vclamp(vdiv(vadd(xt[i], dm), dds), zero, vb(nmax))), zero);
+        vf r = vsub(vsub(vmul(dd, l), dm), xt[i]);
+        e = vadd(e, vmul(r, r));
+    }
+    vst(a, e);
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
 /* Q4_K (nmax 15) or Q5_K (nmax 31): 256 weights -> 144 or 176 bytes. 0, or -1: fp16 overflow. */
 static MDK_INLINE int block_k(const float *x0, int q5, uint8_t *y) {
     float nmax = q5 ? 31.f : 15.f, scales[8], mins[8], neg[QK];
@@ -200,7 +220,7 @@ static MDK_INLINE int block_k(const float *x0, int q5, uint8_t *y) {
      * lowest level is <= 0 and a sub-block of only positive weights wastes levels (the search clamps
      * its minimum to 0). Where more sub-blocks are all positive than all negative, the super-block is
      * quantised negated and d and dmin are stored negated: the same values, and now the all-negative
-     * ones are the fewer. Measured, rows with a mean of +3 sigma: relative RMSE 0.088 -> 0.073 (the
+     * ones are the fewer. Measured, rows with a mean of +3 sigma: relative RMSE 0.088 -> 0.072 (the
      * 5-bit grid: 0.078); zero-mean weights are never flipped (the reference's bytes). */
     int pos = 0, negs = 0;
     for (int j = 0; j < 8; j++) {
@@ -218,25 +238,42 @@ static MDK_INLINE int block_k(const float *x0, int q5, uint8_t *y) {
         for (int i = 0; i < QK; i++) neg[i] = -x0[i];
         x = neg;
     }
-    if (q5) fit_min8(x, nmax, -0.5f, 0.1f, 15, scales, mins);
-    else fit_min8(x, nmax, -1.f, 0.1f, 20, scales, mins);
+    vf xt[32];
+    for (int i = 0; i < 32; i++) {  /* transposed: xt[i] holds element i of each sub-block */
+        float t[8];
+        for (int j = 0; j < 8; j++) t[j] = x[32 * j + i];
+        xt[i] = vld(t);
+    }
+    if (q5) fit_min8(xt, nmax, -0.5f, 0.1f, 15, scales, mins);
+    else fit_min8(xt, nmax, -1.f, 0.1f, 20, scales, mins);
     for (int j = 0; j < 8; j++) {
         if (scales[j] > max_scale) max_scale = scales[j];
         if (mins[j] > max_min) max_min = mins[j];
     }
-    uint16_t d16 = mdk_f2h(max_scale / 63.f), m16 = mdk_f2h(max_min / 63.f);
-    if (!half_ok(d16) || !half_ok(m16)) return -1;
-    float d = mdk_h2f(d16), dmin = mdk_h2f(m16);
-    /* 6-bit scales as the reference rounds them, against the unrounded max / 63; but where d or dmin
-     * is an fp16 subnormal (weights of ~1e-3 and below), whose rounding can move it by percents,
-     * against the stored value, so that d * ls stays nearest to the scale that was fitted */
-    float inv_s = max_scale > 0.f ? 63.f / max_scale : 0.f, inv_m = max_min > 0.f ? 63.f / max_min : 0.f;
-    if (subnormal(d16)) inv_s = 1.f / d;
-    if (subnormal(m16)) inv_m = 1.f / dmin;
+    /* d and dmin: the reference's max / 63 first, then a few smaller ones (the largest sub-block's
+     * 6-bit scale then clips at 63 while the others get finer), each scored by the super-block's
+     * squared error with q against the stored scales; ties keep the earlier */
+    static const float DEN[] = {63.f, 63.5f, 64.f, 65.f};
     uint8_t ls[8], lm[8];
+    uint16_t d16 = 0, m16 = 0;
+    float d = 0.f, dmin = 0.f;
+    six_bit(max_min, 63.f, mins, &m16, &dmin, lm);
+    float best = INFINITY;
+    for (int c = 0; c < (int)(sizeof DEN / sizeof DEN[0]); c++) {
+        uint16_t h; float dc; uint8_t l8[8];
+        six_bit(max_scale, DEN[c], scales, &h, &dc, l8);
+        float e = k_err(xt, dc, l8, dmin, lm, nmax);
+        if (e < best) { best = e; d16 = h; d = dc; memcpy(ls, l8, 8); }
+    }
+    best = INFINITY;
+    for (int c = 0; c < (int)(sizeof DEN / sizeof DEN[0]); c++) {
+        uint16_t h; float mc; uint8_t l8[8];
+        six_bit(max_min, DEN[c], mins, &h, &mc, l8);
+        float e = k_err(xt, d, ls, mc, l8, nmax);
+        if (e < best) { best = e; m16 = h; dmin = mc; memcpy(lm, l8, 8); }
+    }
+    if (!half_ok(d16) || !half_ok(m16)) return -1;
     for (int j = 0; j < 8; j++) {
-        ls[j] = (uint8_t)clampf(rnd(inv_s * scales[j]), 0.f, 63.f);
-        lm[j] = (uint8_t)clampf(rnd(inv_m * mins[j]), 0.f, 63.f);
         if (j < 4) {
             sc[j] = ls[j];
             sc[j + 4] = lm[j];
