@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from . import native
+from .blockquant import BlockQuant
 from .checkpoint import Checkpoint, expert_key
 from .errors import ModelError
 from .families import fused
@@ -112,7 +113,7 @@ class QuantExpert:
         self.ffn = w2.shape[1]
         self._device = device
         self.desc = None
-        if isinstance(w13, Q4Native) and isinstance(w2, Q4Native):
+        if isinstance(w13, (Q4Native, BlockQuant)) and isinstance(w2, (Q4Native, BlockQuant)):  # native tiles
             self.desc = native.ExpertDesc(w13.desc, w2.desc)
             if self.glu is not None:
                 self.glu.fill(self.desc)

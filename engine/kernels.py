@@ -83,7 +83,10 @@ def _timed(fn) -> float:
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x @ w.T, choosing the kernel by batch: torch's fp16 CPU matmul is fast at one row (a
     dedicated GEMV) but ~5x slower than bf16 at 64 rows (measured), so for a large batch fp16
-    weights are widened to bf16 for that call. That is exact for weights from a bf16 checkpoint."""
+    weights are widened to bf16 for that call. That is exact for weights from a bf16 checkpoint.
+    A GGUF block weight (engine/blockquant.py BlockQuant, or stacked parts of them) multiplies itself."""
+    if not isinstance(w, torch.Tensor):
+        return w.matmul(x)
     if (w.device.type == "cpu" and x.shape[0] <= NATIVE_ROWS and w.dtype in native.FMT and w.is_contiguous()
             and native.available()):
         return native.matmul(native.matrix(w), x.to(w.dtype)).to(x.dtype)

@@ -41,7 +41,7 @@ def q8_reference(x: torch.Tensor) -> torch.Tensor:
     T, K = x.shape
     xb = x.float().reshape(T, K // 32, 32)
     amax = xb.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))  # a true division, as the kernel
     q = (xb * inv).round().clamp(-127, 127)
     return (q * (amax / 127.0)).reshape(T, K)
 
