@@ -8,9 +8,9 @@
  *                fp16 d and dmin, every q again against the stored scales;
  *   Q6_K         per 16-weight sub-block make_qx_quants (rmse_type 1), int8 scales under fp16 d;
  *   Q8_0 amax / 127 and roundf; Q4_0 / Q5_0 the largest magnitude to -8 / -16; Q4_1 / Q5_1 min/max.
- * Departures, each measured (relative RMSE on the tests' data):
+ * Departures, each measured (relative RMSE, Gaussian weights unless said):
  *   - Q4_K / Q5_K: d and dmin are each the best of max / 63 (the reference's), / 63.5, / 64, / 65
- *     by the super-block's true error (Gaussian: Q4_K 0.0718 -> 0.0713, Q5_K 0.0362 -> 0.0357; the
+ *     by the super-block's true error (Q4_K 0.0718 -> 0.0713, Q5_K 0.0362 -> 0.0357; the
  *     installed llama.cpp's reference: 0.0714, 0.0361), and a super-block of mostly all-positive
  *     sub-blocks is stored negated (block_k);
  *   - where an fp16 step (d, dmin; Q6_K's d) is subnormal, weights of about 1e-3 and below, the
@@ -46,7 +46,9 @@ static MDK_INLINE float clampf(float v, float lo, float hi) { v = v < lo ? lo : 
  * compiler turned the loops into branches. Elsewhere (MSVC) it is a plain array. Either way each
  * lane does exactly the scalar float operations, so the bytes do not depend on the build. */
 #if defined(__GNUC__) || defined(__clang__)
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wpsabi"  /* vf never crosses a call: everything here is inlined */
+#endif
 typedef float vf __attribute__((vector_size(32)));
 typedef int32_t vm __attribute__((vector_size(32)));  /* a mask: all ones or zero a lane */
 static MDK_INLINE vf vb(float s) { vf v = {s, s, s, s, s, s, s, s}; return v; }
