@@ -3,6 +3,11 @@ tier present, time per token at batch 1/4/16/128 and the fraction of read bandwi
 in several consecutive runs, all reported.
 
     python benchmarks/kernels.py [--runs 3]
+    python benchmarks/kernels.py --formats [--threads 2]   # GGUF K-quants against MDK_Q4, not recorded
+
+--formats: one 14336 x 4096 matrix in MDK_Q4 and in Q4_K / Q5_K / Q6_K (random valid blocks), three
+copies of each so that a pass reads ~100 MB or more from RAM (one Q4 copy, 37 MB, is near the 32 MB L3
+of the machine it was written on), timed interleaved at batch 1 and 4; the best round's GB/s.
 """
 from __future__ import annotations
 
@@ -15,10 +20,56 @@ from benchmarks.common import record  # noqa: E402
 from engine.tools import bench_kernels
 
 
+def formats(threads: int, rounds: int = 12, copies: int = 3, n: int = 14336, k: int = 4096) -> None:
+    import time
+
+    import numpy as np
+    import torch
+    from gguf import GGMLQuantizationType as GT
+    from gguf.constants import GGML_QUANT_SIZES
+
+    from engine import native
+    from engine.blockquant import BlockQuant
+    from engine.quant import Q4Native
+
+    native._threads = threads
+    rng = np.random.default_rng(0)
+
+    def block_weight(qt):
+        block, size = GGML_QUANT_SIZES[qt]
+        raw = rng.integers(0, 256, (n, k // block, size), dtype=np.uint8)
+        at, nd = (208, 2) if qt == GT.Q6_K else (0, 4)  # finite fp16 d (and dmin)
+        raw[..., at:at + nd] = (rng.standard_normal((n, k // block, nd // 2)) * 0.01).astype(np.float16).view(
+            np.uint8).reshape(n, k // block, nd)
+        return BlockQuant.from_raw(qt, torch.from_numpy(raw.reshape(n, -1)), (n, k))
+
+    mats = {"MDK_Q4": [Q4Native.quantize(torch.randn(n, k)) for _ in range(copies)]}
+    for qt in (GT.Q4_K, GT.Q5_K, GT.Q6_K):
+        mats[qt.name] = [block_weight(qt) for _ in range(copies)]
+    print(f"{n} x {k}, {copies} copies each, {threads} threads, {native.status()}")
+    for T in (1, 4):
+        x = torch.randn(T, k)
+        best = {name: float("inf") for name in mats}
+        for r in range(rounds + 1):
+            for name, qs in mats.items():
+                for q in qs:
+                    t0 = time.perf_counter()
+                    q.matmul(x)
+                    if r:  # round 0 warms up
+                        best[name] = min(best[name], time.perf_counter() - t0)
+        print(f"batch {T}: " + ", ".join(f"{name} {best[name] * 1e3:.2f} ms {qs[0].nbytes / best[name] / 1e9:.1f} GB/s"
+                                         for name, qs in mats.items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--formats", action="store_true", help="GGUF K-quants against MDK_Q4 (GB/s), not recorded")
+    ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
+    if a.formats:
+        formats(a.threads)
+        return
     lines: list[str] = []
 
     def out(s: str) -> None:
