@@ -12,7 +12,8 @@
  * integer dot product's 32-bit lanes, lane r is row r (as quant4.c's Q4 tiles; llama.cpp's repacked
  * GEMVs interleave rows for the same reason): a broadcast of 4 activation bytes multiplies 16 rows,
  * and the 16 rows' scales of a sub-block load as one vector. So the tiles are the raw bytes' size,
- * 4.5 / 5.5 / 6.5625 bits a weight (the last row tile is padded with zero rows to 16).
+ * 4.5 / 5.5 / 6.5625 bits a weight, except that the last row tile is padded with zero rows to 16:
+ * at most 15 rows a matrix (none in the models we know), and every kernel reads whole tiles.
  *   Q6_K first: its int8 scales, 256 B: byte 16s+r (the tile is read in one forward sweep: with the
  *          scales read between the sub-blocks Q6_K streamed at 16 GB/s from L3, Q4_K at 23)
  *   per sub-block j of 32 (Q6_K: 32-block), in order, 256 / 320 / 384 bytes:
