@@ -238,32 +238,56 @@ static void kq_dequantize(int fmt, const uint8_t *t, int n, int k, int r0, int r
 }
 
 /* ---------------- 16 rows (one row tile) against nt tokens: y[t][16] ---------------- */
+/* Row r's scale and minimum of sub-block j from a Q4_K/Q5_K tile's S0, S1, S2 */
+static void scale_min(const uint8_t *S, int r, int j, int *sc, int *mn) {
+    int jj = j & 3, hi = j >> 2, s0 = S[16 * jj + r], s1 = S[64 + 16 * jj + r], s2 = S[128 + 16 * jj + r];
+    *sc = ((s0 >> (4 * hi)) & 15) | ((s2 >> (2 * hi)) & 3) << 4;
+    *mn = ((s1 >> (4 * hi)) & 15) | ((s2 >> (4 + 2 * hi)) & 3) << 4;
+}
+
 static void rows_c(int fmt, const uint8_t *tile, int nsb, const mdk_q8 *const *a, int nt, float *const *y) {
     const kq_layout *L = LAY(fmt);
-    kq_fields f;
     for (int t = 0; t < nt; t++)
         for (int r = 0; r < 16; r++) y[t][r] = 0.f;
     for (int s = 0; s < nsb; s++) {
         const uint8_t *T = tile + (size_t)s * L->tile;
         for (int r = 0; r < 16; r++) {
-            tile_fields(fmt, T, r, &f);
-            float d = mdk_h2f(f.d), dmin = mdk_h2f(f.dmin);
-            for (int t = 0; t < nt; t++) {
-                float part = 0.f, mins = 0.f;
-                for (int j = 0; j < 8; j++) {
-                    const int8_t *x = a[t]->q + 256 * s + 32 * j;
-                    int lo = 0, hi = 0, b = 8 * s + j;
-                    for (int i = 0; i < 16; i++) { lo += f.q[32 * j + i] * x[i]; hi += f.q[32 * j + 16 + i] * x[16 + i]; }
+            float d = mdk_h2f(rd16(T + L->doff + 2 * r)), dmin = fmt == MDK_Q6K ? 0.f : mdk_h2f(rd16(T + L->moff + 2 * r));
+            float part[4] = {0}, mins[4] = {0};
+            for (int j = 0; j < 8; j++) {
+                const uint8_t *Q = T + L->qoff + L->sub * j;
+                int lo[4] = {0}, hi[4] = {0}, b = 8 * s + j;
+                for (int c = 0; c < 4; c++)
+                    for (int i = 0; i < 4; i++) {
+                        int byte = Q[64 * c + 4 * r + i], ql = byte & 15, qh = byte >> 4;
+                        if (fmt == MDK_Q5K) {
+                            int h = Q[256 + 4 * r + i];
+                            ql |= ((h >> c) & 1) << 4;
+                            qh |= ((h >> (4 + c)) & 1) << 4;
+                        } else if (fmt == MDK_Q6K) {
+                            ql |= ((Q[256 + 4 * r + i] >> (2 * c)) & 3) << 4;
+                            qh |= ((Q[320 + 4 * r + i] >> (2 * c)) & 3) << 4;
+                        }
+                        for (int t = 0; t < nt; t++) {
+                            const int8_t *x = a[t]->q + 32 * b;
+                            lo[t] += ql * x[4 * c + i];
+                            hi[t] += qh * x[16 + 4 * c + i];
+                        }
+                    }
+                for (int t = 0; t < nt; t++) {
                     if (fmt == MDK_Q6K) {
-                        int v = f.sc[2 * j] * (lo - 32 * a[t]->s16[2 * b]) + f.sc[2 * j + 1] * (hi - 32 * a[t]->s16[2 * b + 1]);
-                        part += (float)v * a[t]->dx[b];
+                        int v = (int8_t)T[32 * j + r] * (lo[t] - 32 * a[t]->s16[2 * b]) +
+                                (int8_t)T[32 * j + 16 + r] * (hi[t] - 32 * a[t]->s16[2 * b + 1]);
+                        part[t] += (float)v * a[t]->dx[b];
                     } else {
-                        part += (float)(f.sc[j] * (lo + hi)) * a[t]->dx[b];
-                        mins += (float)f.mn[j] * a[t]->sx[b];
+                        int sc, mn;
+                        scale_min(T + L->soff, r, j, &sc, &mn);
+                        part[t] += (float)(sc * (lo[t] + hi[t])) * a[t]->dx[b];
+                        mins[t] += (float)mn * a[t]->sx[b];
                     }
                 }
-                y[t][r] += d * part - dmin * mins;
             }
+            for (int t = 0; t < nt; t++) y[t][r] += d * part[t] - dmin * mins[t];
         }
     }
 }
@@ -396,16 +420,12 @@ static void rows_avx2(int fmt, const uint8_t *tile, int nsb, const mdk_q8 *a, fl
     for (int s = 0; s < nsb; s++) {
         const uint8_t *T = tile + (size_t)s * L->tile;
         if (fmt != MDK_Q6K)  /* scalar decode of the 16 x 8 scales: a small share of a super-block's work */
-            for (int r = 0; r < 16; r++) {
-                const uint8_t *S = T + L->soff;
-                for (int j = 0; j < 4; j++) {
-                    int s0 = S[16 * j + r], s1 = S[64 + 16 * j + r], s2 = S[128 + 16 * j + r];
-                    sc[16 * j + r] = (uint8_t)((s0 & 15) | (s2 & 3) << 4);
-                    sc[64 + 16 * j + r] = (uint8_t)((s0 >> 4) | ((s2 >> 2) & 3) << 4);
-                    mn[16 * j + r] = (uint8_t)((s1 & 15) | ((s2 >> 4) & 3) << 4);
-                    mn[64 + 16 * j + r] = (uint8_t)((s1 >> 4) | ((s2 >> 6) & 3) << 4);
+            for (int j = 0; j < 8; j++)
+                for (int r = 0, c, m; r < 16; r++) {
+                    scale_min(T + L->soff, r, j, &c, &m);
+                    sc[16 * j + r] = (uint8_t)c;
+                    mn[16 * j + r] = (uint8_t)m;
                 }
-            }
         for (int half = 0; half < 2; half++) {
             __m256 part = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
             for (int j = 0; j < 8; j++) {
