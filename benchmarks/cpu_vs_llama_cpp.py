@@ -1,6 +1,6 @@
 """Every expert on the CPU: the engine against llama.cpp on the same weights, in one run.
 
-    python benchmarks/cpu_vs_llama_cpp.py [--new-tokens 64] [--repeats 3] [--only demo|wide]
+    python benchmarks/cpu_vs_llama_cpp.py [--new-tokens 64] [--repeats 3] [--only demo|wide] [--no-16]
 
 Two models:
 - "wide": Mixtral-8x7B's widths (hidden 4096, ffn 14336, 8 experts top-2, 32/8 heads), 2 layers,
@@ -126,8 +126,8 @@ class Peer:
         return llama_peer.prefill_tok_s(self.llm, ids)
 
 
-def contenders(path: Path, name: str) -> dict:
-    runs = {f"engine {t}": Engine(path, t) for t in ("cpu-4", "cpu-16")}
+def contenders(path: Path, name: str, with16: bool = True) -> dict:
+    runs = {f"engine {t}": Engine(path, t) for t in (("cpu-4", "cpu-16") if with16 else ("cpu-4",))}
     if llama_peer.available():
         f16 = llama_peer.convert_f16(path, CACHE / f"{name}-f16.gguf")
         # the very same file on both sides, made by llama.cpp's own converter and quantiser
@@ -136,18 +136,20 @@ def contenders(path: Path, name: str) -> dict:
         runs["llama.cpp Q4_K_M"] = Peer(q4km)
         runs["llama.cpp Q4_0"] = Peer(llama_peer.quantize(f16, CACHE / f"{name}-q4_0.gguf"))
         runs["llama.cpp Q4_0 experts, F16 rest"] = Peer(llama_peer.experts_only_q4_0(f16, CACHE / f"{name}-q4_0-experts.gguf"))
-        runs["llama.cpp F16"] = Peer(f16)
+        if with16:
+            runs["llama.cpp F16"] = Peer(f16)
     return runs
 
 
-def one_model(name: str, path: Path, vocab: int, new: int, reps: int, with_prefill: bool, out) -> dict:
+def one_model(name: str, path: Path, vocab: int, new: int, reps: int, with_prefill: bool, out,
+              with16: bool = True) -> dict:
     """Every contender loaded at once, then measured in interleaved rounds (best of each), each
     round beside its own read-bandwidth reading: this machine's bandwidth drifts 2x over minutes,
     and a sequential run once gave whichever side ran second a 1.8x faster machine."""
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, vocab, (32,), generator=g).tolist()
     prefill = torch.randint(3, vocab, (256,), generator=g).tolist() if with_prefill else None
-    runs = contenders(path, name)
+    runs = contenders(path, name, with16)
     best = {k: {"decode_tok_s": 0.0, "prefill_tok_s": 0.0, "bw_at_best": 0.0} for k in runs}
     bws = []
     for r in range(reps):
@@ -181,6 +183,8 @@ def one_model(name: str, path: Path, vocab: int, new: int, reps: int, with_prefi
         rows.append("")
         for t, k in [("Q4_K_M GGUF", "Q4_K_M"), ("cpu-4", "Q4_0"), ("cpu-4", "Q4_0 experts, F16 rest"),
                      ("cpu-16", "F16")]:
+            if f"engine {t}" not in eng or f"llama.cpp {k}" not in peer:
+                continue
             e, p = eng[f"engine {t}"], peer[f"llama.cpp {k}"]
             ratios[f"{t} / {k} decode"] = e["decode_tok_s"] / p["decode_tok_s"]
             if with_prefill:
@@ -201,6 +205,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", choices=["demo", "wide"])
+    ap.add_argument("--no-16", action="store_true", help="leave out engine cpu-16 and llama.cpp F16 (RAM: the "
+                    "wide model's 16-bit copies take 12 GB)")
     a = ap.parse_args()
     lines: list[str] = []
 
@@ -210,12 +216,13 @@ def main() -> None:
 
     res = {}
     if a.only != "demo":
-        res["wide"] = one_model("mixtral-width", wide_checkpoint(), WIDE["vocab"], a.new_tokens, a.repeats, True, out)
+        res["wide"] = one_model("mixtral-width", wide_checkpoint(), WIDE["vocab"], a.new_tokens, a.repeats, True, out,
+                                not a.no_16)
     if a.only != "wide":
         path = demo_dir()
         if not (path / "config.json").exists():
             sys.exit("build the demo first: mixdesk demo-model")
-        res["demo"] = one_model("demo", path, 49152, a.new_tokens, a.repeats, True, out)
+        res["demo"] = one_model("demo", path, 49152, a.new_tokens, a.repeats, True, out, not a.no_16)
     out(f"\n{a.new_tokens} new tokens after a 32-token prompt, greedy, {native.threads()} threads on both sides, "
         f"best of {a.repeats}; targets: Q4_K_M GGUF decode >= 1.0 (goal 1.2) and prefill of 256 >= 1.2, "
         f"cpu-4/Q4_0 >= 1.0 and cpu-16/F16 >= 1.0 on both models")
