@@ -78,7 +78,7 @@ def auto_placement(ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype, bud
     # a GGUF file's dense matrices stay in its blocks on a CPU-only machine (engine/model.py)
     dense = ckpt.dense_nbytes() if getattr(ckpt, "is_gguf", False) and accel.cpu_only else None
     inp = from_dims(ckpt.dims, hw, itemsize, sizes=tier_bytes(ckpt, itemsize), dense_bytes=dense,
-                    cpu4_lossless=lossless_cpu4(ckpt))
+                    cpu4_share=cpu4_share(ckpt))
     if accel.cpu_only and not inp.cpu_only:
         from dataclasses import replace
 
@@ -114,13 +114,14 @@ def load(folder: str | Path, placement: str | Placement = "auto", device: str | 
     return LoadedModel(ckpt, accel, model, tokenizer, gen)
 
 
-def lossless_cpu4(ckpt) -> bool:
-    """cpu-4 holds exactly what cpu-16 does: a GGUF file whose experts are 4-bit already."""
+def cpu4_share(ckpt) -> float:
+    """The share of an expert's weights cpu-4 re-quantises: all of a 16-bit checkpoint's; of a GGUF
+    file's, those it holds at more than 4 bits (engine/gguf/tiers.py)."""
     if not getattr(ckpt, "is_gguf", False):
-        return False
-    from .gguf.tiers import cpu4_is_file_form
+        return 1.0
+    from .gguf.tiers import requantised_share
 
-    return cpu4_is_file_form(ckpt)
+    return requantised_share(ckpt)
 
 
 def open_checkpoint(folder: str | Path) -> Checkpoint:

@@ -22,9 +22,7 @@ def tier_bytes(ckpt, itemsize: int) -> dict[str, int]:
     """For this checkpoint: its shape, and for a GGUF file what its experts hold."""
     sizes = tier_bytes_of_dims(ckpt.dims, itemsize)
     if getattr(ckpt, "is_gguf", False):
-        from .gguf.tiers import cpu4_is_file_form
+        from .gguf.tiers import tier_nbytes
 
-        sizes["cpu-16"] = ckpt.expert_nbytes()
-        if cpu4_is_file_form(ckpt):
-            sizes["cpu-4"] = sizes["cpu-16"]
+        sizes.update(tier_nbytes(ckpt))
     return sizes

@@ -129,3 +129,97 @@ def test_split_files_give_the_same_logits(sources, files, tmp_path):
         out.append(ld.model.forward(ids, ld.model.new_cache(8), 0, all_logits=True))
         ld.ckpt.close()
     assert torch.equal(out[0], out[1])
+
+
+def test_mixtral_gguf_made_by_the_tests_writer_chats_from_the_cli(files, tmp_path):
+    """`mixdesk chat --model tiny-q4km.gguf --prompt hi`: one process, as a user runs it."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "XDG_DATA_HOME": str(tmp_path / "data")}
+    r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "chat", "--model", str(files["mixtral"]),
+                        "--prompt", "hi", "--max-new-tokens", "6"], capture_output=True, text=True, timeout=300,
+                       env=env)
+    assert r.returncode == 0, r.stderr
+    assert "decode" in r.stderr and "tok/s" in r.stderr
+    assert not any(p.name != files["mixtral"].name for p in files["mixtral"].parent.iterdir()
+                   if p.name.startswith("mixtral-q4_k_m")), "nothing is written next to the file"
+
+
+def _ppl(model, ids: torch.Tensor) -> float:
+    with torch.no_grad():
+        logits = model(ids[None]).logits[0].float()
+    lp = torch.log_softmax(logits[:-1], -1).gather(-1, ids[1:, None])
+    return float(torch.exp(-lp.mean()))
+
+
+@pytest.mark.parametrize("fam", ["mixtral", "qwen3_moe"])
+def test_eval_at_the_accelerator_tiers_gives_the_reference_perplexity(fam, sources, files):
+    """`mixdesk eval --dtype fp32 --device cpu --placement gpu`: the accelerator tiers (run by torch on
+    the CPU device) hold the exact dequantisation, so the perplexity is transformers' on the file's
+    weights, to 1e-3; `--dtype bf16 --placement cpu` runs the file's blocks natively (int8 activations,
+    bf16 dense matmul inputs) and stays within a bound: on 2026-12-01, 3 token sets x 2 families gave
+    fp32 within 1.5e-6 and bf16 within 0.14% of the reference; the bound allows 1%."""
+    from engine.tools.evaluate import perplexity
+
+    ids = torch.randint(3, SHAPE["vocab"], (96,), generator=torch.Generator().manual_seed(1))
+    want = _ppl(reference(sources[fam], files[fam]), ids)
+    got = {}
+    for dtype, pl in (("fp32", "gpu"), ("bf16", "cpu")):
+        ld = load(files[fam], placement=pl, device="cpu", dtype=dtype)
+        try:
+            got[dtype] = perplexity(ld.model, ids.tolist())
+        finally:
+            ld.ckpt.close()
+    assert abs(got["fp32"] - want) / want < 1e-3, (got, want)
+    assert abs(got["bf16"] - want) / want < 0.01, (got, want)
+
+
+def test_tiers_of_a_q4_k_m_file(files):
+    """A Q4_K_M file's gate/up are Q4_K (they cannot fall), its down matrices Q6_K in some layers: cpu-4
+    keeps the file's Q4_K blocks as they are (the same bytes) and re-quantises only the Q6_K ones;
+    cpu-16 holds the file's blocks, gpu-16 the exact dequantisation, gpu-4 NF4 of it (a second
+    rounding, bounded). The planner's sizes follow."""
+    from gguf import GGMLQuantizationType as GT
+
+    from engine.blockquant import BlockQuant
+    from engine.gguf.tiers import requantised_share
+    from engine.tier_bytes import tier_bytes
+
+    ld = load(files["mixtral"], placement="cpu", device="cpu", dtype="bf16")
+    try:
+        ck, m = ld.ckpt, ld.model
+        assert "Q4_K_M GGUF" in ck.format_label() and 0 < requantised_share(ck) < 1
+        layer = next(l for l in range(ck.dims.layers) if ck.expert_raw(l, 2, "w2")[0] == GT.Q6_K)
+        a, b = m.build(layer, 2, Tier.CPU16), m.build(layer, 2, Tier.CPU4)
+        assert isinstance(a.w13, BlockQuant) and isinstance(b.w13, BlockQuant)
+        assert a.w13.qtype == b.w13.qtype == GT.Q4_K and torch.equal(a.w13.raw(), b.w13.raw())
+        assert a.w2.qtype == GT.Q6_K and b.w2.qtype == GT.Q4_K and b.nbytes < a.nbytes
+        exact13, exact2 = ck.expert_float(layer, 2)
+        assert torch.equal(a.w13.dequantize(), exact13) and torch.equal(a.w2.dequantize(), exact2)
+        g16 = m.build(layer, 2, Tier.GPU16)
+        assert torch.equal(g16.w13.float(), exact13.to(torch.bfloat16).float())
+        g4 = m.build(layer, 2, Tier.GPU4)
+        rel = float((g4.w13.dequantize() - exact13).norm() / exact13.norm())
+        assert 0 < rel < 0.12, rel  # NF4 of the file's values: a second rounding, ~0.09 measured
+        sizes = tier_bytes(ck, 2)
+        assert sizes["cpu-4"] < sizes["cpu-16"] < sizes["gpu-16"] // 3
+    finally:
+        ld.ckpt.close()
+
+
+def test_an_eight_bit_file_drops_to_four_bits_and_back_bit_identically(sources, tmp_path):
+    """A Q8_0 file's experts can fall to cpu-4 (re-quantised from the exact dequantisation) and come
+    back to the file's own blocks: 16 -> 4 -> 16 gives the same bytes."""
+    path = write_gguf(sources["mixtral"], tmp_path / "m-q8_0.gguf", "q8_0")[0]
+    ld = load(path, placement="cpu", device="cpu", dtype="bf16")
+    try:
+        m, ck = ld.model, ld.ckpt
+        before = m.moe[0].experts[1].w13.raw().clone()
+        small = m.move(0, 1, Tier.CPU4)
+        assert small < ck.expert_nbytes()  # 4.5 bits a weight where the file holds 8.5
+        m.move(0, 1, Tier.CPU16)
+        assert torch.equal(m.moe[0].experts[1].w13.raw(), before)
+    finally:
+        ld.ckpt.close()

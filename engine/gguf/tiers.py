@@ -5,9 +5,10 @@ already quantised, and quantising them again would round twice. So the tiers mea
 - cpu-16 ("the file's precision on the CPU"): the file's own blocks, repacked for the native
   kernel (engine/blockquant.py), no second rounding; F16/BF16/F32 experts as 16-bit tensors. At
   fp32, the reference precision, and without the native library: the exact dequantisation.
-- cpu-4: the same form where the file's experts are 4-bit already (Q4_K, Q4_0, Q4_1, MXFP4: they
-  cannot rise or fall); for a file with more bits (Q5_*, Q6_K, Q8_0, F16, BF16, F32) the exact
-  dequantisation re-quantised to the cpu-4 format (engine/quant.py cpu4_quantize).
+- cpu-4: per matrix, the file's blocks where they are 4-bit already (Q4_K, Q4_0, Q4_1, MXFP4: they
+  cannot rise or fall), and the exact dequantisation re-quantised to the cpu-4 format
+  (engine/quant.py cpu4_quantize) where the file holds more (Q5_*, Q6_K, Q8_0, F16, BF16, F32): a
+  Q4_K_M file's Q4_K gate/up stay, its Q6_K down matrices drop to Q4_K.
 - gpu-16: the exact dequantisation in the model's dtype (no K-quant kernel runs on the GPU).
 - gpu-4: NF4 of the exact dequantisation: a second rounding on top of the file's, bounded in
   tests/test_gguf_model.py.
@@ -31,26 +32,41 @@ def is_four_bit(qtype) -> bool:
     return GT(qtype) in FOUR_BIT
 
 
-def file_form(ckpt, layer: int, expert: int, tier: Tier, dtype: torch.dtype, glu):
-    """The expert in the file's own format on the CPU (tiers cpu-16, and cpu-4 of a 4-bit file), or
-    None where the native kernel cannot run it (then the caller uses the exact dequantisation)."""
+def _block_form(qtype, raw: torch.Tensor, shape: tuple[int, int]):
+    try:
+        return BlockQuant.from_raw(qtype, raw, shape) if qtype in NATIVE else None
+    except ValueError:
+        return None
+
+
+def file_form(ckpt, layer: int, expert: int, tier: Tier, dtype: torch.dtype, glu, four_bit_only: bool = False):
+    """The expert in the file's own format on the CPU (tier cpu-16; and cpu-4, where each matrix the
+    file holds at more than 4 bits is re-quantised: four_bit_only), or None where the native kernel
+    cannot run it (then the caller uses the exact dequantisation)."""
     from ..experts import QuantExpert
-    from ..quant import MX4Native
+    from ..quant import MX4Native, cpu4_quantize
 
     if not native.available():
         return None
-    gate, up, down = (ckpt.expert_raw(layer, expert, w) for w in ("w1", "w3", "w2"))
-    if gate[0] == GT.MXFP4 and up[0] == GT.MXFP4 and down[0] == GT.MXFP4:
+    (tg, gate), (tu, up), (td, down) = (ckpt.expert_raw(layer, expert, w) for w in ("w1", "w3", "w2"))
+    if tg == tu == td == GT.MXFP4:
         (b13, s13), (b2, s2) = ckpt.expert_mxfp4(layer, expert)
         w13, w2 = MX4Native.pack(b13, s13), MX4Native.pack(b2, s2)
         return QuantExpert(tier, w13, w2, CPU, glu) if w13 is not None and w2 is not None else None
-    if gate[0] != up[0] or gate[0] not in NATIVE or down[0] not in NATIVE:
-        return None  # gate and up in different formats cannot share one w13 matrix: rare, falls back
     d = ckpt.dims
-    try:
-        w13 = BlockQuant.from_raw(gate[0], torch.cat([gate[1], up[1]]), (2 * d.ffn, d.hidden))
-        w2 = BlockQuant.from_raw(down[0], down[1], (d.hidden, d.ffn))
-    except ValueError:
+    exact = None
+
+    def requantised(which: int):
+        nonlocal exact
+        exact = exact or ckpt.expert_float(layer, expert)
+        return cpu4_quantize(exact[which])
+
+    if tg == tu and (not four_bit_only or is_four_bit(tg)):
+        w13 = _block_form(tg, torch.cat([gate, up]), (2 * d.ffn, d.hidden))
+    else:  # gate and up cannot share one w13 matrix in two formats; or they drop to 4 bits
+        w13 = requantised(0) if four_bit_only else None
+    w2 = (_block_form(td, down, (d.hidden, d.ffn)) if not four_bit_only or is_four_bit(td) else requantised(1))
+    if w13 is None or w2 is None:
         return None
     return QuantExpert(tier, w13, w2, CPU, glu)
 
@@ -60,9 +76,38 @@ def expert_qtypes(ckpt) -> set:
     return set(ckpt.expert_formats())
 
 
+def requantised_share(ckpt) -> float:
+    """The share of the experts' weights that cpu-4 re-quantises (those the file holds at more than
+    4 bits): 0 for a Q4_0 file, about 1/3 for a Q4_K_M file (its Q6_K down matrices), 1 for Q8_0."""
+    d = ckpt.dims
+    more = total = 0
+    for layer in range(d.layers):
+        for w in ("w1", "w3", "w2"):
+            total += 1
+            more += not is_four_bit(ckpt.expert_raw_info(layer, 0, w).qtype)
+    return more / total if total else 0.0
+
+
 def cpu4_is_file_form(ckpt) -> bool:
     """Whether cpu-4 holds the file's own blocks (4-bit experts) rather than a re-quantisation."""
     return all(is_four_bit(t) for t in expert_qtypes(ckpt))
+
+
+def tier_nbytes(ckpt) -> dict[str, int]:
+    """Bytes of one expert on the CPU, averaged over the layers (a Q4_K_M file's down matrices are
+    Q6_K in some layers and Q4_K in others), in cpu-16 (the file's own) and cpu-4."""
+    from ..quant import cpu4_nbytes
+
+    d = ckpt.dims
+    shapes = {"w1": (d.ffn, d.hidden), "w3": (d.ffn, d.hidden), "w2": (d.hidden, d.ffn)}
+    own = four = 0
+    for layer in range(d.layers):
+        for w, (n, k) in shapes.items():
+            t = ckpt.expert_raw_info(layer, 0, w)
+            b = n * t.row_bytes
+            own += b
+            four += b if is_four_bit(t.qtype) else cpu4_nbytes(n, k)
+    return {"cpu-16": own // max(d.layers, 1), "cpu-4": four // max(d.layers, 1)}
 
 
 def build_steps(ckpt, layer: int, expert: int, tier: Tier, accel: torch.device, dtype: torch.dtype,
@@ -74,14 +119,13 @@ def build_steps(ckpt, layer: int, expert: int, tier: Tier, accel: torch.device, 
 
     glu = read_glu(ckpt, layer, expert)
     yield
-    same_as_file = tier == Tier.CPU16 or (tier == Tier.CPU4 and cpu4_is_file_form(ckpt))
-    if same_as_file and dtype != torch.float32:
-        form = file_form(ckpt, layer, expert, tier, dtype, glu)
+    if not tier.on_accelerator and dtype != torch.float32:
+        form = file_form(ckpt, layer, expert, tier, dtype, glu, four_bit_only=tier == Tier.CPU4)
         if form is not None:
             return form
     w13, w2 = ckpt.expert_float(layer, expert)  # the exact dequantisation, fp32
     yield
-    if tier.bits == 4 and not same_as_file:
+    if tier.bits == 4 and not (tier == Tier.CPU4 and cpu4_is_file_form(ckpt)):
         return quantise(tier, w13, w2, accel, dtype, threads, glu)
     device = accel if tier.on_accelerator else CPU
     return Expert16(tier, w13.to(device=device, dtype=dtype), w2.to(device=device, dtype=dtype),

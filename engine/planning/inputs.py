@@ -110,12 +110,13 @@ def dense_bytes_of(d, dtype: torch.dtype) -> int:
 
 def from_dims(d, hw: HardwareProfile, itemsize: int = 2, sensitivity: float = ASSUMED_SENSITIVITY,
               gpu_costs: dict | None = None, sizes: dict | None = None, dense_bytes: int | None = None,
-              cpu4_lossless: bool = False) -> PlanInputs:
+              cpu4_share: float = 1.0) -> PlanInputs:
     """Planner inputs from a model's shape alone (no weights read): uniform popularity, one assumed
     sensitivity for every 4-bit expert, this machine's measured tier costs. GPU tiers: gpu_costs
     when given, else the measured ones when this machine has a GPU, else none (CPU-only).
     sizes: bytes of one expert per tier (engine/tier_bytes.py; default: from the shape);
-    cpu4_lossless: cpu-4 holds what cpu-16 holds (a GGUF file's 4-bit experts), so it costs nothing."""
+    cpu4_share: the share of an expert's weights cpu-4 re-quantises (a GGUF file's 4-bit matrices stay
+    as they are: engine/gguf/tiers.py), which scales its assumed sensitivity."""
     from ..tier_bytes import tier_bytes_of_dims
 
     sizes = sizes or tier_bytes_of_dims(d, itemsize)
@@ -129,8 +130,8 @@ def from_dims(d, hw: HardwareProfile, itemsize: int = 2, sensitivity: float = AS
     dense_s = dense_bytes * per_byte + d.layers * (REFERENCE_GPU["layer_overhead_s"] if not cpu_only else fixed)
     share = tuple(tuple([1.0 / d.experts] * d.experts) for _ in range(d.layers))
     sens = {t: [[sensitivity] * d.experts for _ in range(d.layers)] for t in ("cpu-4", "gpu-4")}
-    if cpu4_lossless:
-        sens["cpu-4"] = [[0.0] * d.experts for _ in range(d.layers)]
+    if cpu4_share != 1.0:
+        sens["cpu-4"] = [[sensitivity * cpu4_share] * d.experts for _ in range(d.layers)]
     scale = {t: hw.batch_scale[t] for t in costs if t in hw.batch_scale}
     return PlanInputs(d.layers, d.experts, d.top_k, share, sens, sizes, costs, dense_bytes, dense_s, cpu_only,
                       scale, dense_s / 8)  # dense prefill per token: ASSUMED 8x cheaper than a decode step
@@ -163,14 +164,14 @@ def from_gguf(path: Path, hw: HardwareProfile, sensitivity: float = ASSUMED_SENS
     """Plan a GGUF file from its header alone (no tensor read): its metadata gives the shape, its
     tensor infos each expert's real bytes; otherwise as from_config."""
     from ..gguf import open_gguf
-    from ..gguf.tiers import cpu4_is_file_form
+    from ..gguf.tiers import requantised_share
     from ..tier_bytes import tier_bytes
 
     ck = open_gguf(path)
     try:
         gpu = {"gpu-16": REFERENCE_GPU["gpu-16"], "gpu-4": REFERENCE_GPU["gpu-4"]}
         inp = from_dims(ck.dims, hw, 2, sensitivity, gpu_costs=gpu, sizes=tier_bytes(ck, 2),
-                        cpu4_lossless=cpu4_is_file_form(ck))
+                        cpu4_share=requantised_share(ck))
         label = ck.format_label()
     finally:
         ck.close()
