@@ -1,6 +1,8 @@
 /* K-quant weights (GGUF's Q4_K, Q5_K, Q6_K: super-blocks of 256 weights) in the kernel's tiles,
- * their dequantisation, and their dot products with int8 activations; and the generic mdk_wq_*
- * entry points of every GGUF block format, which send the 32-weight formats to qblock.c.
+ * their dequantisation, and their dot products with int8 activations (the portable C one here, the
+ * AVX-512 VNNI and AVX2 ones in kquant_x86.c; kquant.h: the layout's offsets, shared); and the
+ * generic mdk_wq_* entry points of every GGUF block format, which send the 32-weight formats to
+ * qblock.c.
  *
  * The values (ggml's block_q4_K / q5_K / q6_K, as gguf/quants.py reads them):
  *   Q4_K  w = (d * sc_j) * q - (dmin * m_j), q in 0..15, j the sub-block of 32 (6-bit sc_j, m_j)
@@ -38,23 +40,9 @@
  * Bit-exact dequantisation: the same float ops in numpy's order; no FMA contraction, since the
  * build is ISO C (-std=c11: GCC's -ffp-contract=off) and the SIMD code writes its FMAs explicitly.
  */
-#include "mdk.h"
+#include "kquant.h"
 
 #include <string.h>
-
-#if MDK_X86
-#include <immintrin.h>
-#endif
-
-typedef struct { int raw, tile, sub, qoff, doff, moff, soff; } kq_layout;  /* bytes: raw block, tile, one
-                                                                              sub-block's bits; offsets */
-static const kq_layout KQ[3] = {
-    {144, 2304, 256, 0, 2048, 2080, 2112},  /* Q4_K */
-    {176, 2816, 320, 0, 2560, 2592, 2624},  /* Q5_K */
-    {210, 3360, 384, 256, 3328, 0, 0},      /* Q6_K */
-};
-#define LAY(fmt) (&KQ[(fmt) - MDK_Q4K])
-
 
 /* One row's super-block: q unsigned (Q6_K: 0..63, the weight is q - 32), sc[8] and m[8] (Q6_K: sc[16]) */
 typedef struct { uint8_t q[256]; int sc[16], mn[8]; uint16_t d, dmin; } kq_fields;
@@ -238,13 +226,7 @@ static void kq_dequantize(int fmt, const uint8_t *t, int n, int k, int r0, int r
 }
 
 /* ---------------- 16 rows (one row tile) against nt tokens: y[t][16] ---------------- */
-/* Row r's scale and minimum of sub-block j from a Q4_K/Q5_K tile's S0, S1, S2 */
-static void scale_min(const uint8_t *S, int r, int j, int *sc, int *mn) {
-    int jj = j & 3, hi = j >> 2, s0 = S[16 * jj + r], s1 = S[64 + 16 * jj + r], s2 = S[128 + 16 * jj + r];
-    *sc = ((s0 >> (4 * hi)) & 15) | ((s2 >> (2 * hi)) & 3) << 4;
-    *mn = ((s1 >> (4 * hi)) & 15) | ((s2 >> (4 + 2 * hi)) & 3) << 4;
-}
-
+/* portable C (the SIMD kernels: kquant_x86.c) */
 static void rows_c(int fmt, const uint8_t *tile, int nsb, const mdk_q8 *const *a, int nt, float *const *y) {
     const kq_layout *L = LAY(fmt);
     for (int t = 0; t < nt; t++)
@@ -292,205 +274,6 @@ static void rows_c(int fmt, const uint8_t *tile, int nsb, const mdk_q8 *const *a
     }
 }
 
-#if MDK_X86
-static inline int32_t ld4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return v; }
-
-#define A512 "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
-
-/* The 6-bit scales and minima of a Q4_K/Q5_K tile's 16 rows, to bytes sc[16j + r], mn[16j + r] */
-MDK_TARGET(A512)
-static MDK_INLINE void scales512(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
-    const __m512i lo = _mm512_set1_epi8(15), hi = _mm512_set1_epi8(0x30);
-    __m512i s0 = _mm512_loadu_si512(s), s1 = _mm512_loadu_si512(s + 64), s2 = _mm512_loadu_si512(s + 128);
-    _mm512_storeu_si512(sc, _mm512_or_si512(_mm512_and_si512(s0, lo), _mm512_and_si512(_mm512_slli_epi16(s2, 4), hi)));
-    _mm512_storeu_si512(sc + 64, _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(s0, 4), lo),
-                                                 _mm512_and_si512(_mm512_slli_epi16(s2, 2), hi)));
-    _mm512_storeu_si512(mn, _mm512_or_si512(_mm512_and_si512(s1, lo), _mm512_and_si512(s2, hi)));
-    _mm512_storeu_si512(mn + 64, _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(s1, 4), lo),
-                                                 _mm512_and_si512(_mm512_srli_epi16(s2, 2), hi)));
-}
-
-/* fmt and nt are constants in each instance below: each super-block's bits are unpacked once for
- * all nt tokens (a batched decode step or a prefill reads each weight from RAM once) */
-MDK_TARGET(A512)
-static MDK_INLINE void body512(const int fmt, const uint8_t *tile, int nsb, const mdk_q8 *const *a, const int nt,
-                               float *const *y) {
-    const kq_layout *L = LAY(fmt);
-    const __m512i m4 = _mm512_set1_epi8(15), b4 = _mm512_set1_epi8(0x10), b45 = _mm512_set1_epi8(0x30);
-    const __m512i z = _mm512_setzero_si512();
-    uint8_t sc[128], mn[128];
-    __m512 acc[4];
-    for (int t = 0; t < 4; t++) acc[t] = _mm512_setzero_ps();
-    for (int s = 0; s < nsb; s++) {
-        const uint8_t *T = tile + (size_t)s * L->tile;
-        __m512 part[4], mins[4];
-        for (int t = 0; t < 4; t++) part[t] = mins[t] = _mm512_setzero_ps();
-        if (fmt != MDK_Q6K) scales512(T + L->soff, sc, mn);
-
-        for (int j = 0; j < 8; j++) {
-            const uint8_t *Q = T + L->qoff + L->sub * j;
-            __m512i n[8];
-            for (int c = 0; c < 4; c++) {
-                __m512i v = _mm512_loadu_si512(Q + 64 * c);
-                n[2 * c] = _mm512_and_si512(v, m4);
-                n[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            }
-            if (fmt == MDK_Q5K) {  /* fifth bits: bit c (elements 4c+i) and 4+c (16+4c+i) -> bit 4 */
-                __m512i h = _mm512_loadu_si512(Q + 256);
-                n[0] = _mm512_or_si512(n[0], _mm512_and_si512(_mm512_slli_epi16(h, 4), b4));
-                n[2] = _mm512_or_si512(n[2], _mm512_and_si512(_mm512_slli_epi16(h, 3), b4));
-                n[4] = _mm512_or_si512(n[4], _mm512_and_si512(_mm512_slli_epi16(h, 2), b4));
-                n[6] = _mm512_or_si512(n[6], _mm512_and_si512(_mm512_slli_epi16(h, 1), b4));
-                n[1] = _mm512_or_si512(n[1], _mm512_and_si512(h, b4));
-                n[3] = _mm512_or_si512(n[3], _mm512_and_si512(_mm512_srli_epi16(h, 1), b4));
-                n[5] = _mm512_or_si512(n[5], _mm512_and_si512(_mm512_srli_epi16(h, 2), b4));
-                n[7] = _mm512_or_si512(n[7], _mm512_and_si512(_mm512_srli_epi16(h, 3), b4));
-            }
-            if (fmt == MDK_Q6K) {  /* top two bits 2c..2c+1 -> bits 4..5 */
-                for (int g = 0; g < 2; g++) {
-                    __m512i h = _mm512_loadu_si512(Q + 256 + 64 * g);
-                    n[g] = _mm512_or_si512(n[g], _mm512_and_si512(_mm512_slli_epi16(h, 4), b45));
-                    n[2 + g] = _mm512_or_si512(n[2 + g], _mm512_and_si512(_mm512_slli_epi16(h, 2), b45));
-                    n[4 + g] = _mm512_or_si512(n[4 + g], _mm512_and_si512(h, b45));
-                    n[6 + g] = _mm512_or_si512(n[6 + g], _mm512_and_si512(_mm512_srli_epi16(h, 2), b45));
-                }
-            }
-            __m512i s_a, s_b;
-            __m512 mnj = _mm512_setzero_ps();
-            if (fmt == MDK_Q6K) {
-                s_a = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(T + L->soff + 32 * j)));
-                s_b = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(T + L->soff + 32 * j + 16)));
-            } else {
-                s_a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16 * j)));
-                s_b = s_a;
-                mnj = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(mn + 16 * j))));
-            }
-            int b = 8 * s + j;
-            for (int t = 0; t < nt; t++) {
-                const int8_t *x = a[t]->q + 32 * b;
-                __m512i lo = _mm512_dpbusd_epi32(z, n[0], _mm512_set1_epi32(ld4(x)));
-                __m512i hi = _mm512_dpbusd_epi32(z, n[1], _mm512_set1_epi32(ld4(x + 16)));
-                lo = _mm512_dpbusd_epi32(lo, n[2], _mm512_set1_epi32(ld4(x + 4)));
-                hi = _mm512_dpbusd_epi32(hi, n[3], _mm512_set1_epi32(ld4(x + 20)));
-                lo = _mm512_dpbusd_epi32(lo, n[4], _mm512_set1_epi32(ld4(x + 8)));
-                hi = _mm512_dpbusd_epi32(hi, n[5], _mm512_set1_epi32(ld4(x + 24)));
-                lo = _mm512_dpbusd_epi32(lo, n[6], _mm512_set1_epi32(ld4(x + 12)));
-                hi = _mm512_dpbusd_epi32(hi, n[7], _mm512_set1_epi32(ld4(x + 28)));
-                __m512i v;
-                if (fmt == MDK_Q6K) {
-                    lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(32 * a[t]->s16[2 * b]));
-                    hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(32 * a[t]->s16[2 * b + 1]));
-                    v = _mm512_add_epi32(_mm512_mullo_epi32(lo, s_a), _mm512_mullo_epi32(hi, s_b));
-                } else {
-                    v = _mm512_mullo_epi32(_mm512_add_epi32(lo, hi), s_a);
-                    mins[t] = _mm512_fmadd_ps(mnj, _mm512_set1_ps(a[t]->sx[b]), mins[t]);
-                }
-                part[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(a[t]->dx[b]), part[t]);
-            }
-        }
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(T + L->doff)));
-        __m512 dm = fmt == MDK_Q6K ? _mm512_setzero_ps() : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(T + L->moff)));
-        for (int t = 0; t < nt; t++) {
-            acc[t] = _mm512_fmadd_ps(d, part[t], acc[t]);
-            if (fmt != MDK_Q6K) acc[t] = _mm512_fnmadd_ps(dm, mins[t], acc[t]);
-        }
-    }
-    for (int t = 0; t < nt; t++) _mm512_storeu_ps(y[t], acc[t]);
-}
-
-#define KQ512(name, fmt, nt) MDK_TARGET(A512) \
-    static void name(const uint8_t *tl, int nsb, const mdk_q8 *const *a, float *const *y) { body512(fmt, tl, nsb, a, nt, y); }
-KQ512(q4k_1, MDK_Q4K, 1) KQ512(q4k_2, MDK_Q4K, 2) KQ512(q4k_3, MDK_Q4K, 3) KQ512(q4k_4, MDK_Q4K, 4)
-KQ512(q5k_1, MDK_Q5K, 1) KQ512(q5k_2, MDK_Q5K, 2) KQ512(q5k_3, MDK_Q5K, 3) KQ512(q5k_4, MDK_Q5K, 4)
-KQ512(q6k_1, MDK_Q6K, 1) KQ512(q6k_2, MDK_Q6K, 2) KQ512(q6k_3, MDK_Q6K, 3) KQ512(q6k_4, MDK_Q6K, 4)
-#undef KQ512
-typedef void (*kq512_fn)(const uint8_t *, int, const mdk_q8 *const *, float *const *);
-static const kq512_fn K512[3][4] = {{q4k_1, q4k_2, q4k_3, q4k_4}, {q5k_1, q5k_2, q5k_3, q5k_4},
-                                    {q6k_1, q6k_2, q6k_3, q6k_4}};
-
-/* AVX2: one token, the two 8-row halves of a tile in turn (maddubs pair sums: at most
- * 2 * 63 * 127 = 16002, two added still fit int16) */
-MDK_TARGET("avx2,fma,f16c")
-static void rows_avx2(int fmt, const uint8_t *tile, int nsb, const mdk_q8 *a, float *y) {
-    const kq_layout *L = LAY(fmt);
-    const __m256i m4 = _mm256_set1_epi8(15), b4 = _mm256_set1_epi8(0x10), b45 = _mm256_set1_epi8(0x30);
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    uint8_t sc[128], mn[128];
-    for (int s = 0; s < nsb; s++) {
-        const uint8_t *T = tile + (size_t)s * L->tile;
-        if (fmt != MDK_Q6K)  /* scalar decode of the 16 x 8 scales: a small share of a super-block's work */
-            for (int j = 0; j < 8; j++)
-                for (int r = 0, c, m; r < 16; r++) {
-                    scale_min(T + L->soff, r, j, &c, &m);
-                    sc[16 * j + r] = (uint8_t)c;
-                    mn[16 * j + r] = (uint8_t)m;
-                }
-        for (int half = 0; half < 2; half++) {
-            __m256 part = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
-            for (int j = 0; j < 8; j++) {
-                const uint8_t *Q = T + L->qoff + L->sub * j + 32 * half;
-                __m256i n[8];
-                for (int c = 0; c < 4; c++) {
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(Q + 64 * c));
-                    n[2 * c] = _mm256_and_si256(v, m4);
-                    n[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                }
-                if (fmt == MDK_Q5K) {
-                    __m256i h = _mm256_loadu_si256((const __m256i *)(Q + 256));
-                    n[0] = _mm256_or_si256(n[0], _mm256_and_si256(_mm256_slli_epi16(h, 4), b4));
-                    n[2] = _mm256_or_si256(n[2], _mm256_and_si256(_mm256_slli_epi16(h, 3), b4));
-                    n[4] = _mm256_or_si256(n[4], _mm256_and_si256(_mm256_slli_epi16(h, 2), b4));
-                    n[6] = _mm256_or_si256(n[6], _mm256_and_si256(_mm256_slli_epi16(h, 1), b4));
-                    n[1] = _mm256_or_si256(n[1], _mm256_and_si256(h, b4));
-                    n[3] = _mm256_or_si256(n[3], _mm256_and_si256(_mm256_srli_epi16(h, 1), b4));
-                    n[5] = _mm256_or_si256(n[5], _mm256_and_si256(_mm256_srli_epi16(h, 2), b4));
-                    n[7] = _mm256_or_si256(n[7], _mm256_and_si256(_mm256_srli_epi16(h, 3), b4));
-                }
-                if (fmt == MDK_Q6K)
-                    for (int g = 0; g < 2; g++) {
-                        __m256i h = _mm256_loadu_si256((const __m256i *)(Q + 256 + 64 * g));
-                        n[g] = _mm256_or_si256(n[g], _mm256_and_si256(_mm256_slli_epi16(h, 4), b45));
-                        n[2 + g] = _mm256_or_si256(n[2 + g], _mm256_and_si256(_mm256_slli_epi16(h, 2), b45));
-                        n[4 + g] = _mm256_or_si256(n[4 + g], _mm256_and_si256(h, b45));
-                        n[6 + g] = _mm256_or_si256(n[6 + g], _mm256_and_si256(_mm256_srli_epi16(h, 2), b45));
-                    }
-                int b = 8 * s + j;
-                const int8_t *x = a->q + 32 * b;
-#define MB(k, o) _mm256_maddubs_epi16(n[k], _mm256_set1_epi32(ld4(x + (o))))
-                __m256i lo = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(MB(0, 0), MB(2, 4)), ones),
-                                              _mm256_madd_epi16(_mm256_add_epi16(MB(4, 8), MB(6, 12)), ones));
-                __m256i hi = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(MB(1, 16), MB(3, 20)), ones),
-                                              _mm256_madd_epi16(_mm256_add_epi16(MB(5, 24), MB(7, 28)), ones));
-#undef MB
-                __m256i v;
-                if (fmt == MDK_Q6K) {
-                    __m256i sa = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(T + 32 * j + 8 * half)));
-                    __m256i sb = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(T + 32 * j + 16 + 8 * half)));
-                    lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(32 * a->s16[2 * b]));
-                    hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(32 * a->s16[2 * b + 1]));
-                    v = _mm256_add_epi32(_mm256_mullo_epi32(lo, sa), _mm256_mullo_epi32(hi, sb));
-                } else {
-                    __m256i sa = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 16 * j + 8 * half)));
-                    __m256 mj = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mn + 16 * j + 8 * half))));
-                    v = _mm256_mullo_epi32(_mm256_add_epi32(lo, hi), sa);
-                    mins = _mm256_fmadd_ps(mj, _mm256_set1_ps(a->sx[b]), mins);
-                }
-                part = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(a->dx[b]), part);
-            }
-            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(T + L->doff + 16 * half)));
-            acc[half] = _mm256_fmadd_ps(d, part, acc[half]);
-            if (fmt != MDK_Q6K) {
-                __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(T + L->moff + 16 * half)));
-                acc[half] = _mm256_fnmadd_ps(dm, mins, acc[half]);
-            }
-        }
-    }
-    _mm256_storeu_ps(y, acc[0]);
-    _mm256_storeu_ps(y + 8, acc[1]);
-}
-#endif
-
 /* rows r0..r1-1 (r0 % 16 == 0) against nt tokens (1..4): y[t][r - r0] */
 static void kq_rows_multi(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y) {
     int fmt = w->fmt, nsb = w->k / 256;
@@ -502,9 +285,9 @@ static void kq_rows_multi(const mdk_matrix *w, int r0, int r1, const mdk_q8 *con
         float *dst[4];
         for (int t = 0; t < nt; t++) dst[t] = n == 16 ? y[t] + (r - r0) : tmp[t];
 #if MDK_X86
-        if (mdk_path == MDK_PATH_AVX512) K512[fmt - MDK_Q4K][nt - 1](tile, nsb, a, dst);
+        if (mdk_path == MDK_PATH_AVX512) mdk_kq512[fmt - MDK_Q4K][nt - 1](tile, nsb, a, dst);
         else if (mdk_path == MDK_PATH_AVX2)
-            for (int t = 0; t < nt; t++) rows_avx2(fmt, tile, nsb, a[t], dst[t]);
+            for (int t = 0; t < nt; t++) mdk_kq_rows_avx2(fmt, tile, nsb, a[t], dst[t]);
         else
 #endif
             rows_c(fmt, tile, nsb, a, nt, dst);
