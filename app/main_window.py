@@ -214,7 +214,7 @@ class MainWindow(QMainWindow):
             return
         if port is None:
             dlg = ServerDialog(self)
-            if not dlg.exec():
+            if not menus.run_modal(dlg):
                 self.server_action.setChecked(False)
                 return
             port, api_key = dlg.port.value(), dlg.key.text().strip()

@@ -17,6 +17,19 @@ from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 from . import theme
 
 
+def run_modal(dlg) -> int:
+    """dlg.exec(), then the dialog deleted by this (the GUI) thread's event loop: read what it holds
+    before control returns there. PySide's exec() hands a dialog's ownership to Python, so without
+    this the C++ widget dies with the last Python reference to it, wherever that goes: a reference
+    held in a cycle is dropped by the cyclic garbage collector on whichever thread it runs, the engine
+    thread as often as not, and a widget destroyed there races the GUI thread in Qt's own data (heap
+    corruption, a segfault in the main thread's event loop; tests/test_dialog_lifetime.py)."""
+    try:
+        return dlg.exec()
+    finally:
+        dlg.deleteLater()
+
+
 def action(window, text: str, fn: Callable[[], object], menu=None, tip: str = "") -> QAction:
     """A menu action that calls fn() (never fn(checked))."""
     a = QAction(text, window)
@@ -136,7 +149,7 @@ def show_log(w) -> None:
     box = QMessageBox(w)
     box.setWindowTitle("Mixdesk log")
     box.setText("\n".join(w.log_lines[-200:]) or "(empty)")
-    box.exec()
+    run_modal(box)
 
 
 def about(w) -> None:

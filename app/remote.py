@@ -150,11 +150,12 @@ class RemoteChat(QObject):
 def connect(w, choice: tuple[str, str, str] | None = None) -> bool:
     """Chat with a served model: `choice` (url, key, model), or the one the user gives in the
     Connect dialog. True when the chat now goes there."""
+    from .menus import run_modal
     from .serving import ConnectDialog
 
     if choice is None:
         dlg = ConnectDialog(w)
-        if not dlg.exec():
+        if not run_modal(dlg):
             return False
         choice = dlg.choice()
     if w.generating:
