@@ -56,7 +56,7 @@ class Engine:
     """The engine on one model at one tier, every expert on the CPU, driven step by step as the
     Generator drives it (forward, then greedy argmax)."""
 
-    def __init__(self, path: Path, tier: str):
+    def __init__(self, path: Path, tier: str, dense_blocks=None):
         from engine import native
         from engine.kernels import auto_dtype
         from engine.load import open_checkpoint
@@ -65,7 +65,8 @@ class Engine:
 
         ck = open_checkpoint(path)  # a safetensors folder or a GGUF file
         d = ck.dims
-        self.model = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier(tier)), CPU, auto_dtype(CPU))
+        self.model = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier(tier)), CPU, auto_dtype(CPU),
+                                  dense_blocks=dense_blocks)
         m = self.model
         # a step reads one row of the embedding, unless it is the lm_head too
         dense = m.dense_bytes() - (0 if d.tie_embeddings else m.embed.nbytes)
@@ -127,7 +128,12 @@ class Peer:
 
 
 def contenders(path: Path, name: str, with16: bool = True) -> dict:
+    from gguf import GGMLQuantizationType as GT
+
     runs = {f"engine {t}": Engine(path, t) for t in (("cpu-4", "cpu-16") if with16 else ("cpu-4",))}
+    # what cpu-4 would read with its dense matrices in Q8_0 (the app keeps them 16-bit): the bytes'
+    # share of the gap to llama.cpp's Q4_0, which quantises attention too
+    runs["engine cpu-4, dense Q8_0"] = Engine(path, "cpu-4", GT.Q8_0)
     if llama_peer.available():
         f16 = llama_peer.convert_f16(path, CACHE / f"{name}-f16.gguf")
         # the very same file on both sides, made by llama.cpp's own converter and quantiser
@@ -182,7 +188,7 @@ def one_model(name: str, path: Path, vocab: int, new: int, reps: int, with_prefi
     if peer:
         rows.append("")
         for t, k in [("Q4_K_M GGUF", "Q4_K_M"), ("cpu-4", "Q4_0"), ("cpu-4", "Q4_0 experts, F16 rest"),
-                     ("cpu-16", "F16")]:
+                     ("cpu-4, dense Q8_0", "Q4_0"), ("cpu-16", "F16")]:
             if f"engine {t}" not in eng or f"llama.cpp {k}" not in peer:
                 continue
             e, p = eng[f"engine {t}"], peer[f"llama.cpp {k}"]

@@ -62,7 +62,10 @@ class MixtralModel:
 
     def __init__(self, ckpt: Checkpoint, placement: Placement, accel: torch.device,
                  dtype: torch.dtype = torch.bfloat16, progress: ProgressFn | None = None,
-                 offload_costs: offload.OffloadCosts | None = None, measure_offload: bool = True):
+                 offload_costs: offload.OffloadCosts | None = None, measure_offload: bool = True,
+                 dense_blocks=None):
+        """dense_blocks: a GGUF block type (e.g. Q8_0) the dense matrices of a 16-bit checkpoint are
+        quantised to on the CPU (benchmarks only: the app keeps them 16-bit, as it keeps attention)."""
         d = self.dims = ckpt.dims
         if (placement.layers, placement.experts) != (d.layers, d.experts):
             raise ValueError(f"placement is {placement.layers}x{placement.experts}, model {d.layers}x{d.experts}")
@@ -106,6 +109,8 @@ class MixtralModel:
             """A matrix the forward multiplies: a tensor, or the file's blocks (engine/dense_forms.py)."""
             if self.file_dense and ckpt.tensor_type(name) in BLOCK_TYPES:
                 return BlockQuant.from_raw(ckpt.tensor_type(name), ckpt.read_raw(name), shapes[name])
+            if dense_blocks is not None and accel.type == "cpu" and not self.file_dense:
+                return BlockQuant.quantize(dense(name), dense_blocks)
             return dense(name)
 
         self.embed = matrix("model.embed_tokens.weight")  # [V, D]

@@ -223,3 +223,28 @@ def test_an_eight_bit_file_drops_to_four_bits_and_back_bit_identically(sources, 
         assert torch.equal(m.moe[0].experts[1].w13.raw(), before)
     finally:
         ld.ckpt.close()
+
+
+def test_a_16_bit_checkpoints_dense_matrices_in_q8_0_for_the_benchmark(sources):
+    """benchmarks/cpu_vs_llama_cpp.py's 'cpu-4, dense Q8_0' row: the dense matrices quantised to Q8_0
+    on the CPU run natively (one decode step equals the torch layer loop's logits closely)."""
+    from gguf import GGMLQuantizationType as GT
+
+    from engine.blockquant import BlockQuant
+    from engine.load import open_checkpoint
+    from engine.model import MixtralModel
+
+    ck = open_checkpoint(sources["mixtral"])
+    try:
+        d = ck.dims
+        pl = Placement.uniform(d.layers, d.experts, Tier.CPU4)
+        a = MixtralModel(ck, pl, torch.device("cpu"), torch.bfloat16)
+        b = MixtralModel(ck, pl, torch.device("cpu"), torch.bfloat16, dense_blocks=GT.Q8_0)
+        assert isinstance(b.layers[0].wo, BlockQuant) and b.dense_bytes() < 0.6 * a.dense_bytes()
+        assert b.native_step is not None
+        ids = torch.tensor([5, 6, 7, 8])
+        la = a.forward(ids, a.new_cache(16), 0)
+        lb = b.forward(ids, b.new_cache(16), 0)
+        assert float((la - lb).abs().max()) < 0.05 * float(la.abs().max())
+    finally:
+        ck.close()
