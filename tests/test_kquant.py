@@ -15,26 +15,12 @@ from engine.blockquant import BlockQuant
 from engine.experts import QuantExpert
 from engine.placement import Tier
 
+from test_native import path, threads  # noqa: F401  (fixtures: every code path, 1 and 2 threads)
+
 pytestmark = pytest.mark.skipif(not native.available(), reason="native library not built")
 
 KQ = [GT.Q4_K, GT.Q5_K, GT.Q6_K]
 D_AT = {GT.Q4_K: 0, GT.Q5_K: 0, GT.Q6_K: 208}  # where a block's fp16 d starts (Q4_K/Q5_K: then dmin)
-
-
-@pytest.fixture(params=[0, 1, 2], ids=["c", "avx2", "avx512"])
-def path(request):
-    active = native.lib().mdk_select_path(-1)
-    if request.param > native.lib().mdk_select_path(request.param):
-        native.lib().mdk_select_path(active)
-        pytest.skip("this CPU lacks that path")
-    yield request.param
-    native.lib().mdk_select_path(2)  # back to the best the CPU has
-
-
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request, monkeypatch):
-    monkeypatch.setattr(native, "_threads", request.param)
-    return request.param
 
 
 def random_raw(qt: GT, n: int, k: int, seed: int, scale: float = 0.01) -> np.ndarray:
@@ -92,7 +78,7 @@ def test_bad_shapes_are_refused(qt):
 @pytest.mark.parametrize("qt", KQ, ids=lambda q: q.name)
 @pytest.mark.parametrize("shape", [(37, 256), (19, 512), (133, 4096)])
 @pytest.mark.parametrize("batch", [1, 3, 4, 5, 64])
-def test_matmul_matches_reference(path, threads, qt, shape, batch):
+def test_matmul_matches_reference(path, threads, qt, shape, batch):  # noqa: F811
     n, k = shape
     raw = random_raw(qt, n, k, seed=n + k + batch)
     bq = BlockQuant.from_raw(qt, torch.from_numpy(raw), shape)
@@ -129,7 +115,7 @@ def scaled(qt: GT, n: int, k: int, seed: int, std: float) -> BlockQuant:
 
 
 @pytest.mark.parametrize("batch", [1, 5, 64])
-def test_fused_expert_mixed_formats(path, threads, batch):
+def test_fused_expert_mixed_formats(path, threads, batch):  # noqa: F811
     """One expert, gate/up in Q4_K and down in Q6_K (a Q4_K_M file's mix), through the native fused
     call (mdk_experts), against torch's SwiGLU of the dequantised weights on the kernel's activations."""
     d, i = 512, 768

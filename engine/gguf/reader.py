@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import threading
 from pathlib import Path
 
 import torch
 
 from ..errors import ModelError
+from ..safetensors_file import regular_file  # one definition: a FIFO or a device would block a read
 from .header import Header, TensorInfo
 
 SPLIT = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -33,17 +33,6 @@ def is_gguf(path: str | Path) -> bool:
     return p.is_dir() and not (p / "config.json").exists() and any(p.glob("*.gguf"))
 
 
-def _regular(path: Path) -> None:
-    try:
-        mode = path.stat().st_mode
-    except FileNotFoundError:
-        raise ModelError(path, "does not exist") from None
-    except OSError as e:
-        raise ModelError(path, f"cannot be read: {e.strerror or e}") from None
-    if not stat.S_ISREG(mode):
-        raise ModelError(path, "is not a regular file")
-
-
 def resolve(path: str | Path) -> list[Path]:
     """The model's .gguf files, the first part first: every part of a split set must be there."""
     p = Path(path).expanduser()
@@ -57,7 +46,7 @@ def resolve(path: str | Path) -> list[Path]:
         p = found[0]
     if not p.exists():
         raise ModelError(p, "does not exist")
-    _regular(p)
+    regular_file(p)
     m = SPLIT.match(p.name)
     if not m:
         return [p]
@@ -68,7 +57,7 @@ def resolve(path: str | Path) -> list[Path]:
     for q in parts:
         if not q.exists():
             raise ModelError(q, f"is missing: the model is split in {count} parts and every part is needed")
-        _regular(q)
+        regular_file(q)
     return parts
 
 
