@@ -234,10 +234,9 @@ def build_steps(ckpt: Checkpoint, layer: int, expert: int, tier: Tier, accel: to
                 threads: int | None = None):
     """materialise as a generator: it yields between short steps (a read, a check, a slice of
     quantisation) and returns the form, so a build can be spread between decode steps."""
-    if getattr(ckpt, "is_gguf", False):  # the file's own formats (engine/gguf/tiers.py)
-        from .gguf import tiers
-
-        return (yield from tiers.build_steps(ckpt, layer, expert, tier, accel, dtype, threads))
+    own = getattr(ckpt, "expert_build_steps", None)  # a GGUF file keeps its own formats (engine/gguf/tiers.py)
+    if own is not None:
+        return (yield from own(layer, expert, tier, accel, dtype, threads))
     w13, w2 = read_expert(ckpt, layer, expert)
     glu = read_glu(ckpt, layer, expert)
     yield

@@ -248,3 +248,44 @@ def test_a_16_bit_checkpoints_dense_matrices_in_q8_0_for_the_benchmark(sources):
         assert float((la - lb).abs().max()) < 0.05 * float(la.abs().max())
     finally:
         ck.close()
+
+
+@pytest.fixture(scope="module")
+def gpt_oss(tmp_path_factory):
+    """A tiny GPT-OSS with MXFP4 experts, as released, and its GGUF (the experts stay MXFP4)."""
+    root = tmp_path_factory.mktemp("gguf-gpt-oss")
+    src = write_tiny_model(root / "src", "gpt_oss", seed=3, mxfp4=True)
+    return src, write_gguf(src, root / "gpt-oss.gguf", "f32")[0]  # dense exact; experts stay MXFP4
+
+
+def test_gpt_oss_gguf_gives_the_releases_logits(gpt_oss):
+    """GPT-OSS's GGUF holds the release's MXFP4 blocks (exact in bf16 and fp32), so the engine on the file
+    equals the engine on the safetensors release (itself checked against transformers in
+    tests/test_gpt_oss.py), every expert on the CPU, on the accelerator tiers and mixed; at bf16 the
+    CPU runs the file's MXFP4 blocks in the native kernel."""
+    from gguf import GGMLQuantizationType as GT
+
+    from engine.quant import MX4Native
+
+    src, path = gpt_oss
+    ids = torch.tensor([5, 17, 9, 200, 33, 7, 101, 64])
+    ref = load(src, placement="gpu", device="cpu", dtype="fp32")
+    want = ref.model.forward(ids, ref.model.new_cache(32), 0, all_logits=True)
+    d = ref.ckpt.dims
+    ref.ckpt.close()
+    for name, pl in placements(d).items():
+        ld = load(path, placement=pl, device="cpu", dtype="fp32")
+        try:
+            assert ld.ckpt.expert_formats() == {GT.MXFP4}
+            got = ld.model.forward(ids, ld.model.new_cache(32), 0, all_logits=True)
+            assert (got - want).abs().max() < 1e-4, (name, float((got - want).abs().max()))
+        finally:
+            ld.ckpt.close()
+    ld = load(path, placement="cpu", device="cpu", dtype="bf16")
+    try:
+        ex = ld.model.moe[0].experts[0]
+        assert isinstance(ex.w13, MX4Native) and ld.model.build(0, 0, Tier.CPU4).w13.fmt == ex.w13.fmt
+        got = ld.model.forward(ids, ld.model.new_cache(32), 0, all_logits=True)
+        assert float((got - want).abs().max()) < 0.05 * float(want.abs().max())  # bf16 activations
+    finally:
+        ld.ckpt.close()

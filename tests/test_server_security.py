@@ -63,7 +63,16 @@ def test_a_host_that_does_not_name_this_server_is_refused_403(served, tiny, host
     before = len(started)
     for method, path, body in (("GET", "/models", None), ("POST", "/chat/completions", chat(tiny))):
         headers = {"Content-Type": "application/json"} if body else {}
-        status, _, answer = send(server.url, method, path, body, headers, host=host)
+        if host is None and body is not None:
+            # HTTP/1.1 requires a Host: h11 refuses the request before reading its body, and closing a
+            # socket with unread bytes may reset the connection before the 400 arrives (seen once in
+            # a loaded full run): either way it is refused, and nothing runs (checked below)
+            try:
+                status, _, answer = send(server.url, method, path, body, headers, host=host)
+            except ConnectionResetError:
+                status = 400
+        else:
+            status, _, answer = send(server.url, method, path, body, headers, host=host)
         if host is None:  # HTTP/1.1 requires a Host: h11 refuses the request itself
             assert status == 400
         else:

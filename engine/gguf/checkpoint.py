@@ -26,7 +26,7 @@ from gguf.quants import dequantize
 from ..checkpoint import check_config, dense_shapes, dims_from_config, expert_shapes, hf_config
 from ..errors import ModelError
 from ..families import FAMILIES
-from . import mxfp4
+from .mxfp4 import to_release
 from .config import hf_config_dict
 from .header import TensorInfo
 from .names import PERMUTED_QK, ExpertRef, expert_ref, expert_tensor_name, gguf_name, unpermute_rows
@@ -247,7 +247,7 @@ class GGUFCheckpoint:
             qtype, raw = self.expert_raw(layer, expert, w)
             if qtype != GT.MXFP4:
                 raise ValueError(f"expert {expert} of layer {layer}: {w} is {qtype.name}, not MXFP4")
-            parts[w] = mxfp4.to_release(raw, k)
+            parts[w] = to_release(raw, k)
         b13 = torch.cat([parts["w1"][0], parts["w3"][0]])
         s13 = torch.cat([parts["w1"][1], parts["w3"][1]])
         return (b13, s13), parts["w2"]
@@ -258,6 +258,13 @@ class GGUFCheckpoint:
             t = self._biases[layer, w]
             return dequantize_rows(t.qtype, self._rows(t, expert, 1), t.ne[0]).reshape(-1).float()
         return torch.cat([row("w1"), row("w3")]), row("w2")
+
+    def expert_build_steps(self, layer: int, expert: int, tier, accel: torch.device, dtype: torch.dtype,
+                           threads: int | None = None):
+        """experts.build_steps for this file: what each tier holds of its experts (engine/gguf/tiers.py)."""
+        from .tiers import build_steps
+
+        return build_steps(self, layer, expert, tier, accel, dtype, threads)
 
     def expert_formats(self) -> set[GT]:
         return {self.file.tensors[refs[0].tensor].qtype for refs in self._experts.values()}

@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 FORMAT = 1  # bump when the conversion or what is saved changes, so old entries are not used
 TYPES = ("gpt2", "llama", "t5", "gemma4")  # the tokenizer.ggml.model values transformers converts
 
+# the special tokens' metadata keys (tokenizer.ggml.<key>), as transformers' GGUF loader reads them
+SPECIAL_TOKENS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
+                  "pad_token": "padding_token_id"}
+
 
 def cache_root() -> Path:
     from platformdirs import user_cache_path
@@ -96,8 +100,7 @@ def _check(path, fields: Mapping[str, Any]) -> dict[str, Any]:
 def _convert(path, md: dict[str, Any]):
     """transformers' get_gguf_tokenizer (on metadata already read) and convert_gguf_tokenizer."""
     from transformers import TokenizersBackend
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
-        _SPECIAL_TOKENS, GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer)
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
 
     grouped = {group: {name: md[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in md}
                for group, renames in GGUF_TOKENIZER_MAPPING.items()}
@@ -106,7 +109,7 @@ def _convert(path, md: dict[str, Any]):
         config.setdefault("add_bos_token", True)  # as get_gguf_tokenizer: llama.cpp's default for sentencepiece
     elif tokenizer.get("tokenizer_type") == "gemma4":
         config["add_bos_token"] = False
-    for name, key in _SPECIAL_TOKENS.items():
+    for name, key in SPECIAL_TOKENS.items():
         i = md.get(f"tokenizer.ggml.{key}")
         config[name] = tokenizer["tokens"][i] if i is not None else None
     try:
