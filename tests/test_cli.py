@@ -37,6 +37,7 @@ def _cached(tmp_path):
     return {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
 
 
+@pytest.mark.slow  # 28 s (measures the machine twice); test_cli_exit runs plan in the default run
 def test_plan_prints_the_frontier_and_writes_a_plot(tiny, tmp_path):
     png = tmp_path / "f.png"
     args = [sys.executable, "-m", "engine.tools.cli", "plan", "--model", str(tiny), "--dtype", "fp32", "--png", str(png)]
@@ -73,6 +74,7 @@ def test_plan_from_mixtral_config_alone(tmp_path):
     assert fastest(r.stdout) < fastest(r4.stdout) < 4 * fastest(r.stdout)
 
 
+@pytest.mark.slow  # 14 s; eval's numbers are checked directly in test_families and test_gguf_model
 def test_eval_measures_quality_and_speed(tiny, tmp_path):
     r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "eval", "--model", str(tiny), "--dtype", "fp32",
                         "--slider", "0", "--tokens", "64", "--new-tokens", "8"],

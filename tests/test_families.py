@@ -134,6 +134,7 @@ def test_unsupported_layouts_are_refused_by_name(tmp_path):
         Checkpoint(folder)
 
 
+@pytest.mark.slow  # 20 s; test_plan_from_mixtral_config_alone covers --config-only in the default run
 def test_plan_from_the_shipped_qwen3_config(tmp_path):
     from pathlib import Path
 

@@ -207,9 +207,7 @@ def test_qwen3_30b_header_opens_in_under_200ms(tmp_path):
     assert g.format_label() == "Q4_K_M GGUF, experts at 5.2 bits"  # gate, up Q4_K (4.5), down Q6_K (6.56)
     print(f"GGUFCheckpoint open of a Qwen3-30B-A3B header ({st.st_size / 1e9:.1f} GB sparse): "
           f"{min(times) * 1e3:.0f} ms (best of 5)")
-    t0 = time.perf_counter()
-    GGUFReader(path)
-    print(f"gguf.GGUFReader on the same file: {(time.perf_counter() - t0) * 1e3:.0f} ms")
+    # (gguf.GGUFReader took 22.9 s on the same file on 2026-12-01: why engine/gguf parses headers itself)
     assert min(times) < 0.2, times
 
 

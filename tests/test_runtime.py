@@ -244,6 +244,7 @@ def test_an_unsafe_wheel_path_is_refused(tmp_path, rt):
     assert not list(tmp_path.rglob("escape.py")) and not (rt / "active.json").exists()
 
 
+@pytest.mark.slow  # 20 s: a real wheel built and imported; the other runtime tests use small ones
 def test_a_real_torch_wheel_is_used_from_the_next_start_and_remove_cleans_up(tmp_path, rt):
     """The local package cache's real torch wheel as a runtime (its requirements are all carried by
     this environment): fetched, unpacked, probed; the next start runs on it; `remove` cleans up."""
