@@ -361,7 +361,7 @@ class Session(Profiling):
                          params=d.layers * d.experts * d.expert_params()
                          + ld.model.dense_params(),
                          count_tokens=_token_counter(ld.tokenizer), prompt_ids=_prompt_ids(ld.generator),
-                         max_token_chars=self._max_token_chars, **_weights_of(ld.ckpt))
+                         max_token_chars=self._max_token_chars, **getattr(ld.ckpt, "bar_fields", dict)())
         self.emit(self.last_loaded)
 
     def _first_budgets(self, device: str | None) -> Budgets | None:
@@ -574,12 +574,3 @@ def _describe(cmd) -> str:
     return {"Load": "loading the model", "Generate": "starting the reply", "Task": "the task",
             "SetSlider": "re-planning", "SetBudgets": "re-planning", "Reading": "re-planning",
             "Reprofile": "re-measuring"}.get(type(cmd).__name__, type(cmd).__name__)
-
-
-def _weights_of(ckpt) -> dict:
-    """What a GGUF file holds, for the model bar (nothing for a 16-bit checkpoint)."""
-    if not getattr(ckpt, "is_gguf", False):
-        return {}
-    from .gguf.tiers import cpu4_is_file_form
-
-    return {"weights": ckpt.format_label(), "weights_4bit": cpu4_is_file_form(ckpt)}

@@ -277,6 +277,12 @@ class GGUFCheckpoint:
             bits += 8.0 * size / block
         return bits / len(self._experts) if d.layers else 0.0
 
+    def bar_fields(self) -> dict:
+        """What the file holds, for the Loaded event's model bar (protocol.Loaded.weights/weights_4bit)."""
+        from .tiers import cpu4_is_file_form
+
+        return {"weights": self.format_label(), "weights_4bit": cpu4_is_file_form(self)}
+
     def format_label(self) -> str:
         """e.g. 'Q4_K_M GGUF, experts at 4.8 bits' (general.file_type, and the experts' real bits)."""
         ft = self.file.get("general.file_type")
