@@ -60,12 +60,12 @@ class Engine:
         from engine import native
         from engine.kernels import auto_dtype
         from engine.load import open_checkpoint
-        from engine.model import MixtralModel
+        from engine.model import MoEModel
         from engine.placement import Placement, Tier
 
         ck = open_checkpoint(path)  # a safetensors folder or a GGUF file
         d = ck.dims
-        self.model = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier(tier)), CPU, auto_dtype(CPU),
+        self.model = MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier(tier)), CPU, auto_dtype(CPU),
                                   dense_blocks=dense_blocks)
         m = self.model
         # a step reads one row of the embedding, unless it is the lm_head too

@@ -31,12 +31,12 @@ from engine import native
 from engine.tools.bench_kernels import read_bandwidth
 from engine.load import open_checkpoint
 from engine.kernels import auto_dtype
-from engine.model import MixtralModel
+from engine.model import MoEModel
 from engine.placement import Placement, Tier
 from engine.sources.demo import demo_dir
 tier, variant, folder = sys.argv[1], sys.argv[2], sys.argv[3] or str(demo_dir())
 ck = open_checkpoint(folder); d = ck.dims
-m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier(tier)), torch.device("cpu"), auto_dtype(torch.device("cpu")))
+m = MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier(tier)), torch.device("cpu"), auto_dtype(torch.device("cpu")))
 if variant == "native experts":
     m.native_step = None
 bw = read_bandwidth()

@@ -21,7 +21,7 @@ from benchmarks.common import CACHE, record  # noqa: E402
 CHILD = r"""
 import json, resource, sys, time, torch, psutil
 from engine.load import open_checkpoint
-from engine.model import MixtralModel
+from engine.model import MoEModel
 from engine.placement import Placement, Tier
 from engine.kernels import auto_dtype
 cpu = torch.device("cpu")
@@ -30,7 +30,7 @@ base = psutil.Process().memory_info().rss
 t0 = time.perf_counter()
 ck = open_checkpoint(sys.argv[1])
 d = ck.dims
-m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), cpu, dtype)
+m = MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), cpu, dtype)
 load_s = time.perf_counter() - t0
 cache = m.new_cache(1024)
 tok = int(m.forward(torch.arange(3, 35), cache, 0)[-1].argmax())

@@ -72,13 +72,13 @@ CHILD = r"""
 import json, sys, torch
 from engine.checkpoint import Checkpoint
 from engine.memory import lifetime_peak_rss
-from engine.model import MixtralModel
+from engine.model import MoEModel
 from engine.placement import Placement
 import psutil
 base = psutil.Process().memory_info().rss
 ck = Checkpoint(sys.argv[1])
 pl = Placement.from_json(sys.argv[2])
-m = MixtralModel(ck, pl, torch.device("cpu"), torch.bfloat16)
+m = MoEModel(ck, pl, torch.device("cpu"), torch.bfloat16)
 cache = m.new_cache(64)
 m.forward(torch.arange(100, 132), cache, 0)
 for i in range(16):

@@ -55,7 +55,7 @@ def main() -> None:
 
     from engine import native
     from engine.experts import read_expert
-    from engine.model import MixtralModel
+    from engine.model import MoEModel
     from engine.placement import Placement, Tier
     from engine.planning import profile as P
     from engine.quant import cpu4_format
@@ -72,7 +72,7 @@ def main() -> None:
     n = d.layers * d.experts
     cpu = torch.device("cpu")
     t = time.perf_counter()
-    model = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), cpu, torch.bfloat16)
+    model = MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), cpu, torch.bfloat16)
     load_s = time.perf_counter() - t
     ids = ck.load_tokenizer()(P.calibration_text())["input_ids"][:1024]
     import bitsandbytes  # noqa: F401  (its first import, ~3 s, is not calibration's)

@@ -6,7 +6,7 @@ The engine thread owns one Batch. Each request in it is a Stream: its sequence c
 - one prompt chunk of the oldest stream still reading its prompt, so the streams already decoding
   stall for at most one chunk;
 - one decode step for every stream waiting on one token, as one batched forward of B tokens, each
-  at its own position in its own cache (`MixtralModel.forward_batch`): every layer's dense weights,
+  at its own position in its own cache (`MoEModel.forward_batch`): every layer's dense weights,
   and every expert that any of the B tokens chose, are read once for all of them.
 What comes back is per stream: its Tokens, its Finished, or the exception that ended it alone. A
 failure of the batched forward itself ends every stream in it.

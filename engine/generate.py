@@ -19,7 +19,7 @@ import torch
 
 from . import native
 from .errors import ContextOverflow, InputError, MixdeskError
-from .model import KVCache, MixtralModel
+from .model import KVCache, MoEModel
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ class NonFiniteOutput(MixdeskError):
 
 
 class Generator:
-    def __init__(self, model: MixtralModel, tokenizer, eos_ids: set[int], ctx: int = 4096, template=None):
+    def __init__(self, model: MoEModel, tokenizer, eos_ids: set[int], ctx: int = 4096, template=None):
         """template: the model's ChatTemplate (None: built from the tokenizer on first use)."""
         self.template = template
         self.on_oom = None  # called when a step runs out of accelerator memory; the step is retried

@@ -14,7 +14,7 @@ from .errors import ModelError
 from .generate import Generator
 from . import native
 from .kernels import auto_dtype
-from .model import MixtralModel, ProgressFn
+from .model import MoEModel, ProgressFn
 from .placement import Placement, Tier
 
 DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -24,7 +24,7 @@ DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": t
 class LoadedModel:
     ckpt: Checkpoint
     accel: Accelerator
-    model: MixtralModel
+    model: MoEModel
     tokenizer: object
     generator: Generator
 
@@ -106,7 +106,7 @@ def load(folder: str | Path, placement: str | Placement = "auto", device: str | 
         torch_dtype = DTYPES[dtype] or auto_dtype(accel.device)
         pl = placement if isinstance(placement, Placement) else parse_placement(placement, ckpt, accel, torch_dtype,
                                                                                  budgets, slider)
-        model = MixtralModel(ckpt, pl, accel.device, torch_dtype, progress=progress)
+        model = MoEModel(ckpt, pl, accel.device, torch_dtype, progress=progress)
     except BaseException:
         ckpt.close()
         raise

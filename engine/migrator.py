@@ -39,7 +39,7 @@ class Counters:
 class Migrator:
     def __init__(self, model, on_move: Callable[[Move, int, float], None] | None = None,
                  background: bool = True, ready_cap: int = 2, dense_on_accelerator: bool = False):
-        """model: builds and installs forms (MixtralModel.build / .install / .expert_bytes).
+        """model: builds and installs forms (MoEModel.build / .install / .expert_bytes).
         on_move(move, nbytes, seconds) runs on the engine thread after each swap."""
         self.model = model
         self.on_move = on_move

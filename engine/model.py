@@ -56,7 +56,7 @@ class DenseLayer:
                             self.sinks) if t is not None]
 
 
-class MixtralModel:
+class MoEModel:
     """The forward of every supported family (engine/families: Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE):
     what differs between them is data in `Dims` and the family adapter, read here."""
 

@@ -1,4 +1,4 @@
-"""Concurrent requests (engine/batch.py, MixtralModel.forward_batch): a batched decode step gives
+"""Concurrent requests (engine/batch.py, MoEModel.forward_batch): a batched decode step gives
 each sequence the logits it gets alone; requests running together through the session produce the
 greedy tokens each produces alone; a long prompt is read in chunks while another request keeps
 streaming; Stop ends one request and not the other."""
@@ -10,7 +10,7 @@ import torch
 
 from engine.checkpoint import Checkpoint
 from engine.generate import SamplingParams
-from engine.model import MixtralModel
+from engine.model import MoEModel
 from engine.placement import Placement, Tier
 from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded, Stop, TokenOut
 from engine.session import Session
@@ -36,7 +36,7 @@ def models(tmp_path_factory):
 def test_a_batched_step_gives_each_sequence_its_own_logits(models, family, tier):
     ck = Checkpoint(models(family))
     d = ck.dims
-    m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, tier), CPU, torch.float32)
+    m = MoEModel(ck, Placement.uniform(d.layers, d.experts, tier), CPU, torch.float32)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, d.vocab, (n,), generator=g) for n in (3, 9, 14)]  # past the sliding windows
     caches = [m.new_cache(32) for _ in prompts]
@@ -191,8 +191,8 @@ def test_the_kv_cache_is_kept_in_the_models_dtype(models):
     each sequence what its own step gives."""
     ck = Checkpoint(models("mixtral"))
     d = ck.dims
-    m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.bfloat16)
-    f = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
+    m = MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.bfloat16)
+    f = MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
     c16, c32 = m.new_cache(32), f.new_cache(32)
     assert c16.k.dtype == torch.bfloat16 and c32.k.dtype == torch.float32 and 2 * c16.nbytes == c32.nbytes
     prompts = [torch.tensor([5, 9, 11, 3]), torch.tensor([7, 7, 2, 40, 41, 42, 8])]

@@ -8,7 +8,7 @@ import torch
 
 from engine.sources import demo
 from engine.checkpoint import Checkpoint
-from engine.model import MixtralModel
+from engine.model import MoEModel
 from engine.placement import Placement, Tier
 from engine.sources.tiny_model import write_tokenizer
 
@@ -44,7 +44,7 @@ def test_upcycled_logits_equal_dense(tiny_llama, tmp_path):
     with torch.no_grad():
         want = dense(ids[None]).logits[0]
     for pl in (Placement.uniform(3, 8, Tier.CPU16), Placement.random(3, 8, [Tier.GPU16, Tier.CPU16], 5)):
-        m = MixtralModel(ck, pl, torch.device("cpu"), torch.float32)
+        m = MoEModel(ck, pl, torch.device("cpu"), torch.float32)
         got = m.forward(ids, m.new_cache(32), 0, all_logits=True)
         assert (got - want).abs().max().item() < 1e-4
 
@@ -107,7 +107,7 @@ def test_real_demo_matches_dense_smollm2(tmp_path):
     ids = torch.tensor(prompt)
     with torch.no_grad():
         want = dense(ids[None]).logits[0]
-    m = MixtralModel(ck, Placement.random(30, 8, [Tier.GPU16, Tier.CPU16], 0), torch.device("cpu"), torch.float32)
+    m = MoEModel(ck, Placement.random(30, 8, [Tier.GPU16, Tier.CPU16], 0), torch.device("cpu"), torch.float32)
     got = m.forward(ids, m.new_cache(64), 0, all_logits=True)
     assert (got - want).abs().max().item() < 1e-3
     with torch.no_grad():

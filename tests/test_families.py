@@ -13,7 +13,7 @@ import torch
 
 from engine.checkpoint import Checkpoint
 from engine.errors import ModelError
-from engine.model import MixtralModel
+from engine.model import MoEModel
 from engine.placement import Placement, Tier
 from engine.sources.tiny_model import write_tiny_model
 
@@ -66,7 +66,7 @@ def logit_error(ck, where: str) -> float:
     ids = torch.randint(0, d.vocab, (28,), generator=torch.Generator().manual_seed(11))
     with torch.no_grad():
         want = reference(ck.folder)(ids[None]).logits[0]
-    return (run(MixtralModel(ck, pl, CPU, torch.float32), ids) - want).abs().max().item()
+    return (run(MoEModel(ck, pl, CPU, torch.float32), ids) - want).abs().max().item()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -82,7 +82,7 @@ def greedy_matches_transformers(folder) -> None:
         want = reference(folder).generate(prompt[None], max_new_tokens=16, do_sample=False, min_new_tokens=16,
                                           eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     d = ck.dims
-    model = MixtralModel(ck, Placement.random(d.layers, d.experts, [Tier.GPU16, Tier.CPU16], seed=2), CPU,
+    model = MoEModel(ck, Placement.random(d.layers, d.experts, [Tier.GPU16, Tier.CPU16], seed=2), CPU,
                          torch.float32)
     assert greedy(model, prompt, 16) == want
 

@@ -232,14 +232,14 @@ def test_a_16_bit_checkpoints_dense_matrices_in_q8_0_for_the_benchmark(sources):
 
     from engine.blockquant import BlockQuant
     from engine.load import open_checkpoint
-    from engine.model import MixtralModel
+    from engine.model import MoEModel
 
     ck = open_checkpoint(sources["mixtral"])
     try:
         d = ck.dims
         pl = Placement.uniform(d.layers, d.experts, Tier.CPU4)
-        a = MixtralModel(ck, pl, torch.device("cpu"), torch.bfloat16)
-        b = MixtralModel(ck, pl, torch.device("cpu"), torch.bfloat16, dense_blocks=GT.Q8_0)
+        a = MoEModel(ck, pl, torch.device("cpu"), torch.bfloat16)
+        b = MoEModel(ck, pl, torch.device("cpu"), torch.bfloat16, dense_blocks=GT.Q8_0)
         assert isinstance(b.layers[0].wo, BlockQuant) and b.dense_bytes() < 0.6 * a.dense_bytes()
         assert b.native_step is not None
         ids = torch.tensor([5, 6, 7, 8])

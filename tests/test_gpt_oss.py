@@ -14,7 +14,7 @@ from engine.checkpoint import Checkpoint
 from engine.errors import ModelError
 from engine.experts import Expert16, QuantExpert
 from engine.families.fused import float_to_mxfp4, mxfp4_to_float
-from engine.model import MixtralModel
+from engine.model import MoEModel
 from engine.placement import Placement, Tier
 from engine.sources.tiny_model import write_tiny_model
 from test_families import eval_matches_transformers, greedy_matches_transformers, logit_error, run  # noqa: E402
@@ -60,7 +60,7 @@ def test_native_biases_and_clamped_swiglu_match_torch(folders, kind, tier):
     """The native kernel's GPT-OSS expert (biases, clamp, alpha) against the torch path on the same
     form (cpu-4: Q4 tiles from 16-bit weights, MX4 tiles from MXFP4); large inputs so the clamps bind."""
     ck = Checkpoint(folders(kind))
-    model = MixtralModel(ck, Placement.uniform(ck.dims.layers, ck.dims.experts, tier), CPU, torch.float32)
+    model = MoEModel(ck, Placement.uniform(ck.dims.layers, ck.dims.experts, tier), CPU, torch.float32)
     x = torch.randn(9, ck.dims.hidden, generator=torch.Generator().manual_seed(1)) * 30
     checked = 0
     for block in model.moe:
@@ -100,8 +100,8 @@ def test_cpu4_runs_the_released_mxfp4_blocks_exactly(folders):
 
     ck = Checkpoint(folders("mxfp4"))
     d = ck.dims
-    m16 = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
-    m4 = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU4), CPU, torch.float32)
+    m16 = MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
+    m4 = MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU4), CPU, torch.float32)
     for b4, b16 in zip(m4.moe, m16.moe):
         for q, ref in zip(b4.experts, b16.experts):
             assert isinstance(q.w13, MX4Native) and isinstance(q.w2, MX4Native)
@@ -126,9 +126,9 @@ def test_4bit_tiers_run_the_mxfp4_release(folders):
     ck = Checkpoint(folders("mxfp4"))
     d = ck.dims
     ids = torch.randint(0, d.vocab, (28,), generator=torch.Generator().manual_seed(11))
-    want = run(MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32), ids)
+    want = run(MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32), ids)
     for tiers in ([Tier.CPU4], [Tier.GPU4], [Tier.CPU4, Tier.GPU4, Tier.CPU16, Tier.GPU16]):
-        model = MixtralModel(ck, Placement.random(d.layers, d.experts, tiers, seed=1), CPU, torch.bfloat16)
+        model = MoEModel(ck, Placement.random(d.layers, d.experts, tiers, seed=1), CPU, torch.bfloat16)
         assert all(isinstance(ex, QuantExpert) == (ex.tier.bits == 4) for b in model.moe for ex in b.experts)
         got = run(model, ids)
         rel = float((got - want).norm() / want.norm())

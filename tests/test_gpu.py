@@ -8,7 +8,7 @@ from engine.devices import detect
 from engine.experts import materialise
 from engine.generate import Generator, SamplingParams
 from engine.load import auto_placement
-from engine.model import MixtralModel
+from engine.model import MoEModel
 from engine.placement import Placement, Tier
 
 pytestmark = [pytest.mark.gpu,
@@ -34,7 +34,7 @@ def test_cuda_logits_match_transformers(tiny, reference, name):
     ids = torch.randint(0, d.vocab, (36,), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         want = reference(tiny)(ids[None]).logits[0]
-    model = MixtralModel(ck, pl, CUDA, torch.float32)
+    model = MoEModel(ck, pl, CUDA, torch.float32)
     cache = model.new_cache(64)
     got = [model.forward(ids[:16], cache, 0, all_logits=True)]
     got += [model.forward(ids[i:i + 1], cache, i) for i in range(16, 36)]
@@ -49,7 +49,7 @@ def test_costs_are_measured_and_copy_path_matches(tiny, reference):
     with torch.no_grad():
         want = reference(tiny)(ids[None]).logits[0]
     always = OffloadCosts(1.0, 1.0, 0.0, 0.0, 1e15)
-    model = MixtralModel(ck, Placement.uniform(ck.dims.layers, ck.dims.experts, Tier.CPU16), CUDA,
+    model = MoEModel(ck, Placement.uniform(ck.dims.layers, ck.dims.experts, Tier.CPU16), CUDA,
                          torch.float32, offload_costs=always)
     got = model.forward(ids, model.new_cache(32), 0, all_logits=True).cpu()
     assert sum(b.copied for b in model.moe) > 0 and (got - want).abs().max().item() < 1e-4
@@ -77,7 +77,7 @@ def test_bf16_generation_on_cuda(tiny):
     ck = Checkpoint(tiny)
     tok = ck.load_tokenizer()
     pl = Placement.random(ck.dims.layers, ck.dims.experts, [Tier.GPU16, Tier.CPU16], 2)
-    model = MixtralModel(ck, pl, CUDA, torch.bfloat16)
+    model = MoEModel(ck, pl, CUDA, torch.bfloat16)
     gen = Generator(model, tok, set(), ctx=128)
     fin = list(gen.stream(gen.chat_prompt([{"role": "user", "content": "hello"}]),
                           SamplingParams(max_new_tokens=16)))[-1]

@@ -146,13 +146,13 @@ def test_native_decode_step_with_block_dense_weights(request, wide, fused_qkv):
     native step gives the torch layer loop's logits (same kernels, rounded at the same points)."""
     from engine.checkpoint import Checkpoint
     from engine.dense_forms import Stacked
-    from engine.model import MixtralModel
+    from engine.model import MoEModel
     from engine.native.step import DecodeStep
     from engine.placement import Placement
 
     ck = Checkpoint(wide)
     d = ck.dims
-    m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU4), torch.device("cpu"), torch.bfloat16)
+    m = MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU4), torch.device("cpu"), torch.bfloat16)
     D, H, G, Hd = d.hidden, d.heads, d.kv_heads, d.head_dim
     for l, layer in enumerate(m.layers):
         if fused_qkv:

@@ -153,14 +153,14 @@ import torch, sys
 from engine import native
 from engine.checkpoint import Checkpoint
 from engine.generate import Generator, SamplingParams
-from engine.model import MixtralModel
+from engine.model import MoEModel
 from engine.placement import Placement, Tier
 from engine.quant import cpu4_format, Int4CPU
 assert not native.available(), native.status()
 print(native.status())
 assert cpu4_format() is Int4CPU
 ck = Checkpoint(sys.argv[1]); d = ck.dims
-m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), torch.device("cpu"), torch.float32)
+m = MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), torch.device("cpu"), torch.float32)
 assert m.native_step is None and all(getattr(ex, "desc", None) is None for b in m.moe for ex in b.experts)
 gen = Generator(m, ck.load_tokenizer(), eos_ids=set(), ctx=128)
 fin = list(gen.stream([5, 6, 7, 8], SamplingParams(max_new_tokens=12)))[-1]
@@ -237,12 +237,12 @@ def test_native_decode_step_on_every_kernel_path(request, path, which):
 
 def native_step_equals_layer_loop(request, which, dtype, tier):
     from engine.checkpoint import Checkpoint
-    from engine.model import MixtralModel
+    from engine.model import MoEModel
     from engine.placement import Placement
 
     ck = Checkpoint(request.getfixturevalue(which))
     d = ck.dims
-    m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, tier), torch.device("cpu"), dtype)
+    m = MoEModel(ck, Placement.uniform(d.layers, d.experts, tier), torch.device("cpu"), dtype)
     assert m.native_step is not None and m.native_step.ready()
     ids = torch.randint(0, d.vocab, (30,), generator=torch.Generator().manual_seed(0))
     outs = []

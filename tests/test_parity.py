@@ -6,7 +6,7 @@ import torch
 from engine.checkpoint import Checkpoint
 from engine.offload import OffloadCosts
 from engine.generate import Generator, SamplingParams
-from engine.model import MixtralModel
+from engine.model import MoEModel
 from engine.placement import Placement, Tier
 
 CPU = torch.device("cpu")
@@ -33,7 +33,7 @@ def test_logits_match_transformers(which, name, request, reference):
     ids = torch.randint(0, ck.dims.vocab, (16 + 20,), generator=g)
     with torch.no_grad():
         want = ref(ids[None]).logits[0]  # [36, V]
-    model = MixtralModel(ck, placements(ck.dims)[name], CPU, torch.float32)
+    model = MoEModel(ck, placements(ck.dims)[name], CPU, torch.float32)
     cache = model.new_cache(64)
     got = [model.forward(ids[:16], cache, 0, all_logits=True)]  # prefill
     for i in range(16, 36):  # 20 decode steps
@@ -49,7 +49,7 @@ def test_prefill_in_two_chunks_matches(tiny, reference):
     ids = torch.randint(0, ck.dims.vocab, (24,), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         want = reference(tiny)(ids[None]).logits[0]
-    model = MixtralModel(ck, placements(ck.dims)["mixed-1"], CPU, torch.float32)
+    model = MoEModel(ck, placements(ck.dims)["mixed-1"], CPU, torch.float32)
     cache = model.new_cache(64)
     a = model.forward(ids[:10], cache, 0, all_logits=True)
     b = model.forward(ids[10:], cache, 10, all_logits=True)
@@ -65,7 +65,7 @@ def test_copy_to_accelerator_path_matches(tiny, reference):
         want = reference(tiny)(ids[None]).logits[0]
     always_copy = OffloadCosts(cpu_fixed_s=1.0, cpu_per_token_s=1.0, gpu_fixed_s=0.0,
                               gpu_per_token_s=0.0, h2d_bytes_per_s=1e15)
-    model = MixtralModel(ck, placements(ck.dims)["all-cpu"], CPU, torch.float32, offload_costs=always_copy)
+    model = MoEModel(ck, placements(ck.dims)["all-cpu"], CPU, torch.float32, offload_costs=always_copy)
     got = model.forward(ids, model.new_cache(32), 0, all_logits=True)
     assert sum(b.copied for b in model.moe) > 0
     assert (got - want).abs().max().item() < 1e-4
@@ -92,7 +92,7 @@ def test_greedy_generation_identical(tiny, reference, name):
         out = ref.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
                            eos_token_id=None, pad_token_id=0)
     want = out[0, len(prompt):].tolist()
-    model = MixtralModel(ck, placements(ck.dims)[name], CPU, torch.float32)
+    model = MoEModel(ck, placements(ck.dims)[name], CPU, torch.float32)
     gen = Generator(model, tok, eos_ids=set(), ctx=128)
     fin = list(gen.stream(prompt, SamplingParams(max_new_tokens=24)))[-1]
     assert fin.token_ids == want

@@ -6,7 +6,7 @@ import torch
 
 from engine.checkpoint import Checkpoint
 from engine.tools.evaluate import perplexity
-from engine.model import MixtralModel
+from engine.model import MoEModel
 from engine.placement import ALL_TIERS, Placement, Tier
 from engine.planning.profile import Cancelled, ModelProfile, calibrate
 from engine.quant import NF4, Int4CPU, Q4Native, cpu4_format
@@ -54,9 +54,9 @@ def test_all_4bit_model_within_bound(tiny, tier):
     ck = Checkpoint(tiny)
     d = ck.dims
     ids = torch.randint(0, d.vocab, (24,), generator=torch.Generator().manual_seed(1))
-    ref = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
+    ref = MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
     want = ref.forward(ids, ref.new_cache(32), 0, all_logits=True)
-    m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, tier), CPU, torch.float32)
+    m = MoEModel(ck, Placement.uniform(d.layers, d.experts, tier), CPU, torch.float32)
     got = m.forward(ids, m.new_cache(32), 0, all_logits=True)
     assert 0 < rel(got, want) < MODEL_BOUND
     assert m.expert_bytes()["accelerator" if tier.on_accelerator else "host"] < \
@@ -68,7 +68,7 @@ def test_no_drift_16_to_4_to_16(tiny, dtype):
     ck = Checkpoint(tiny)
     d = ck.dims
     ids = torch.randint(0, d.vocab, (12,), generator=torch.Generator().manual_seed(2))
-    m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.GPU16), CPU, dtype)
+    m = MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier.GPU16), CPU, dtype)
     before = m.forward(ids, m.new_cache(32), 0, all_logits=True)
     path = [Tier.CPU4, Tier.GPU4, Tier.CPU16, Tier.CPU4, Tier.GPU16]  # every kind of move
     for t in path:
@@ -85,7 +85,7 @@ def test_no_drift_16_to_4_to_16(tiny, dtype):
 def test_apply_placement_moves_every_differing_expert(tiny):
     ck = Checkpoint(tiny)
     d = ck.dims
-    m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
+    m = MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
     target = Placement.random(d.layers, d.experts, ALL_TIERS, seed=4)
     m.apply(target)
     assert m.placement == target
@@ -95,7 +95,7 @@ def test_apply_placement_moves_every_differing_expert(tiny):
 def test_calibration_profile(tiny, tmp_path):
     ck = Checkpoint(tiny)
     d = ck.dims
-    m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
+    m = MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
     ids = torch.randint(0, d.vocab, (64,), generator=torch.Generator().manual_seed(3)).tolist()
     seen = []
     prof = calibrate(m, ids, progress=lambda done, total, what: seen.append((done, total)))
@@ -127,7 +127,7 @@ def test_calibration_profile(tiny, tmp_path):
 def test_forward_resumed_at_a_layer_matches_the_full_pass(tiny):
     ck = Checkpoint(tiny)
     d = ck.dims
-    m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
+    m = MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
     ids = torch.randint(0, d.vocab, (24,), generator=torch.Generator().manual_seed(5))
     m.layer_inputs = inputs = []
     full = m.forward(ids, m.new_cache(32), 0, all_logits=True)
@@ -144,11 +144,11 @@ def test_calibration_of_a_model_holding_4bit_experts(tiny):
     ck = Checkpoint(tiny)
     d = ck.dims
     ids = torch.randint(0, d.vocab, (64,), generator=torch.Generator().manual_seed(3)).tolist()
-    full = calibrate(MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32), ids)
+    full = calibrate(MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32), ids)
     mixed = Placement.uniform(d.layers, d.experts, Tier.CPU16)
     for e in range(d.experts):  # the lossier form on this model: what the KL pass itself uses
         mixed = mixed.with_tier(0, e, Tier.GPU4)
-    m = MixtralModel(ck, mixed, CPU, torch.float32)
+    m = MoEModel(ck, mixed, CPU, torch.float32)
     prof = calibrate(m, ids)
     assert [ex.tier for ex in m.moe[0].experts] == [Tier.GPU4] * d.experts  # the model is left as it was
     # layer 0's 16-bit reference is rebuilt, so its KL matches the all-16-bit model's (other layers
@@ -163,7 +163,7 @@ def test_perplexity_matches_one_full_forward(tiny):
 
     ck = Checkpoint(tiny)
     d = ck.dims
-    m = MixtralModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
+    m = MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), CPU, torch.float32)
     ids = torch.randint(0, d.vocab, (50,), generator=torch.Generator().manual_seed(5)).tolist()
     logits = m.forward(torch.tensor(ids), m.new_cache(64), 0, all_logits=True)
     want = math.exp(float(F.cross_entropy(logits[:-1], torch.tensor(ids[1:]))))

@@ -1,6 +1,6 @@
 """The whole decode step of a CPU-resident model in one native call (engine/native/decode.c).
 
-Built from a MixtralModel whose dense weights are on the CPU. It points at the model's own tensors
+Built from a MoEModel whose dense weights are on the CPU. It points at the model's own tensors
 (nothing is copied; each dense matrix a 16-bit or fp32 tensor or a GGUF block weight, BlockQuant,
 and [q; k; v] one matrix or stacked parts of different formats, engine/dense_forms.py) and at each MoE block's expert table, which the blocks keep current as experts
 migrate; `ready()` says whether every layer can run natively right now (a GPU expert, a calibration

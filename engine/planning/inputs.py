@@ -13,7 +13,7 @@ import torch
 from ..checkpoint import dims_from_config, dense_shapes
 from ..errors import ModelError
 from .hardware import HardwareProfile
-from ..model import MixtralModel
+from ..model import MoEModel
 from .planner import Budgets, PlanInputs
 from .profile import ASSUMED_SENSITIVITY, ModelProfile
 
@@ -38,7 +38,7 @@ def from_profiles(mp: ModelProfile, hw: HardwareProfile, top_k: int, dense_bytes
                       hw.batch_scale, dense_prefill_s)
 
 
-def measure_dense_prefill_s(model: MixtralModel, hw: HardwareProfile, tokens: int = 128) -> float:
+def measure_dense_prefill_s(model: MoEModel, hw: HardwareProfile, tokens: int = 128) -> float:
     """Time per prompt token outside the experts in a prefill: a measured prefill (best of 2) minus
     the modelled time of the expert batches it actually ran. Timed as a prefill runs (recording
     would take the native routed call away), then replayed with recording for the routes."""
@@ -64,7 +64,7 @@ def measure_dense_prefill_s(model: MixtralModel, hw: HardwareProfile, tokens: in
     return best
 
 
-def measure_dense_s(model: MixtralModel, hw: HardwareProfile, steps: int = 16, tries: int = 3) -> float:
+def measure_dense_s(model: MoEModel, hw: HardwareProfile, steps: int = 16, tries: int = 3) -> float:
     """Time per decode step outside the experts: measured steps minus the modelled time of the
     experts those steps actually ran. Best of `tries` runs after a warm-up one: on a shared machine
     a single run was seen 20% off in either direction. The timed steps run as decode runs (with the
@@ -104,7 +104,7 @@ def default_budgets(cpu_only: bool, accel: torch.device | None = None, held_ram:
 
 
 def dense_bytes_of(d, dtype: torch.dtype) -> int:
-    """Bytes of the non-expert weights at the compute dtype (what MixtralModel.dense_bytes counts)."""
+    """Bytes of the non-expert weights at the compute dtype (what MoEModel.dense_bytes counts)."""
     return sum(math.prod(s) for s in dense_shapes(d).values()) * torch.empty((), dtype=dtype).element_size()
 
 

@@ -37,7 +37,7 @@ import torch
 
 from ..experts import Expert16, quantise, read_expert, read_glu
 from ..quant import run_to_end
-from ..model import MixtralModel
+from ..model import MoEModel
 from ..placement import Tier
 
 CORPUS = Path(__file__).resolve().parents[2] / "resources" / "corpus"
@@ -118,7 +118,7 @@ def calibration_text() -> str:
     return (CORPUS / "calibration.txt").read_text(encoding="utf-8")
 
 
-def capture(model: MixtralModel, ids: list[int]) -> list[tuple]:
+def capture(model: MoEModel, ids: list[int]) -> list[tuple]:
     """Run the model over ids and return, per layer, (MoE inputs x [T, D], routes [T, K], route
     weights [T, K], residual stream [T, D])."""
     with model.recording() as records:
@@ -129,7 +129,7 @@ def capture(model: MixtralModel, ids: list[int]) -> list[tuple]:
 KL_TOKENS = 256  # tokens of the calibration text the per-layer KL passes use
 
 
-def _logprobs(model: MixtralModel, ids: list[int], start=None) -> torch.Tensor:
+def _logprobs(model: MoEModel, ids: list[int], start=None) -> torch.Tensor:
     logits = model.forward(torch.tensor(ids[:-1]), model.new_cache(len(ids)), 0, all_logits=True, start=start)
     return torch.log_softmax(logits.float().cpu(), dim=-1)
 
@@ -138,13 +138,13 @@ def _kl(ref: torch.Tensor, got: torch.Tensor) -> float:
     return float((ref.exp() * (ref - got)).sum(-1).mean())
 
 
-def calibrate(model: MixtralModel, ids: list[int], tiers: tuple[Tier, ...] = (Tier.CPU4, Tier.GPU4),
+def calibrate(model: MoEModel, ids: list[int], tiers: tuple[Tier, ...] = (Tier.CPU4, Tier.GPU4),
               progress: ProgressFn | None = None, cancel: threading.Event | None = None) -> ModelProfile:
     return run_to_end(calibrate_steps(model, ids, tiers, progress, cancel))
 
 
 @torch.inference_mode()
-def calibrate_steps(model: MixtralModel, ids: list[int], tiers: tuple[Tier, ...] = (Tier.CPU4, Tier.GPU4),
+def calibrate_steps(model: MoEModel, ids: list[int], tiers: tuple[Tier, ...] = (Tier.CPU4, Tier.GPU4),
                     progress: ProgressFn | None = None, cancel: threading.Event | None = None):
     """calibrate as a generator: it yields after each step (one expert's errors, one layer's KL
     pass) with the model as it found it (recording off, every block's experts its own), so the
@@ -241,7 +241,7 @@ def calibrate_steps(model: MixtralModel, ids: list[int], tiers: tuple[Tier, ...]
 ASSUMED_SENSITIVITY = 0.004
 
 
-def uniform_profile(model: MixtralModel, sensitivity: float = ASSUMED_SENSITIVITY) -> ModelProfile:
+def uniform_profile(model: MoEModel, sensitivity: float = ASSUMED_SENSITIVITY) -> ModelProfile:
     """A stand-in when calibration is cancelled: every expert equally popular and sensitive."""
     from ..tier_bytes import tier_bytes
 
@@ -290,7 +290,7 @@ def calibration_ids(tokenizer, max_tokens: int = 1024) -> list[int]:
     return tokenizer.encode(calibration_text(), add_special_tokens=False)[:max_tokens]
 
 
-def load_or_calibrate(model: MixtralModel, tokenizer, progress: ProgressFn | None = None,
+def load_or_calibrate(model: MoEModel, tokenizer, progress: ProgressFn | None = None,
                       cancel: threading.Event | None = None, max_tokens: int = 1024,
                       recalibrate: bool = False) -> ModelProfile:
     path = profile_path(model.ckpt.folder)

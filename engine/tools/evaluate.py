@@ -6,11 +6,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..model import MixtralModel
+from ..model import MoEModel
 
 
 @torch.inference_mode()
-def perplexity(model: MixtralModel, ids: list[int], chunk: int = 256) -> float:
+def perplexity(model: MoEModel, ids: list[int], chunk: int = 256) -> float:
     """exp(mean NLL of ids[1:]), computed in chunks through the KV cache (exact, not windowed)."""
     if len(ids) < 2:
         raise ValueError("need at least two tokens")
@@ -41,7 +41,7 @@ def corpus_ids(tokenizer, path: str | None = None, max_tokens: int = 1024) -> li
 
 
 @torch.inference_mode()
-def logprobs(model: MixtralModel, ids: list[int]) -> torch.Tensor:
+def logprobs(model: MoEModel, ids: list[int]) -> torch.Tensor:
     """log-softmax of the model's predictions for ids[1:], [T-1, V] fp32 on the CPU."""
     logits = model.forward(torch.tensor(ids[:-1]), model.new_cache(len(ids)), 0, all_logits=True)
     return F.log_softmax(logits.cpu(), dim=-1)
