@@ -4,16 +4,15 @@ eval all run through it, so the engine thread is the one place that loads, calib
 re-places and generates."""
 from __future__ import annotations
 
-import itertools
 import queue
 import sys
 import time
 from typing import Any, Callable
 
 from .errors import MixdeskError
-from .generate import Finished, SamplingParams
+from .generate import SamplingParams
 from .protocol import (Done, EngineStopped, ErrorEvent, Generate, Load, Loaded, Progress, Reprofile, Stop, Task,
-                       TaskDone, TokenOut)
+                       TaskDone, Token)
 from .session import Session
 
 
@@ -33,7 +32,6 @@ class Client:
         self.events: queue.Queue = queue.Queue()
         self.on_event = on_event
         self.on_progress = on_progress
-        self.ids = itertools.count(1)
         self.loaded: Loaded | None = None
         self.session = Session(self.events.put, **session_kwargs).start()
 
@@ -55,8 +53,7 @@ class Client:
 
     def load(self, path: str, placement: str = "auto", device: str | None = None, dtype: str = "auto",
              ctx: int = 4096) -> Loaded:
-        rid = next(self.ids)
-        self.session.submit(Load(path=path, placement=placement, device=device, dtype=dtype, ctx=ctx, request_id=rid))
+        rid = self.session.submit(Load(path=path, placement=placement, device=device, dtype=dtype, ctx=ctx))
         while True:
             ev = self._next()
             if isinstance(ev, ErrorEvent):
@@ -73,12 +70,10 @@ class Client:
 
     def generate(self, messages: list[dict] | None = None, prompt_ids: list[int] | None = None,
                  params: SamplingParams = SamplingParams(), on_text: Callable[[str], None] | None = None,
-                 fresh: bool = False) -> Finished:
+                 fresh: bool = False) -> Done:
         """One reply, its text passed to on_text as it streams. Ctrl-C stops the reply (the
         partial reply comes back, reason 'cancelled')."""
-        rid = next(self.ids)
-        self.session.submit(Generate(request_id=rid, messages=messages, prompt_ids=prompt_ids, params=params,
-                                     fresh=fresh))
+        rid = self.session.submit(Generate(messages=messages, prompt_ids=prompt_ids, params=params, fresh=fresh))
         while True:
             try:
                 ev = self._next()
@@ -87,15 +82,14 @@ class Client:
                 continue
             if isinstance(ev, ErrorEvent):
                 self._error(ev, rid)
-            elif isinstance(ev, TokenOut) and ev.request_id == rid and on_text is not None and ev.text:
+            elif isinstance(ev, Token) and ev.request_id == rid and on_text is not None and ev.text:
                 on_text(ev.text)
             elif isinstance(ev, Done) and ev.request_id == rid:
-                return ev.finished
+                return ev
 
     def task(self, fn: Callable[[Any], Any]) -> Any:
         """fn(session) run on the engine thread; its result."""
-        rid = next(self.ids)
-        self.session.submit(Task(request_id=rid, fn=fn))
+        rid = self.session.submit(Task(fn=fn))
         while True:
             ev = self._next()
             if isinstance(ev, ErrorEvent):
@@ -107,7 +101,7 @@ class Client:
         """Until the first start's background calibration has ended (measured, failed or
         cancelled): the planner's inputs are then the measured profiles. Its progress goes to
         on_progress meanwhile."""
-        while self.task(lambda s: s._calib is not None):
+        while self.task(lambda s: s.controller.calibrating):
             time.sleep(poll_s)
 
     def close(self) -> None:
@@ -123,7 +117,7 @@ def end_session(session: Session) -> None:
     waits for it to end (on a busy machine the first calibration step took longer than the 10 s
     that shutdown used to wait)."""
     s = session
-    helpers = [t for t in (getattr(s.monitor, "_thread", None), getattr(s.migrator, "worker", None))
+    helpers = [t for t in (getattr(s.controller.monitor, "_thread", None), getattr(s.controller.migrator, "worker", None))
                if t is not None]
     if s.thread.is_alive():
         s.submit(Stop())  # the reply in progress ends; a calibration stops at its next step

@@ -35,3 +35,18 @@ def one_line(exc: BaseException) -> str:
     """An unexpected error as one line: its type and the first line of its message."""
     msg = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {msg[0]}" if msg else type(exc).__name__
+
+
+def error_event(e: Exception, what: str, request_id: int | None = None, log: str | None = None):
+    """One ErrorEvent for e: an expected error (MixdeskError) says its own line; an unexpected one is
+    logged (once: pass `log` when one error ends several requests) and said as "<what> failed: ...".
+    The engine's error boundary (engine/session.py, engine/scheduler.py) turns every exception into one."""
+    from .errors import MixdeskError
+    from .protocol import ErrorEvent
+
+    if isinstance(e, MixdeskError):
+        return ErrorEvent(message=str(e), request_id=request_id, kind=type(e).__name__)
+    log = record(e, what) if log is None else log
+    where = f" (details in {log})" if log else ""
+    return ErrorEvent(message=f"{what} failed: {one_line(e)}{where}", request_id=request_id, log=log,
+                      kind=type(e).__name__)

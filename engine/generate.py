@@ -1,11 +1,11 @@
-"""Generation: chat template, prefill with KV-cache prefix reuse, sampling, stopping, and streaming
-text that is correct across multi-byte characters split between tokens.
+"""Generation: chat template, prefill past a cached prefix, sampling, stopping, and streaming text
+that is correct across multi-byte characters split between tokens.
 
 `Generator.sequence` is one sequence's generation as a coroutine: it yields a `Need` whenever it
 wants a forward pass (its feed, position and KV cache) and is sent the logits back, and it yields a
-`Token` per new token and one `Finished` at the end. Whoever drives it runs the forwards: `stream`
-runs each alone (the CLI, one chat), the session's scheduler (engine/batch.py) runs the decode steps
-of several sequences as one batched forward. Cancellation is a threading.Event checked every step.
+`Token` per new token and one `Done` at the end. Whoever drives it runs the forwards: `stream`
+runs each alone in a fresh cache (the CLI's measurements), the scheduler (engine/scheduler.py) runs
+the decode steps of several sequences as one batched forward, in the caches it owns. Cancellation is a threading.Event checked every step.
 """
 from __future__ import annotations
 
@@ -57,16 +57,22 @@ class SamplingParams:
         return self
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Token:
-    id: int
+    """One new token of a request (an event: engine/protocol.py)."""
+
+    request_id: int
+    token_id: int  # -1: text held back by a stop-string check, released at the end
     text: str  # new text this token completes (may be "" while a character is incomplete)
     index: int  # 0-based index among new tokens
     seconds: float  # wall time of the step that produced it (prefill for index 0)
 
 
-@dataclass(frozen=True)
-class Finished:
+@dataclass(frozen=True, kw_only=True)
+class Done:
+    """A request's end and its whole reply (an event: engine/protocol.py)."""
+
+    request_id: int
     reason: str  # eos | stop | length | context | cancelled
     text: str
     token_ids: list[int] = field(default_factory=list)
@@ -172,7 +178,7 @@ class Need:
     cache: KVCache
 
 
-def drive(seq, forward) -> Iterator["Token | Finished"]:
+def drive(seq, forward) -> Iterator["Token | Done"]:
     """Run a sequence on its own: each Need answered by forward(need) -> logits [V]."""
     try:
         item = next(seq)
@@ -203,7 +209,6 @@ class Generator:
         self.tok = tokenizer
         self.eos_ids = set(eos_ids)
         self.ctx = min(ctx, model.dims.max_positions)
-        self.cache: KVCache = model.new_cache(self.ctx)
 
     def chat_prompt(self, messages: list[dict]) -> list[int]:
         """The prompt for a conversation: the model's chat template, rendered in a sandbox with time
@@ -235,29 +240,32 @@ class Generator:
         return len(self.tok.encode(text, add_special_tokens=False))
 
     def stream(self, prompt: list[int], p: SamplingParams = SamplingParams(),
-               cancel: threading.Event | None = None, cache: KVCache | None = None) -> Iterator[Token | Finished]:
-        """One sequence, its forwards run one at a time (the KV cache: the chat's own by default)."""
-        return drive(self.sequence(prompt, p, cancel, cache), self.forward)
+               cancel: threading.Event | None = None) -> Iterator[Token | Done]:
+        """One sequence in a fresh KV cache, its forwards run one at a time (the CLI's measurements,
+        tests). The engine's requests go through the scheduler (engine/scheduler.py), which owns
+        the caches and their prefix reuse."""
+        try:
+            yield from drive(self.sequence(prompt, p, cancel, self.new_cache()), self.forward)
+        finally:
+            native.torch_threads.widen()  # decode steps kept torch at one thread; give its threads back
 
     def new_cache(self) -> KVCache:
         return self.model.new_cache(self.ctx)
 
-    def sequence(self, prompt: list[int], p: SamplingParams = SamplingParams(), cancel=None,
-                 cache: KVCache | None = None, chunk: int = 0):
-        """The coroutine behind stream (see the module's docstring). The prompt's tokens already in
-        `cache` (a common prefix with what it holds) are reused. chunk > 0: the prompt is fed in
-        chunks of that many tokens, each its own Need, so a driver can run other sequences' decode
-        steps between them. cancel: anything with is_set()."""
+    def sequence(self, prompt: list[int], p: SamplingParams, cancel, cache: KVCache, chunk: int = 0,
+                 request_id: int = 0):
+        """The coroutine behind stream (see the module's docstring). `cache` holds keys and values
+        of the prompt's first len(cache.tokens) tokens already (its owner kept only a common prefix:
+        engine/kv_cache.py); the rest is read. chunk > 0: the prompt is fed in chunks of that many
+        tokens, each its own Need, so a driver can run other sequences' decode steps between them.
+        cancel: anything with is_set(), or None. Its events carry request_id."""
         if len(prompt) == 0:
             raise ValueError("empty prompt")
         if len(prompt) >= self.ctx:
             raise ContextOverflow(len(prompt), self.ctx)
-        cache = self.cache if cache is None else cache
-        reuse = 0  # keys/values already cached from the previous turn
-        limit = min(len(cache.tokens), len(prompt) - 1)
-        while reuse < limit and cache.tokens[reuse] == prompt[reuse]:
-            reuse += 1
-        cache.tokens = cache.tokens[:reuse]
+        reuse = len(cache.tokens)  # keys/values already cached from the previous turn
+        if reuse >= len(prompt) or cache.tokens != prompt[:reuse]:
+            raise ValueError("the cache does not hold a proper prefix of the prompt")
         gen = torch.Generator().manual_seed(p.seed) if p.seed is not None else None
         text, stops = TextStream(self.tok), StopMatcher(p.stop)
         history = list(prompt)
@@ -301,7 +309,7 @@ class Generator:
             delta, stopped = stops.feed(text.push(tid))
             if delta:
                 pieces.append(delta)
-            yield Token(tid, delta, i, dt)
+            yield Token(request_id=request_id, token_id=tid, text=delta, index=i, seconds=dt)
             if stopped:
                 reason = "stop"
                 break
@@ -310,7 +318,7 @@ class Generator:
             tail = stops.flush()
             if tail:
                 pieces.append(tail)
-                yield Token(-1, tail, len(out_ids), 0.0)
+                yield Token(request_id=request_id, token_id=-1, text=tail, index=len(out_ids), seconds=0.0)
         total = time.perf_counter() - t0
-        native.quiet_torch.leave()  # decode steps kept torch at one thread; give its threads back
-        yield Finished(reason, "".join(pieces), out_ids, len(prompt), reuse, prefill_s, total - prefill_s)
+        yield Done(request_id=request_id, reason=reason, text="".join(pieces), token_ids=out_ids,
+                   prompt_tokens=len(prompt), reused_tokens=reuse, prefill_s=prefill_s, decode_s=total - prefill_s)

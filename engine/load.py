@@ -35,6 +35,21 @@ class LoadedModel:
                 f"{self.model.dtype} | {self.accel.describe()} | CPU kernel: {native.status()} | placement: {self.model.placement.summary()} | "
                 f"experts on accelerator {eb['accelerator'] / 2**20:,.0f} MiB, host {eb['host'] / 2**20:,.0f} MiB")
 
+    def announcement(self, share: tuple, max_token_chars: int):
+        """The Loaded event for this model. Its callables hold the tokenizer and the chat template,
+        not the model (listeners keep events; shutting down must free the model)."""
+        from .protocol import Loaded
+
+        d, tok, gen = self.ckpt.dims, self.tokenizer, self.generator
+        if gen.template is None:
+            gen.chat_prompt([{"role": "user", "content": "Hello"}])  # builds the template
+        return Loaded(name=self.ckpt.folder.name, description=self.describe(), cpu_only=self.accel.cpu_only,
+                      layers=d.layers, experts=d.experts, ctx=gen.ctx, share=share,
+                      params=d.layers * d.experts * d.expert_params() + self.model.dense_params(),
+                      count_tokens=lambda text: len(tok.encode(text, add_special_tokens=False)),
+                      prompt_ids=gen.template.ids, max_token_chars=max_token_chars,
+                      **getattr(self.ckpt, "bar_fields", dict)())
+
 
 def parse_placement(spec: str, ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype,
                     budgets=None, slider: float = 1.0) -> Placement:
@@ -122,6 +137,18 @@ def cpu4_share(ckpt) -> float:
     from .gguf.tiers import requantised_share
 
     return requantised_share(ckpt)
+
+
+def find(spec: str, progress, cancel) -> str:
+    """The folder or file a Load names: "demo" (built once), a path, or a hub id (downloaded, which
+    `cancel` stops). progress(stage) -> a progress callable."""
+    if spec == "demo":
+        from .sources import demo
+
+        return str(demo.ensure(progress=progress("build demo"), log=lambda s: None))
+    from .sources.hub import resolve
+
+    return str(resolve(spec, progress=progress("download"), cancel=cancel))
 
 
 def open_checkpoint(folder: str | Path) -> Checkpoint:

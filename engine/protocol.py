@@ -1,15 +1,18 @@
 """What the clients of the engine thread (the window, the terminal chat, bench, eval, plan, the
 tests) send it, and what it sends back. Every message is built with keywords.
 
-Commands go in through `Session.submit`; events come out through the `emit` callable the client
-gave the session, on the engine thread (a GUI forwards them to its own thread).
+Commands go in through `Session.submit`, which returns the request id of a Load, Generate or Task
+(the engine hands ids out; no client picks one). Events come out on the engine thread (a GUI
+forwards them to its own thread): a request's own events (its Tokens, its Done, its ErrorEvent, a
+TaskDone) go to the callable given with it (`submit(cmd, reply_to=...)`, by default the session's
+`emit`); every other event goes to `emit` and to each of the session's listeners.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .generate import Finished, SamplingParams
+from .generate import Done, SamplingParams, Token  # noqa: F401 - events defined where they are made
 from .monitor import BudgetReading
 from .placement import Placement
 
@@ -26,12 +29,10 @@ class Load:
     dtype: str = "auto"
     ctx: int = 4096
     placement: str = "auto"
-    request_id: int | None = None  # an error while loading comes back with it
 
 
 @dataclass(frozen=True, kw_only=True)
 class Generate:
-    request_id: int
     messages: list[dict] | None = None
     prompt_ids: list[int] | None = None
     params: SamplingParams = SamplingParams()
@@ -72,7 +73,6 @@ class Task:
     inputs and the current budgets (`engine.Engine`); the result comes back as TaskDone. Used by
     `mixdesk plan` and `mixdesk eval`, whose measurements need the model the engine holds."""
 
-    request_id: int
     fn: Callable[[Any], Any]
 
 
@@ -118,21 +118,6 @@ class Loaded:
     max_token_chars: int = 0  # the longest token's text: a prompt past ctx x this many characters cannot fit
     weights: str = ""  # what the file holds, for a GGUF file (e.g. "Q4_K_M GGUF, experts at 4.5 bits")
     weights_4bit: bool = False  # its experts are 4-bit already: the slider moves them, it cannot re-quantise them
-
-
-@dataclass(frozen=True, kw_only=True)
-class TokenOut:
-    request_id: int
-    token_id: int
-    text: str
-    index: int
-    seconds: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class Done:
-    request_id: int
-    finished: Finished
 
 
 @dataclass(frozen=True, kw_only=True)

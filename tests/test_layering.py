@@ -81,3 +81,19 @@ def test_engine_modules_import_no_cycle():
         if not state.get(n):
             visit(n, [n])
     assert not cycles, cycles
+
+
+def test_the_engine_core_never_imports_its_tools():
+    """engine/tools/ (the CLI, the server, the runtime installer) sit on top of the engine: the
+    modules below them never import them, lazily or not."""
+    root = Path(__file__).resolve().parents[1]
+    bad = []
+    for f in (root / "engine").rglob("*.py"):
+        rel = f.relative_to(root)
+        if rel.parts[:2] == ("engine", "tools"):
+            continue
+        for mod, names in _imports(f, "engine"):
+            targets = [mod] + [f"{mod}.{n}" for n in names]
+            bad += [f"{rel}: {t}" for t in targets if t == "engine.tools" or t.startswith("engine.tools.")]
+    assert not bad, bad
+

@@ -4,7 +4,7 @@ Cost model (per decoded token, one stream):
     time = dense_s + sum over layers l, experts e of share[l][e] * top_k * t(tier(l, e))
     t(tier) = fixed_s[tier] + s_per_byte[tier] * expert_bytes[tier]
 where share[l][e] is the fraction of layer l's routing slots that went to expert e on the
-calibration text. With S streams decoding together (a batched step, engine/batch.py), each of the
+calibration text. With S streams decoding together (a batched step, engine/scheduler.py), each of the
 S tokens picks expert e with probability p = top_k * share, the n ~ Binomial(S, p) that do are
 run at once (its weights read once), and the step costs
     dense_s * r16(S) + sum over l, e of t(tier) * E[r_tier(n)]

@@ -1,0 +1,248 @@
+"""The requests: admission, chunked prompts, batched decode steps, per-request stop, the KV caches.
+
+Every job a client submits is a `Request` with an id the scheduler hands out (`new`, callable from
+any thread) and its own stop event; its events go to the client that asked (`Request.reply`). The
+engine thread queues generation requests and tasks in order (`enqueue`) and lets them start as
+room allows (`admit`): a chat request waits for the chat's cache to be free (one chat reply at a
+time, its prefix carried over between turns); a pool request (the local server's) takes a pool
+cache, up to `max_streams` requests at once; a task waits for every request to end.
+
+`step()` runs one round, after vLLM's EngineCore.step (schedule -> execute -> update):
+- one prompt chunk of the oldest request still reading its prompt, so the requests already
+  decoding stall for at most one chunk;
+- one decode step for every request waiting on one token, as one forward of B tokens, each at its
+  own position in its own cache (MoEModel.forward): every layer's dense weights, and every expert
+  any of the B tokens chose, are read once for all of them.
+Each request's Tokens and Done go out as they come; an exception ends its request alone (a failure
+of the batched forward itself ends every request in it), never the engine thread.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from . import errorlog, native
+from .errors import MixdeskError
+from .generate import Done, Generator, Need
+from .kv_cache import KVCaches
+from .prompt_limit import check_chars, message_chars
+from .protocol import ErrorEvent, Generate, Task
+
+CHUNK = 64  # prompt tokens read per round while other requests decode
+
+
+@dataclass(eq=False)
+class Request:
+    id: int
+    cmd: object                           # Generate, Task or Load
+    reply: Callable[[object], None]       # where this request's own events go
+    stop: threading.Event = field(default_factory=threading.Event)
+    seq: object = None                    # the Generator.sequence coroutine, once started
+    cache: object = None                  # its KV cache, once started
+    need: Need | None = None              # the forward pass it waits on
+    done: bool = False
+
+    @property
+    def slot(self) -> str:
+        return getattr(self.cmd, "slot", "")
+
+
+class Scheduler:
+    def __init__(self, max_streams: int = 4, chunk: int = CHUNK,
+                 on_decode: Callable[[int, float], None] | None = None,
+                 on_done: Callable[[Done], None] | None = None):
+        """on_decode(width, seconds) after each decode step; on_done(done) after each request's end
+        (telemetry)."""
+        self.max_streams, self.chunk = max_streams, chunk
+        self.on_decode = on_decode or (lambda n, s: None)
+        self.on_done = on_done or (lambda d: None)
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._known: dict[int, Request] = {}  # every request not ended: waiting, running or loading
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.gen: Generator | None = None
+        self.caches: KVCaches | None = None
+        self.max_token_chars = 0
+        self.last_width = 0  # requests the last round decoded together (0: it decoded none)
+
+    # ---- any thread ----
+    def new(self, cmd, reply: Callable[[object], None]) -> Request:
+        """A request for cmd with a fresh id, known (so a Stop finds it) before it is queued."""
+        with self._lock:
+            req = Request(next(self._ids), cmd, reply)
+            self._known[req.id] = req
+        return req
+
+    def stop(self, request_id: int | None = None) -> None:
+        """Stop one request (None: every one), waiting or running: it ends at its next step."""
+        with self._lock:
+            reqs = list(self._known.values()) if request_id is None else [self._known.get(request_id)]
+        for r in reqs:
+            if r is not None:
+                r.stop.set()
+
+    # ---- engine thread ----
+    @property
+    def busy(self) -> bool:
+        return bool(self.running)
+
+    def forget(self, req: Request) -> None:
+        with self._lock:
+            self._known.pop(req.id, None)
+
+    def attach(self, generator: Generator, max_token_chars: int) -> None:
+        """A model is ready: requests start on it, with the chat's cache and a pool of their own."""
+        self.gen, self.max_token_chars = generator, max_token_chars
+        self.caches = KVCaches(generator.new_cache, self.max_streams)
+
+    def detach(self) -> None:
+        """The model goes: running requests end with a word, not silence; waiting ones stay."""
+        for r in self.running:
+            self._end(r, ErrorEvent(message="the model was closed while this request ran", request_id=r.id,
+                                    kind="Unloaded"))
+        self.running = []
+        self.gen = self.caches = None
+
+    def enqueue(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def end_waiting(self, message: str) -> None:
+        """The engine stops: every request still waiting ends with this error."""
+        while self.waiting:
+            r = self.waiting.popleft()
+            self._end(r, ErrorEvent(message=message, request_id=r.id, kind="Unloaded"))
+
+    def _room(self, req: Request) -> bool:
+        if isinstance(req.cmd, Task) or self.gen is None:
+            return not self.running
+        if len(self.running) >= self.max_streams:
+            return False
+        if req.slot == "chat":
+            return not any(r.slot == "chat" for r in self.running)
+        return self.caches.pool_available()
+
+    def admit(self) -> Request | None:
+        """Start waiting requests in order while there is room. A waiting request that was
+        stopped ends here, without a token. Returns the task at the head of the queue once nothing
+        runs (the caller runs it, then admits again), else None."""
+        for r in [r for r in self.waiting if r.stop.is_set() and isinstance(r.cmd, Generate)]:
+            self.waiting.remove(r)
+            self._end(r, Done(request_id=r.id, reason="cancelled", text=""))
+        while self.waiting and self._room(self.waiting[0]):
+            r = self.waiting.popleft()
+            if isinstance(r.cmd, Task):
+                return r
+            self._start(r)
+        return None
+
+    def _start(self, req: Request) -> None:
+        try:
+            gen, cmd = self.gen, req.cmd
+            if gen is None:
+                self._end(req, ErrorEvent(message="no model is loaded", request_id=req.id, kind="NoModel"))
+                return
+            cmd.params.check()
+            if cmd.prompt_ids is not None:
+                ids = list(cmd.prompt_ids)
+            elif cmd.prompt_text is not None:
+                check_chars(len(cmd.prompt_text), gen.ctx, self.max_token_chars)
+                ids = gen.tok.encode(cmd.prompt_text, add_special_tokens=True)
+            else:
+                check_chars(message_chars(cmd.messages), gen.ctx, self.max_token_chars)
+                ids = gen.chat_prompt(cmd.messages or [])
+            if not ids:
+                raise ValueError("empty prompt")
+            req.cache = self.caches.claim(cmd.slot, ids, cmd.fresh)
+            req.seq = gen.sequence(ids, cmd.params, req.stop, req.cache, chunk=self.chunk, request_id=req.id)
+        except Exception as e:  # noqa: BLE001 - the error boundary: this request ends, the engine serves on
+            self._fail(req, e, "starting the reply")
+            return
+        self.running.append(req)
+        self._advance(req, None, first=True)
+
+    def _advance(self, req: Request, logits, first: bool = False) -> None:
+        """Run req's sequence up to its next Need (or its end), sending on what it yields."""
+        try:
+            item = next(req.seq) if first else req.seq.send(logits)
+            while not isinstance(item, Need):
+                if isinstance(item, Done):
+                    self.on_done(item)
+                    self._end(req, item)
+                    return
+                req.reply(item)
+                item = next(req.seq)
+            req.need = item
+        except StopIteration:
+            self._end(req, None)
+        except Exception as e:  # noqa: BLE001 - it ends this request alone
+            self._fail(req, e, "generating")
+
+    def _fail(self, req: Request, e: Exception, what: str, log: str | None = None) -> None:
+        self._end(req, errorlog.error_event(e, what, req.id, log), failed=True)
+
+    def _end(self, req: Request, event, failed: bool = False) -> None:
+        """req is over: its cache goes back (a failed request's holds a step that did not finish), its
+        last event goes out."""
+        req.done = True
+        if req.cache is not None and self.caches is not None:
+            self.caches.release(req.cache, failed)
+            req.cache = None
+        if req in self.running:
+            self.running.remove(req)
+        self.forget(req)
+        if event is not None:
+            req.reply(event)
+        if not self.running:
+            native.torch_threads.widen()  # nothing decodes: torch gets its threads back
+
+    def step(self) -> int:
+        """One round (see the module's docstring). Returns how many requests ended in it."""
+        before = len(self.running)
+        try:
+            self._round()
+        except Exception as e:  # noqa: BLE001 - outside any one request: every running one ends
+            log = errorlog.record(e, "generating")
+            for r in list(self.running):
+                self._fail(r, e, "generating", log)
+        return before - len(self.running)
+
+    def _round(self) -> None:
+        reading = [r for r in self.running if r.need is not None and len(r.need.feed) > 1]
+        if reading:  # the oldest prompt, one chunk
+            r = reading[0]
+            try:
+                logits = self.gen.forward(r.need)
+            except Exception as e:  # noqa: BLE001 - this request ends with it
+                self._fail(r, e, "generating")
+            else:
+                self._advance(r, logits)
+        decoding = [r for r in self.running if r.need is not None and len(r.need.feed) == 1]
+        self.last_width = len(decoding)
+        if not decoding:
+            return
+        model = self.gen.model
+        t0 = time.perf_counter()
+        try:
+            logits = self.gen.retrying(lambda: model.forward(
+                torch.tensor([r.need.feed[0] for r in decoding]), [r.need.cache for r in decoding],
+                [r.need.pos for r in decoding]))
+        except Exception as e:  # noqa: BLE001 - every request of this step ends with it
+            log = None if isinstance(e, MixdeskError) else errorlog.record(e, "generating")
+            for r in decoding:
+                self._fail(r, e, "generating", log)
+            return
+        self.on_decode(len(decoding), time.perf_counter() - t0)
+        for r, row in zip(decoding, logits):
+            self._advance(r, row)
+
+    @property
+    def chat_tokens(self) -> int:
+        """Positions the chat's cache holds (the context in use)."""
+        return len(self.caches.chat.tokens) if self.caches is not None else 0
