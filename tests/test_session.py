@@ -11,7 +11,7 @@ from engine.monitor import MemorySample, ScriptedSource
 from engine.placement import Tier
 from engine.planning.planner import plan
 from engine.protocol import (Done, ErrorEvent, Generate, Load, Loaded, PlacementChanged, Reprofile, SetSlider,
-                             Shutdown, Stats, Stop, TokenOut)
+                             Shutdown, Stats, Stop, Token)
 from engine.session import Session
 
 GB = 10**9
@@ -57,13 +57,13 @@ def start(tiny, rec, source=None, **kw):
 def calibrated(s, timeout=120):
     """Wait for the background calibration of a never-profiled model to end."""
     end = time.time() + timeout
-    while s._calib is not None:
+    while s.controller.calibrating:
         assert time.time() < end, "calibration did not finish"
         time.sleep(0.02)
 
 
 def tokens_of(rec, rid):
-    return [e for e in rec.events if isinstance(e, TokenOut) and e.request_id == rid]
+    return [e for e in rec.events if isinstance(e, Token) and e.request_id == rid]
 
 
 def greedy_reference(tiny, prompt, n):
@@ -91,7 +91,7 @@ def test_budget_timeline_halves_then_restores(tiny):
             budget = 10 * GB
         elif 20 <= emitted[0] < 60:
             budget = budget // 2
-        free = max(budget - s.held[0], 0)
+        free = max(budget - s.controller.held[0], 0)
         return MemorySample(vram_total=budget, vram_free=free, ram_total=64 * GB, ram_available=32 * GB)
 
     src = ScriptedSource(timeline)
@@ -102,7 +102,7 @@ def test_budget_timeline_halves_then_restores(tiny):
     s.start()
     s.submit(Load(path=str(tiny), device="cpu", dtype="fp32"))
     rec.wait(lambda e: isinstance(e, Loaded))
-    d = s.inputs
+    d = s.controller.inputs
     per = d.expert_bytes["gpu-16"]
     total["vram"] = int((d.dense_bytes + per * d.layers * d.experts * 0.75) / 0.9)  # room for 3/4 of experts
     violations = []
@@ -113,15 +113,16 @@ def test_budget_timeline_halves_then_restores(tiny):
         rec(ev)
         if isinstance(ev, PlacementChanged):
             gpu_counts.append((emitted[0], ev.placement.counts()[Tier.GPU16]))
-        if isinstance(ev, TokenOut):
+        if isinstance(ev, Token):
             emitted[0] = ev.index + 1
             time.sleep(0.005)  # give the 10 ms monitor a chance to see each phase
-            if s.budgets is not None and s.held[0] > s.budgets.vram:
-                violations.append((ev.index, s.held[0], s.budgets.vram))
+            ctl = s.controller
+            if ctl.budgets is not None and ctl.held[0] > ctl.budgets.vram:
+                violations.append((ev.index, ctl.held[0], ctl.budgets.vram))
 
-    s.emit = check
+    s.emit = check  # the broadcast events (PlacementChanged), and the reply's own (submitted after this)
     src.n = 0
-    s.submit(Generate(request_id=1, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=120)))
+    rid = s.submit(Generate(prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=120)))
     done = rec.wait(lambda e: isinstance(e, Done))
     assert s.shutdown()
     before = [c for i, c in gpu_counts if i < 20]
@@ -131,9 +132,9 @@ def test_budget_timeline_halves_then_restores(tiny):
     assert min(during) < before[-1]  # the placement followed the budget down
     assert after[-1] == before[-1]  # and back up
     assert not violations, violations[:3]
-    toks = tokens_of(rec, 1)
+    toks = tokens_of(rec, rid)
     assert [t.index for t in toks] == list(range(len(toks)))  # none lost or duplicated
-    assert done.finished.token_ids == greedy_reference(tiny, PROMPT, 120)
+    assert done.request_id == rid and done.token_ids == greedy_reference(tiny, PROMPT, 120)
 
 
 def test_slider_moves_20_times_during_a_generation(tiny, pace):
@@ -141,21 +142,22 @@ def test_slider_moves_20_times_during_a_generation(tiny, pace):
     s = start(tiny, rec)
     s.loaded.generator.eos_ids.clear()
     pace(s.loaded.generator)  # 200 tokens over ~1 s: the slider moves land during the reply
-    s.submit(Generate(request_id=7, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=200)))
-    rec.wait(lambda e: isinstance(e, TokenOut))
+    rid = s.submit(Generate(prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=200)))
+    rec.wait(lambda e: isinstance(e, Token))
     values = [(i * 7 % 20) / 19 for i in range(20)]
     for v in values:
         s.submit(SetSlider(value=v))
         time.sleep(0.01)
     done = rec.wait(lambda e: isinstance(e, Done))
     deadline = time.time() + 30
-    while s.migrator.pending and time.time() < deadline:
+    while s.controller.migrating and time.time() < deadline:
         time.sleep(0.05)
-    final = plan(s.inputs, s.budgets, values[-1]).placement
+    final = plan(s.controller.inputs, s.controller.budgets, values[-1]).placement
     assert s.loaded.model.placement == final
-    toks = tokens_of(rec, 7)
-    assert [t.index for t in toks] == list(range(len(toks))) and len(done.finished.token_ids) == 200
-    assert "".join(t.text for t in toks) == done.finished.text
+    toks = tokens_of(rec, rid)
+    assert done.request_id == rid
+    assert [t.index for t in toks] == list(range(len(toks))) and len(done.token_ids) == 200
+    assert "".join(t.text for t in toks) == done.text
     assert len([e for e in rec.of(PlacementChanged) if e.reason == "slider"]) >= 2
     assert rec.of(Stats) and rec.of(Stats)[-1].tiers
     assert s.shutdown()
@@ -166,13 +168,13 @@ def test_stop_cancels_the_reply(tiny, pace):
     s = start(tiny, rec)
     s.loaded.generator.eos_ids.clear()
     pace(s.loaded.generator)
-    s.submit(Generate(request_id=3, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=5000)))
-    rec.wait(lambda e: isinstance(e, TokenOut) and e.index >= 3)
-    s.submit(Stop(request_id=3))
+    rid = s.submit(Generate(prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=5000)))
+    rec.wait(lambda e: isinstance(e, Token) and e.index >= 3)
+    s.submit(Stop(request_id=rid))
     done = rec.wait(lambda e: isinstance(e, Done))
-    assert done.finished.reason == "cancelled"
-    s.submit(Generate(request_id=4, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=3)))
-    rec.wait(lambda e: isinstance(e, Done) and e.request_id == 4)  # a stop does not stick
+    assert done.request_id == rid and done.reason == "cancelled"
+    nxt = s.submit(Generate(prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=3)))
+    rec.wait(lambda e: isinstance(e, Done) and e.request_id == nxt)  # a stop does not stick
     assert s.shutdown()
 
 
@@ -183,8 +185,8 @@ def test_shutdown_leaves_no_thread_and_frees_the_model(tiny, when):
     model = weakref.ref(s.loaded.model)
     if when == "generating":
         s.loaded.generator.eos_ids.clear()
-        s.submit(Generate(request_id=1, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=100000)))
-        rec.wait(lambda e: isinstance(e, TokenOut))
+        s.submit(Generate(prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=100000)))
+        rec.wait(lambda e: isinstance(e, Token))
     else:
         for v in (0.0, 1.0, 0.0, 1.0):
             s.submit(SetSlider(value=v))
@@ -225,27 +227,27 @@ def test_errors_anywhere_become_events_and_the_thread_serves_on(tiny):
     rec = Recorder()
     s = start(tiny, rec)
     thread = s.thread
-    s.submit(Generate(request_id=1, prompt_ids=PROMPT, params=SamplingParams(temperature=float("nan"))))
-    err = rec.wait(lambda e: isinstance(e, ErrorEvent) and e.request_id == 1)
+    rid = s.submit(Generate(prompt_ids=PROMPT, params=SamplingParams(temperature=float("nan"))))
+    err = rec.wait(lambda e: isinstance(e, ErrorEvent) and e.request_id == rid)
     assert err.kind == "InputError" and "temperature" in err.message and not err.log
 
-    s.submit(Task(request_id=2, fn=lambda session: {}["missing"]))
-    err = rec.wait(lambda e: isinstance(e, ErrorEvent) and e.request_id == 2)
+    rid = s.submit(Task(fn=lambda session: {}["missing"]))
+    err = rec.wait(lambda e: isinstance(e, ErrorEvent) and e.request_id == rid)
     assert "KeyError" in err.message and err.log and "KeyError" in Path(err.log).read_text()
 
     def broken(*a, **k):
         raise ZeroDivisionError("planner bug")
 
-    real, s._points = s._points, broken
+    s.controller.points = broken  # the planner's frontier, on the controller's next re-plan
     s.submit(SetSlider(value=0.123))
     err = rec.wait(lambda e: isinstance(e, ErrorEvent) and "planner bug" in e.message)
     assert err.request_id is None
-    s._points = real
+    del s.controller.points  # the method again
 
-    s.submit(Task(request_id=3, fn=lambda session: session.loaded.ckpt.dims.layers))
-    assert rec.wait(lambda e: isinstance(e, TaskDone) and e.request_id == 3).value == 2
-    s.submit(Generate(request_id=4, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=3)))
-    assert len(rec.wait(lambda e: isinstance(e, Done) and e.request_id == 4).finished.token_ids) == 3
+    rid = s.submit(Task(fn=lambda session: session.loaded.ckpt.dims.layers))
+    assert rec.wait(lambda e: isinstance(e, TaskDone) and e.request_id == rid).value == 2
+    rid = s.submit(Generate(prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=3)))
+    assert len(rec.wait(lambda e: isinstance(e, Done) and e.request_id == rid).token_ids) == 3
     assert s.thread is thread and thread.is_alive()
     s.shutdown()
 
@@ -258,13 +260,12 @@ def test_a_model_that_fails_to_open_leaves_the_one_in_use_chatting(tiny, tmp_pat
     try:
         (tmp_path / "notes").mkdir()
         (tmp_path / "notes" / "readme.txt").write_text("not a model")
-        for i, path in enumerate([str(tmp_path / "notes")]):
-            s.submit(Load(path=path, device="cpu", dtype="fp32", request_id=100 + i))
-            err = rec.wait(lambda e, i=i: isinstance(e, ErrorEvent) and e.request_id == 100 + i)
+        for path in [str(tmp_path / "notes")]:
+            rid = s.submit(Load(path=path, device="cpu", dtype="fp32"))
+            err = rec.wait(lambda e, rid=rid: isinstance(e, ErrorEvent) and e.request_id == rid)
             assert err.message and not err.log  # an expected error, said in one line
             assert s.loaded is not None and s.last_loaded is not None and s.last_loaded.name == tiny.name
-            s.submit(Generate(request_id=200 + i, prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=3)))
-            assert len(rec.wait(lambda e, i=i: isinstance(e, Done) and e.request_id == 200 + i)
-                       .finished.token_ids) == 3
+            rid = s.submit(Generate(prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=3)))
+            assert len(rec.wait(lambda e, rid=rid: isinstance(e, Done) and e.request_id == rid).token_ids) == 3
     finally:
         s.shutdown()
