@@ -1,4 +1,4 @@
-"""Concurrent requests (engine/batch.py, MoEModel.forward_batch): a batched decode step gives
+"""Concurrent requests (engine/scheduler.py, MoEModel.forward of B sequences): a batched decode step gives
 each sequence the logits it gets alone; requests running together through the session produce the
 greedy tokens each produces alone; a long prompt is read in chunks while another request keeps
 streaming; Stop ends one request and not the other."""
@@ -12,7 +12,7 @@ from engine.checkpoint import Checkpoint
 from engine.generate import SamplingParams
 from engine.model import MoEModel
 from engine.placement import Placement, Tier
-from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded, Stop, TokenOut
+from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded, Stop, Token
 from engine.session import Session
 from engine.sources.tiny_model import write_tiny_model
 
@@ -62,9 +62,9 @@ def test_a_batched_step_gives_each_sequence_its_own_logits(models, family, tier)
 
 
 def run(session_kwargs, folder, requests, stop_after=None, pace_s=0.0, placement="cpu", then=()):
-    """Submit requests [(rid, prompt_ids, max_new)] at once, then (when those are done) the
-    requests `then`; returns ({rid: token ids}, event log)."""
-    events, got = [], threading.Event()
+    """Submit requests [(name, prompt_ids, max_new)] at once, then (when those are done) the
+    requests `then`; returns ({name: its Done}, event log, {name: the request id the engine gave it})."""
+    events, got, ids = [], threading.Event(), {}
     s = Session(events.append, **session_kwargs).start()
     try:
         s.submit(Load(path=str(folder), device="cpu", dtype="fp32", placement=placement, ctx=256))
@@ -76,56 +76,57 @@ def run(session_kwargs, folder, requests, stop_after=None, pace_s=0.0, placement
         if pace_s:
             inner = s.loaded.generator.retrying
             s.loaded.generator.retrying = lambda step: (time.sleep(pace_s), inner(step))[1]
-        for rid, ids, n in requests:
-            s.submit(Generate(request_id=rid, prompt_ids=ids, params=SamplingParams(max_new_tokens=n), slot="pool"))
+        for name, prompt, n in requests:
+            ids[name] = s.submit(Generate(prompt_ids=prompt, params=SamplingParams(max_new_tokens=n), slot="pool"))
         if stop_after is not None:
-            rid, k = stop_after
-            while sum(isinstance(e, TokenOut) and e.request_id == rid for e in events) < k:
+            name, k = stop_after
+            while sum(isinstance(e, Token) and e.request_id == ids[name] for e in events) < k:
                 time.sleep(0.01)
-            s.submit(Stop(request_id=rid))
+            s.submit(Stop(request_id=ids[name]))
         for batch in (requests, then):
             if batch is then:
-                for rid, ids, n in then:
-                    s.submit(Generate(request_id=rid, prompt_ids=ids, params=SamplingParams(max_new_tokens=n),
-                                      slot="pool"))
-            while sum(isinstance(e, (Done, ErrorEvent)) and e.request_id in {r for r, _, _ in batch}
+                for name, prompt, n in then:
+                    ids[name] = s.submit(Generate(prompt_ids=prompt, params=SamplingParams(max_new_tokens=n),
+                                                  slot="pool"))
+            while sum(isinstance(e, (Done, ErrorEvent)) and e.request_id in {ids[r] for r, _, _ in batch}
                       for e in list(events)) < len(batch):
                 assert time.time() < deadline + 120
                 time.sleep(0.02)
     finally:
         s.shutdown()
     del got
-    done = {e.request_id: e.finished for e in events if isinstance(e, Done)}
-    return done, events
+    name_of = {rid: name for name, rid in ids.items()}
+    done = {name_of[e.request_id]: e for e in events if isinstance(e, Done)}
+    return done, events, ids
 
 
 def test_two_requests_at_once_give_what_each_gives_alone(models):
     folder = models("mixtral")
     a, b = [5, 9, 11, 3], [7, 7, 2, 40, 41, 42, 8]
-    alone_a, _ = run({}, folder, [(1, a, 24)])
-    alone_b, _ = run({}, folder, [(2, b, 24)])
-    both, events = run({}, folder, [(1, a, 24), (2, b, 24)], pace_s=0.002)
+    alone_a, _, _ = run({}, folder, [(1, a, 24)])
+    alone_b, _, _ = run({}, folder, [(2, b, 24)])
+    both, events, ids = run({}, folder, [(1, a, 24), (2, b, 24)], pace_s=0.002)
     assert both[1].token_ids == alone_a[1].token_ids and both[2].token_ids == alone_b[2].token_ids
     # they ran together: each had tokens out before the other was done
-    order = [e for e in events if isinstance(e, (TokenOut, Done))]
+    order = [e for e in events if isinstance(e, (Token, Done))]
     first_done = min(i for i, e in enumerate(order) if isinstance(e, Done))
-    assert {1, 2} <= {e.request_id for e in order[:first_done]}
+    assert {ids[1], ids[2]} <= {e.request_id for e in order[:first_done]}
 
 
 def test_a_long_prompt_is_read_in_chunks_while_another_streams(models):
     folder = models("mixtral")
     long = list(range(10, 10 + 200))  # four chunks of 64
-    both, events = run({}, folder, [(1, [5, 6, 7], 60), (2, long, 4)], pace_s=0.002)
+    both, events, ids = run({}, folder, [(1, [5, 6, 7], 60), (2, long, 4)], pace_s=0.002)
     assert both[1].reason == "length" and both[2].reason == "length"
-    seq = [(e.request_id, e.index) for e in events if isinstance(e, TokenOut)]
-    first_b = seq.index((2, 0))
-    a_before = [i for r, i in seq[:first_b] if r == 1]
+    seq = [(e.request_id, e.index) for e in events if isinstance(e, Token)]
+    first_b = seq.index((ids[2], 0))
+    a_before = [i for r, i in seq[:first_b] if r == ids[1]]
     assert len(a_before) >= 3  # request 1 kept streaming while request 2's prompt was read
 
 
 def test_stop_ends_one_request_and_not_the_other(models):
     folder = models("mixtral")
-    done, _ = run({}, folder, [(1, [5, 6, 7], 200), (2, [8, 9], 30)], stop_after=(1, 5), pace_s=0.002)
+    done, _, _ = run({}, folder, [(1, [5, 6, 7], 200), (2, [8, 9], 30)], stop_after=(1, 5), pace_s=0.002)
     assert done[1].reason == "cancelled" and len(done[1].token_ids) < 200
     assert done[2].reason == "length" and len(done[2].token_ids) == 30
 
@@ -133,8 +134,8 @@ def test_stop_ends_one_request_and_not_the_other(models):
 def test_more_requests_than_streams_wait_their_turn(models):
     folder = models("mixtral")
     reqs = [(r, [5 + r, 6, 7], 6) for r in range(1, 6)]
-    done, _ = run({"max_streams": 2}, folder, reqs)
-    alone, _ = run({}, folder, [reqs[4]])
+    done, _, _ = run({"max_streams": 2}, folder, reqs)
+    alone, _, _ = run({}, folder, [reqs[4]])
     assert sorted(done) == [1, 2, 3, 4, 5] and all(f.reason == "length" for f in done.values())
     assert done[5].token_ids == alone[5].token_ids
 
@@ -146,8 +147,8 @@ def test_the_plan_follows_how_many_requests_decode_together(models):
     from engine.protocol import PlacementChanged
 
     folder = models("mixtral")
-    done, events = run({}, folder, [(1, [5, 6, 7], 48), (2, [8, 9], 48)], placement="auto",
-                       then=[(3, [4, 4, 4], 48)])
+    done, events, _ = run({}, folder, [(1, [5, 6, 7], 48), (2, [8, 9], 48)], placement="auto",
+                          then=[(3, [4, 4, 4], 48)])
     assert all(f.reason == "length" for f in done.values())
     plans = [e for e in events if isinstance(e, PlacementChanged)]
     follow = [e.streams for e in plans if e.reason == "streams"]
@@ -170,10 +171,9 @@ def test_loading_another_model_ends_running_requests_with_a_word(models):
         s.loaded.generator.eos_ids.clear()
         inner = s.loaded.generator.retrying
         s.loaded.generator.retrying = lambda step: (time.sleep(0.01), inner(step))[1]
-        for rid in (1, 2):
-            s.submit(Generate(request_id=rid, prompt_ids=[5, 6, rid], slot="pool",
-                              params=SamplingParams(max_new_tokens=200)))
-        while sum(isinstance(e, TokenOut) for e in events) < 6:
+        rids = [s.submit(Generate(prompt_ids=[5, 6, k], slot="pool", params=SamplingParams(max_new_tokens=200)))
+                for k in (1, 2)]
+        while sum(isinstance(e, Token) for e in events) < 6:
             time.sleep(0.01)
         s.submit(Load(path=str(folder), device="cpu", dtype="fp32", placement="cpu", ctx=256))
         while sum(isinstance(e, Loaded) for e in events) < 2:
@@ -181,8 +181,8 @@ def test_loading_another_model_ends_running_requests_with_a_word(models):
             time.sleep(0.05)
     finally:
         s.shutdown()
-    ended = {e.request_id: e for e in events if isinstance(e, (Done, ErrorEvent)) and e.request_id in (1, 2)}
-    assert set(ended) == {1, 2} and all(isinstance(e, ErrorEvent) and e.kind == "Unloaded" for e in ended.values())
+    ended = {e.request_id: e for e in events if isinstance(e, (Done, ErrorEvent)) and e.request_id in rids}
+    assert set(ended) == set(rids) and all(isinstance(e, ErrorEvent) and e.kind == "Unloaded" for e in ended.values())
 
 
 def test_the_kv_cache_is_kept_in_the_models_dtype(models):
