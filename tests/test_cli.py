@@ -90,7 +90,7 @@ def test_terminal_chat_is_a_client_of_the_engine_thread(tiny, tmp_path, monkeypa
     import threading
 
     from engine.tools.cli import build_parser, cmd_chat
-    from engine.protocol import Done, Loaded, PlacementChanged, Stats, TokenOut
+    from engine.protocol import Done, Loaded, PlacementChanged, Stats, Token
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     seen = []
@@ -98,7 +98,7 @@ def test_terminal_chat_is_a_client_of_the_engine_thread(tiny, tmp_path, monkeypa
                                    "--dtype", "fp32", "--device", "cpu"])
     assert cmd_chat(a, on_event=lambda e: seen.append((type(e), threading.current_thread().name))) == 0
     kinds = {k for k, _ in seen}
-    assert {Loaded, PlacementChanged, TokenOut, Done, Stats} <= kinds
+    assert {Loaded, PlacementChanged, Token, Done, Stats} <= kinds
     assert {name for _, name in seen} == {"MainThread"}  # handed over from the engine thread's queue
     assert capsys.readouterr().out.strip()  # the reply was printed
 

@@ -105,7 +105,7 @@ def cmd_plan(a) -> int:
 
                 held = s.loaded.model.expert_bytes()
                 acc = s.loaded.accel
-                return (s.inputs, s.loaded.ckpt.folder.name, acc.describe(),
+                return (s.controller.inputs, s.loaded.ckpt.folder.name, acc.describe(),
                         default_budgets(acc.cpu_only, acc.device, held_ram=held["host"], held_vram=held["accelerator"]),
                         cached_profile(s.loaded.ckpt) is not None)
             inp, name, where, free, measured = client.task(inputs)
@@ -142,7 +142,7 @@ def cmd_eval(a) -> int:
 
     def evaluate(s):
         """On the engine thread: perplexity all 16-bit, then at the slider's plan, and decode speed."""
-        loaded, inp = s.loaded, s.inputs
+        loaded, inp = s.loaded, s.controller.inputs
         m, d = loaded.model, loaded.ckpt.dims
         ids = corpus_ids(loaded.tokenizer, a.text, a.tokens)
         full16 = Tier.CPU16 if loaded.accel.cpu_only else Tier.GPU16
@@ -152,11 +152,9 @@ def cmd_eval(a) -> int:
         b = _budgets(a, default_budgets(loaded.accel.cpu_only, loaded.accel.device, held["host"], held["accelerator"]))
         p = plan(inp, b, a.slider)
         m.apply(p.placement)
-        s.migrator.recount()
+        s.controller.migrator.recount()
         q = compare(ref, logprobs(m, ids), ids)
-        gen = loaded.generator
-        gen.cache.tokens = []
-        fin = list(gen.stream(ids[:16], SamplingParams(max_new_tokens=a.new_tokens)))[-1]
+        fin = list(loaded.generator.stream(ids[:16], SamplingParams(max_new_tokens=a.new_tokens)))[-1]
         return p, q, len(ids), fin
 
     if a.placement != "auto":
@@ -184,9 +182,7 @@ def _eval_pinned(a) -> int:
         loaded = s.loaded
         ids = corpus_ids(loaded.tokenizer, a.text, a.tokens)
         ppl = perplexity(loaded.model, ids)
-        gen = loaded.generator
-        gen.cache.tokens = []
-        fin = list(gen.stream(ids[:16], SamplingParams(max_new_tokens=a.new_tokens)))[-1]
+        fin = list(loaded.generator.stream(ids[:16], SamplingParams(max_new_tokens=a.new_tokens)))[-1]
         return ppl, len(ids), loaded.model.placement.counts(), fin
 
     client = for_terminal(False)

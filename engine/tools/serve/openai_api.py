@@ -19,7 +19,6 @@ benchmarks/results/server_stack-*.md).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import re
 import time
@@ -30,7 +29,6 @@ from ...generate import SamplingParams
 from ...protocol import EngineStopped, ErrorEvent, Generate, Loaded, Stop
 
 STOP_CHARS = 1000  # a stop string longer than this is a mistake (each step scans for it)
-REQUEST_BASE = 1 << 40  # request ids of the API, apart from the window's and the CLI's
 
 
 class ApiError(Exception):
@@ -56,37 +54,44 @@ class RequestLog:
 
 
 class EngineLink:
-    """The API's side of the engine thread: it submits commands and receives the events of its own
-    requests on the asyncio loop (the engine thread hands them over with call_soon_threadsafe)."""
+    """The API's side of the engine thread: it submits its requests with a reply_to of their own,
+    so their events (and only theirs) come back to it, and it listens for the broadcast events it
+    needs (Loaded, EngineStopped). Both arrive on the engine thread, which hands them to the
+    asyncio loop with call_soon_threadsafe."""
 
     def __init__(self, session, loop: asyncio.AbstractEventLoop):
         self.session, self.loop = session, loop
-        self.ids = itertools.count(REQUEST_BASE)
-        self.queues: dict[int, asyncio.Queue] = {}
+        self.queues: dict[int, asyncio.Queue] = {}  # the requests still answered, by the engine's id
         self.loaded: Loaded | None = session.last_loaded
+        self.closed = False
         session.listeners.append(self._on_event)
 
     def close(self) -> None:
+        self.closed = True  # the loop closes next: nothing more may be handed to it
         if self._on_event in self.session.listeners:
             self.session.listeners.remove(self._on_event)
 
-    def _on_event(self, ev) -> None:  # on the engine thread
+    def _hand(self, q: asyncio.Queue, ev) -> None:  # on the engine thread
+        if self.closed:
+            return
+        try:
+            self.loop.call_soon_threadsafe(q.put_nowait, ev)
+        except RuntimeError:  # the loop closed meanwhile (the server stopped): nobody waits for it
+            pass
+
+    def _on_event(self, ev) -> None:  # on the engine thread: a broadcast event
         if isinstance(ev, Loaded):
             self.loaded = ev
         if isinstance(ev, EngineStopped):  # every request waiting ends with it
             self.loaded = None
             for rid, q in list(self.queues.items()):
-                err = ErrorEvent(message=ev.message, request_id=rid, kind="Unloaded")
-                self.loop.call_soon_threadsafe(q.put_nowait, err)
-            return
-        q = self.queues.get(getattr(ev, "request_id", None))
-        if q is not None:
-            self.loop.call_soon_threadsafe(q.put_nowait, ev)
+                self._hand(q, ErrorEvent(message=ev.message, request_id=rid, kind="Unloaded"))
 
     def start(self, **kw) -> tuple[int, asyncio.Queue]:
-        rid = next(self.ids)
-        q = self.queues[rid] = asyncio.Queue()
-        self.session.submit(Generate(request_id=rid, slot="pool", **kw))
+        """Submit a Generate (in a pool cache of its own); its id and the queue its events come on."""
+        q: asyncio.Queue = asyncio.Queue()
+        rid = self.session.submit(Generate(slot="pool", **kw), reply_to=lambda ev: self._hand(q, ev))
+        self.queues[rid] = q
         return rid, q
 
     def stop(self, rid: int) -> None:

@@ -20,7 +20,7 @@ from .openai_api import (FINISH, ApiError, ClientGone, Departure, EngineLink, Re
                          messages_of, now, parse_body, prompt_of, sampling, sse, stream_fields)
 from ...errors import ContextOverflow, MixdeskError
 from ...prompt_limit import check_chars, message_chars
-from ...protocol import Done, ErrorEvent, TokenOut
+from ...protocol import Done, ErrorEvent, Token
 
 LOG_LINES = 200  # the request log the window shows keeps this many
 MAX_BODY = 16 << 20  # bytes: a long document pasted into a prompt is ~1 MB; the context refuses far less
@@ -252,7 +252,7 @@ class Server:
                 ev = await departure.next(q)
         finally:
             self.link.stop(rid) if not isinstance(ev, Done) else self.link.finish(rid)
-        fin = ev.finished
+        fin = ev
         usage = {"prompt_tokens": fin.prompt_tokens, "completion_tokens": len(fin.token_ids),
                  "total_tokens": fin.prompt_tokens + len(fin.token_ids)}
         reason = FINISH.get(fin.reason, "stop")
@@ -284,7 +284,7 @@ class Server:
                 yield sse(chunk(None, role=True))
             ev = first
             while True:
-                if isinstance(ev, TokenOut):
+                if isinstance(ev, Token):
                     if ev.text:
                         yield sse(chunk(ev.text))
                 elif isinstance(ev, ErrorEvent):
@@ -292,7 +292,7 @@ class Server:
                     yield sse(e.body())
                     break
                 elif isinstance(ev, Done):
-                    fin = ev.finished
+                    fin = ev
                     tally["tokens"] = len(fin.token_ids)
                     yield sse(chunk(None, FINISH.get(fin.reason, "stop")))
                     if include_usage:
