@@ -29,8 +29,16 @@ class EngineBridge(QObject):
         self._timer.timeout.connect(self._drain)
         self._timer.start()
         self._kwargs = dict(session_kwargs or {})
-        self.session = Session(self._pending.append, **self._kwargs)
-        self.session.start()
+        self.session = self._new_session()
+
+    def _new_session(self) -> Session:
+        """An engine thread whose events reach the window while it is the bridge's: after a
+        restart, what the old one still sends (its ids count from 1 as the new one's do) is dropped."""
+        def emit(ev) -> None:
+            if self.session is session:
+                self._pending.append(ev)
+        self.session = session = Session(emit, **self._kwargs)
+        return session.start()
 
     def _drain(self) -> None:
         # One signal per batch, not per event: each crossing into Qt and back costs a GIL
@@ -41,14 +49,15 @@ class EngineBridge(QObject):
         if batch:
             self.events.emit(batch)
 
-    def send(self, cmd) -> None:
-        self.session.submit(cmd)
+    def send(self, cmd) -> int | None:
+        """Queue a command (thread-safe); the request id of a Load, Generate or Task, whose own
+        events come back with the rest of the session's."""
+        return self.session.submit(cmd)
 
     def restart(self) -> None:
         """A new engine thread, after the old one stopped (it should never need this)."""
         self.session.shutdown(timeout=2.0)
-        self.session = Session(self._pending.append, **self._kwargs)
-        self.session.start()
+        self._new_session()
 
     def shutdown(self, timeout: float = 10.0) -> bool:
         """Stop the engine thread and its helpers. They are waited for past `timeout` too, however

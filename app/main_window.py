@@ -12,7 +12,7 @@ from PySide6.QtWidgets import (QApplication, QLabel, QMainWindow, QMessageBox, Q
 
 from engine.generate import SamplingParams
 from engine.protocol import (Done, EngineStopped, ErrorEvent, Generate, Loaded, MigrationProgress, PlacementChanged,
-                             Progress, SetSlider, Stats, Stop, TokenOut)
+                             Progress, SetSlider, Stats, Stop, Token)
 
 from . import documents, menus, remote, theme
 from .composer import Composer
@@ -42,7 +42,7 @@ class MainWindow(QMainWindow):
         self.bridge.events.connect(self.on_events)
         self.log_lines: list[str] = []
         self.cid: int | None = None
-        self.request = 0
+        self.request: int | None = None  # the reply in progress: its id from the engine (or the remote)
         self.reply_mid: int | None = None
         self.last_save = 0.0
         self.count_tokens = None
@@ -188,17 +188,16 @@ class MainWindow(QMainWindow):
         self._generate()
 
     def _generate(self) -> None:
-        self.request += 1
         self.reply_mid = self.store.add_message(self.cid, "assistant", "", complete=False)
         self.generating = True
         self.last_save = time.monotonic()
         self.composer.set_generating(True)
         self.chat.begin_stream()
         if self.remote is not None:
-            self.remote.generate(self.request, self.history(), self.params)
+            self.request = self.remote.generate(self.history(), self.params)
         else:
             self.wait.reply_started()  # says so if a calibration step holds it back
-            self.bridge.send(Generate(request_id=self.request, messages=self.history(), params=self.params))
+            self.request = self.bridge.send(Generate(messages=self.history(), params=self.params))
 
     def stop(self) -> None:
         if self.generating and self.remote is not None:
@@ -264,7 +263,7 @@ class MainWindow(QMainWindow):
     def on_event(self, ev) -> None:
         if self.models.on_event(ev):  # the answer to File > Open model's check or load
             return
-        if isinstance(ev, TokenOut) and ev.request_id == self.request:
+        if isinstance(ev, Token) and ev.request_id == self.request:
             self.wait.reply_streaming()
             self.chat.add_text(ev.text)
             now = time.monotonic()
@@ -272,15 +271,14 @@ class MainWindow(QMainWindow):
                 self.store.update_message(self.reply_mid, self.chat.streamed, complete=False)
                 self.last_save = now
         elif isinstance(ev, Done) and ev.request_id == self.request:
-            f = ev.finished
             self.wait.reply_streaming()
-            stats = (f"{f.decode_tok_s:.1f} tok/s · {len(f.token_ids)} tokens · prefill {f.prompt_tokens - f.reused_tokens} "
-                     f"tok in {f.prefill_s:.2f} s · {f.reason}" + (self.wait.stats_note() if self.remote is None else ""))
-            self.store.update_message(self.reply_mid, f.text, complete=True, meta={"stats": stats})
+            stats = (f"{ev.decode_tok_s:.1f} tok/s · {len(ev.token_ids)} tokens · prefill {ev.prompt_tokens - ev.reused_tokens} "
+                     f"tok in {ev.prefill_s:.2f} s · {ev.reason}" + (self.wait.stats_note() if self.remote is None else ""))
+            self.store.update_message(self.reply_mid, ev.text, complete=True, meta={"stats": stats})
             self.chat.end_stream(stats)
             self.generating = False
             self.composer.set_generating(False)
-            self.context_label.setText(f"context {f.prompt_tokens + len(f.token_ids)}/{self.ctx}")
+            self.context_label.setText(f"context {ev.prompt_tokens + len(ev.token_ids)}/{self.ctx}")
         elif isinstance(ev, Stats):
             if self.remote is not None:
                 return  # the local engine's numbers: not what the chat uses now

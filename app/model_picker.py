@@ -83,9 +83,6 @@ class ModelPicker(QDialog):
 
 
 # ---- opening a model without losing the one in use ----
-MODEL_IDS = 1 << 40  # request ids of the window's model checks and loads (its replies count from 1)
-
-
 def check_model(session, spec: str) -> str:
     """On the engine thread, while the model in use stays loaded: the new model's folder found
     (the demo built, a hub id downloaded, with progress and the window's Cancel), opened, and its
@@ -98,9 +95,8 @@ def check_model(session, spec: str) -> str:
     from engine.protocol import Progress
 
     def progress(stage):
-        return lambda d, t, w="": session.emit(Progress(stage=stage, done=d, total=t, what=w))
-    cancel = session.calib_cancel  # what the window's Cancel (Stop with no request id) sets
-    cancel.clear()
+        return lambda d, t, w="": session.publish(Progress(stage=stage, done=d, total=t, what=w))
+    cancel = session.current_stop  # this task's own: the window's Cancel (Stop with no request id) sets it
     try:
         if spec == "demo":
             from engine.sources import demo
@@ -122,8 +118,6 @@ def check_model(session, spec: str) -> str:
         log = errorlog.record(e, f"opening {spec}")
         raise MixdeskError(f"{spec} could not be opened: {errorlog.one_line(e)}"
                            + (f" (details in {log})" if log else "")) from None
-    finally:
-        cancel.clear()  # a cancelled download must not cancel the old model's calibration too
 
 
 class ModelSwitch:
@@ -137,10 +131,9 @@ class ModelSwitch:
 
     def __init__(self, w):
         self.w = w
-        self.ids = iter(range(MODEL_IDS, MODEL_IDS * 2))
         self.current: tuple | None = None  # (path, device, dtype) of the model in use
         self.pending: tuple | None = None  # the one being opened
-        self.check_id = self.load_id = None
+        self.check_id = self.load_id = None  # the engine's ids of the check and the load in progress
         self.building = False  # the engine began the load (its "load" progress): the next Loaded answers it
         self.failed: tuple[str, str] | None = None  # (spec, why) of a new model given up for the previous one
 
@@ -163,11 +156,10 @@ class ModelSwitch:
             self._load(spec[0])
             return
         w.model_label.setText(f"opening {spec[0]}… (the chat goes on with {self.current[0]} until it is ready)")
-        self.check_id = next(self.ids)
         from engine.protocol import Task
 
         path = spec[0]
-        w.bridge.send(Task(request_id=self.check_id, fn=lambda s: check_model(s, path)))
+        self.check_id = w.bridge.send(Task(fn=lambda s: check_model(s, path)))
 
     def restart(self) -> None:
         """A new engine thread holds no model: load the last one again."""
@@ -180,8 +172,8 @@ class ModelSwitch:
         from engine.protocol import Load
 
         _, device, dtype = self.pending
-        self.load_id, self.building = next(self.ids), False
-        self.w.bridge.send(Load(path=path, device=device, dtype=dtype, request_id=self.load_id))
+        self.building = False
+        self.load_id = self.w.bridge.send(Load(path=path, device=device, dtype=dtype))
 
     def on_event(self, ev) -> bool:
         """The window's engine events that answer a switch; True when handled here."""

@@ -2,15 +2,18 @@
 server, Ollama, another Mixdesk's `mixdesk serve`), for when one machine is not enough.
 
 RemoteChat streams /v1/chat/completions in a worker thread with the standard library's HTTP client
-(no extra dependency) and hands the window the same events the engine sends (TokenOut, Done,
+(no extra dependency) and hands the window the same events the engine sends (Token, Done,
 ErrorEvent, from engine/protocol), as a Qt signal on the GUI thread, so the chat view, the store
-and the Stop button work unchanged. A remote server names no token ids, so a reply's Finished
-carries its token count (from the usage the server reports, else one per streamed piece) but not
-the ids. Every failure is one line: the URL and what went wrong.
+and the Stop button work unchanged. Like the engine, it hands out each reply's request id (negative
+ones, unique in the process, so that they never meet the engine's, which count up from 1). A remote
+server names no token ids, so a reply's Done carries its token count (from the usage the server
+reports, else one per streamed piece) but not the ids. Every failure is one line: the URL and what
+went wrong.
 """
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import ssl
 import threading
@@ -19,8 +22,11 @@ from urllib.parse import urlsplit
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.generate import Finished, SamplingParams
-from engine.protocol import Done, ErrorEvent, TokenOut
+from engine.generate import SamplingParams
+from engine.protocol import Done, ErrorEvent, Token
+
+
+_IDS = itertools.count(-1, -1)  # the replies' request ids, for every RemoteChat (see the docstring)
 
 
 class RemoteError(Exception):
@@ -86,10 +92,13 @@ class RemoteChat(QObject):
     def label(self) -> str:
         return f"{self.model} at {self.base}"
 
-    def generate(self, request_id: int, messages: list[dict], params: SamplingParams) -> None:
+    def generate(self, messages: list[dict], params: SamplingParams) -> int:
+        """Start a reply; its request id (its events carry it; Stop it with stop(id))."""
+        request_id = next(_IDS)
         stop = self._stops[request_id] = threading.Event()
         threading.Thread(target=self._run, args=(request_id, messages, params, stop), daemon=True,
                          name="mixdesk-remote").start()
+        return request_id
 
     def stop(self, request_id: int) -> None:
         if request_id in self._stops:
@@ -127,8 +136,8 @@ class RemoteChat(QObject):
                         if first is None:
                             first = time.perf_counter()
                         pieces.append(text)
-                        self.events.emit([TokenOut(request_id=rid, token_id=-1, text=text, index=len(pieces) - 1,
-                                                   seconds=0.0)])
+                        self.events.emit([Token(request_id=rid, token_id=-1, text=text, index=len(pieces) - 1,
+                                                seconds=0.0)])
                     if ch.get("finish_reason"):
                         reason = {"stop": "eos", "length": "length"}.get(ch["finish_reason"], ch["finish_reason"])
         except (RemoteError, OSError, ValueError, http.client.HTTPException) as e:
@@ -142,8 +151,9 @@ class RemoteChat(QObject):
         end = time.perf_counter()
         n = int(usage.get("completion_tokens", len(pieces))) if usage else len(pieces)
         prompt = int(usage.get("prompt_tokens", 0)) if usage else 0
-        fin = Finished(reason, "".join(pieces), [-1] * n, prompt, 0, (first or end) - t0, end - (first or end))
-        self.events.emit([Done(request_id=rid, finished=fin)])
+        self.events.emit([Done(request_id=rid, reason=reason, text="".join(pieces), token_ids=[-1] * n,
+                               prompt_tokens=prompt, reused_tokens=0, prefill_s=(first or end) - t0,
+                               decode_s=end - (first or end))])
 
 
 # ---- the window's side: File > Connect to a server, File > Use the local model ----

@@ -85,11 +85,11 @@ def run() -> int:
         if ok:
             done.clear()
             s.loaded.generator.eos_ids.clear()
-            s.submit(Generate(request_id=1, prompt_ids=[5, 6, 7, 8], params=SamplingParams(max_new_tokens=8)))
+            s.submit(Generate(prompt_ids=[5, 6, 7, 8], params=SamplingParams(max_new_tokens=8)))
             ok = done.wait(120)
         served = _serve_check(s) if ok else ""
         s.shutdown()
-    fin = next((e.finished for e in events if isinstance(e, Done)), None)
+    fin = next((e for e in events if isinstance(e, Done)), None)
     errors = [e.message for e in events if isinstance(e, ErrorEvent)]
     if not ok or fin is None or len(fin.token_ids) != 8:
         print(f"SELF-TEST FAILED: {errors or 'no reply'}", file=sys.stderr)

@@ -26,7 +26,7 @@ def open_window(qtbot, tiny, tmp_path, calibrated=True, **session):
     w.show()
     qtbot.waitUntil(lambda: w.send_btn.isEnabled(), timeout=120_000)
     if calibrated:  # the background calibration of a never-profiled model
-        qtbot.waitUntil(lambda: w.bridge.session._calib is None, timeout=120_000)
+        qtbot.waitUntil(lambda: not w.bridge.session.controller.calibrating, timeout=120_000)
     return w
 
 
@@ -171,7 +171,7 @@ KILL_SCRIPT = textwrap.dedent("""
     from app.main_window import MainWindow
     from app.store import Store
     from engine.generate import SamplingParams
-    from engine.protocol import TokenOut
+    from engine.protocol import Token
     app = QApplication([])
     w = MainWindow(Store(sys.argv[1]), model=sys.argv[2], device="cpu", dtype="fp32")
     state = {"turn": 0}
@@ -185,7 +185,7 @@ KILL_SCRIPT = textwrap.dedent("""
                 w.params = SamplingParams(max_new_tokens=100000)
                 w.input.setPlainText("second question"); w.send(); state["turn"] = 2
     def on_event(ev):
-        if state["turn"] == 2 and isinstance(ev, TokenOut) and ev.index == 40:
+        if state["turn"] == 2 and isinstance(ev, Token) and ev.index == 40:
             print("killing", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
     w.bridge.events.connect(lambda b: [on_event(e) for e in b])
@@ -257,21 +257,21 @@ def test_errors_in_a_step_and_in_the_template_leave_generating_and_the_engine_se
     gen = session.loaded.generator
     seen = []
     window.bridge.events.connect(lambda batch: seen.extend(e for e in batch if isinstance(e, ErrorEvent)))
-    inner, calls = gen.forward, []
+    inner, calls = gen.model.forward, []
 
-    def broken(need):  # the second step of the reply fails with an error nobody expected
-        calls.append(need.pos)
+    def broken(*a, **k):  # the second step of the reply (its first decode step) fails with an error nobody expected
+        calls.append(1)
         if len(calls) == 2:
             raise IndexError("injected failure in a decode step")
-        return inner(need)
+        return inner(*a, **k)
 
     gen.eos_ids.clear()
-    gen.forward = broken
+    gen.model.forward = broken
     send(qtbot, window, "first", 20)
     qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
     assert seen and "IndexError: injected failure" in seen[-1].message and seen[-1].log
     assert "injected failure" in window.statusBar().currentMessage()
-    gen.forward = inner
+    del gen.model.forward  # the method again
 
     gen.template = ChatTemplate("{% if 'boom' in messages[-1]['content'] %}{{ raise_exception('no booms here') }}"
                                 "{% endif %}{% for m in messages %}{{ m['content'] }}\n{% endfor %}", gen.tok,
@@ -290,13 +290,14 @@ def test_errors_in_a_step_and_in_the_template_leave_generating_and_the_engine_se
 
 def test_a_dead_engine_thread_is_said_and_can_be_restarted(qtbot, window):
     """If the engine thread ever ends anyway, the window says so and offers a restart."""
+    from engine.protocol import Task
+
     session = window.bridge.session
 
-    def die():
+    def die(s):
         raise SystemExit("simulated end of the engine thread")  # passes the error boundary on purpose
 
-    session._iteration = die
-    session.commands.put(object())
+    window.bridge.send(Task(fn=die))
     qtbot.waitUntil(lambda: getattr(window, "stopped_box", None) is not None, timeout=30_000)
     assert "engine stopped" in window.model_label.text() and not window.send_btn.isEnabled()
     window.restart_engine()
@@ -326,11 +327,11 @@ def test_a_never_calibrated_model_chats_before_its_calibration_ends(qtbot, tiny,
     seen = []
     w.bridge.events.connect(lambda batch: seen.extend(batch))
     session = w.bridge.session
-    assert session._calib is not None  # calibrating, and Send is already enabled
+    assert session.controller.calibrating  # calibrating, and Send is already enabled
     send(qtbot, w, "hello before calibration", 8)
     qtbot.waitUntil(lambda: not w.generating, timeout=60_000)
     assert w.store.messages(w.cid)[-1].complete
-    assert session._calib is not None  # the reply came while the calibration had not finished
+    assert session.controller.calibrating  # the reply came while the calibration had not finished
     assert "calibrating in the background" in w.progress.format()
     qtbot.waitUntil(lambda: any(isinstance(e, PlacementChanged) and e.reason == "profile" for e in seen),
                     timeout=120_000)  # the planner switched to the measured profile
@@ -452,7 +453,7 @@ def test_the_model_bar_speaks_to_people_and_follows_the_placement(qtbot, window)
     d = session.loaded.ckpt.dims
 
     def follows():  # once the migration in flight has ended, the bar shows the placement in use
-        if session.migrator.pending:
+        if session.controller.migrating:
             return False
         n16 = sum(1 for _, _, t in session.loaded.model.placement.items() if t.bits == 16)
         return f"{n16} experts at 16-bit, {d.layers * d.experts - n16} at 4-bit" in window.model_label.text()

@@ -23,7 +23,8 @@ def engine(tiny):
     client.load(str(tiny), placement="cpu", device="cpu", dtype="fp32", ctx=256)
     started = []  # every Generate the engine is asked for
     inner = client.session.submit
-    client.session.submit = lambda cmd: (started.append(cmd) if isinstance(cmd, Generate) else None, inner(cmd))[1]
+    client.session.submit = lambda cmd, reply_to=None: (started.append(cmd) if isinstance(cmd, Generate) else None,
+                                                         inner(cmd, reply_to))[1]
     yield client, started
     client.close()
 
