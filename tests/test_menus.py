@@ -264,7 +264,7 @@ def cancel_calibration(k: Walk):
     k.wait(lambda: k.w.cancel_btn.isVisible(), 30_000)
     k.click(k.w.cancel_btn)
     k.wait(lambda: "calibration cancelled" in k.status(), 60_000)
-    assert not k.w.cancel_btn.isVisible() and k.w.bridge.session._calib is None
+    assert not k.w.cancel_btn.isVisible() and not k.w.bridge.session.controller.calibrating
 
 
 def new_chat(k: Walk):

@@ -57,11 +57,16 @@ def test_the_local_server_switch_serves_the_chats_engine(qtbot, window, tiny):
     assert window.server.running and window.server_box.isVisible()
     url = window.server.server.url
     assert url in window.server_box.url.text() and tiny.name in window.server_box.url.text()
+    from engine.protocol import Done, Token
+
+    seen = []
+    window.bridge.events.connect(lambda batch: seen.extend(batch))
     c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
     r = c.chat.completions.create(model=tiny.name, messages=[{"role": "user", "content": "hi"}], max_tokens=5)
     assert r.usage.completion_tokens <= 5
     qtbot.waitUntil(lambda: window.server_box.log.count() >= 1, timeout=10_000)
     assert "POST /v1/chat/completions 200" in window.server_box.log.item(0).text()
+    assert not [e for e in seen if isinstance(e, (Token, Done))]  # the server's replies go to the server alone
     reply = say(qtbot, window, "the chat works beside it", 6)  # the same engine serves the chat
     assert reply.complete
     window.server_action.setChecked(False)
