@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine.errors import ContextOverflow
-from engine.generate import Finished, SamplingParams, StopMatcher, TextStream, Token, sample
+from engine.generate import Done, SamplingParams, StopMatcher, TextStream, Token, sample
 from engine.load import load
 
 
@@ -16,7 +16,7 @@ def loaded(tiny):
 
 def run(gen, prompt, **kw):
     events = list(gen.stream(prompt, SamplingParams(**kw)))
-    assert isinstance(events[-1], Finished)
+    assert isinstance(events[-1], Done)
     return [e for e in events if isinstance(e, Token)], events[-1]
 
 
@@ -127,16 +127,30 @@ def test_generation_stops_at_context_end(loaded):
 
 
 def test_second_turn_reuses_cache_and_matches_cold_run(loaded):
+    """The chat's KV cache, kept between turns as the scheduler keeps it (engine/kv_cache.py),
+    carries the first turn into the second; the reply is the one a cold prefill gives."""
+    from engine.generate import drive
+    from engine.kv_cache import KVCaches
+
     gen = loaded.generator
+    caches = KVCaches(gen.new_cache, 1)
+
+    def chat(prompt, n, fresh=False):
+        cache = caches.claim("chat", prompt, fresh)
+        events = list(drive(gen.sequence(prompt, SamplingParams(max_new_tokens=n), None, cache), gen.forward))
+        assert isinstance(events[-1], Done)
+        return events[-1]
+
     msgs = [{"role": "user", "content": "hello"}]
-    fin1 = run(gen, gen.chat_prompt(msgs), max_new_tokens=10)[1]
+    fin1 = chat(gen.chat_prompt(msgs), 10)
     msgs += [{"role": "assistant", "content": fin1.text}, {"role": "user", "content": "world"}]
     p2 = gen.chat_prompt(msgs)
-    warm = run(gen, p2, max_new_tokens=12)[1]
+    warm = chat(p2, 12)
     assert warm.reused_tokens > 0
-    gen.cache.tokens = []
-    cold = run(gen, p2, max_new_tokens=12)[1]
+    cold = chat(p2, 12, fresh=True)
     assert cold.reused_tokens == 0 and cold.token_ids == warm.token_ids
+    alone = run(gen, p2, max_new_tokens=12)[1]  # stream: a fresh cache of its own, every time
+    assert alone.reused_tokens == 0 and alone.token_ids == warm.token_ids
 
 
 MIXTRAL_STYLE = ("{{ bos_token }}{% for message in messages %}"

@@ -105,7 +105,7 @@ def test_engine_shrinks_when_another_process_takes_vram(tmp_path, monkeypatch):
     s.submit(Load(path=str(path)))
     assert loaded.wait(300) and not [e for e in events if isinstance(e, ErrorEvent)]
     _time.sleep(1.0)
-    held_before = s.held[0]
+    held_before = s.controller.held[0]
     free, total = torch.cuda.mem_get_info()
     hog = int(free - held_before * 0.5)  # leaves room for only half of what the model holds
     code = (f"import torch,time; x=torch.empty({hog}, dtype=torch.uint8, device='cuda'); "
@@ -113,11 +113,11 @@ def test_engine_shrinks_when_another_process_takes_vram(tmp_path, monkeypatch):
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "ok"
-        s.submit(Generate(request_id=1, prompt_ids=list(range(1, 20)), params=SamplingParams(max_new_tokens=50)))
+        s.submit(Generate(prompt_ids=list(range(1, 20)), params=SamplingParams(max_new_tokens=50)))
         deadline = _time.time() + 15
-        while s.held[0] >= held_before * 0.9 and _time.time() < deadline:
+        while s.controller.held[0] >= held_before * 0.9 and _time.time() < deadline:
             _time.sleep(0.1)
-        assert s.held[0] < held_before * 0.9
+        assert s.controller.held[0] < held_before * 0.9
     finally:
         p.kill()
     assert not [e for e in events if isinstance(e, ErrorEvent)]

@@ -124,7 +124,7 @@ def test_a_cached_profile_start_builds_each_expert_once(tiny, tmp_path, monkeypa
         s.submit(Load(path=str(tiny), device="cpu", dtype="fp32"))
         assert done.wait(300)
         deadline = time.time() + 120
-        while s._calib is not None and time.time() < deadline:  # the first start calibrates in the background
+        while s.controller.calibrating and time.time() < deadline:  # the first start calibrates in the background
             time.sleep(0.02)
         time.sleep(0.3)  # the first budget readings and re-plans
         return s
@@ -142,6 +142,6 @@ def test_a_cached_profile_start_builds_each_expert_once(tiny, tmp_path, monkeypa
         d = s.loaded.ckpt.dims
         assert sorted(builds) == [(l, e) for l in range(d.layers) for e in range(d.experts)]
         assert all(e.moves == 0 for e in second if isinstance(e, PlacementChanged))
-        assert not s.migrator.pending
+        assert not s.controller.migrating
     finally:
         s.shutdown()
