@@ -153,7 +153,7 @@ def routed_experts(model, gen, n: int, steps: int = 16) -> float:
     counts = []
     with model.recording() as records:
         for i in range(steps):
-            ids = model.forward_batch(ids, caches, [len(p) + i for p in prompts]).argmax(-1)
+            ids = model.forward(ids, caches, [len(p) + i for p in prompts]).argmax(-1)
     for _, idx, _, _ in records:
         counts.append(len(set(idx.reshape(-1).tolist())))
     return sum(counts) / len(counts)

@@ -28,6 +28,7 @@ from benchmarks.common import record  # noqa: E402
 CHILD = r"""
 import json, sys, time, statistics, torch
 from engine import native
+from engine.native import choice
 from engine.tools.bench_kernels import read_bandwidth
 from engine.load import open_checkpoint
 from engine.kernels import auto_dtype
@@ -54,7 +55,7 @@ if m.lm_head is not m.embed:  # a step reads one row of the embedding table, not
     nbytes -= m.embed.numel() * m.embed.element_size()
 print(json.dumps({"step_s": step, "bytes": nbytes, "bandwidth": bw, "kernel": native.status(),
                   "dtype": str(m.dtype), "layers": d.layers, "family": d.family,
-                  "native_step": m.native_step is not None and m.native_step.ready()}))
+                  "native_step": choice.step_ready(m)}))
 """
 
 

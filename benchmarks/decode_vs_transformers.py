@@ -89,7 +89,7 @@ def main() -> None:
     del loaded
     from engine import native
 
-    native.quiet_torch.leave()  # give torch its threads back before the stock runs
+    native.torch_threads.widen()  # give torch its threads back before the stock runs
     stock_rates = {}
     stock_tokens = {}
     for impl in ("eager", "grouped_mm"):

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from . import native
+from .native import choice
 from .blockquant import BlockQuant
 from .checkpoint import Checkpoint, expert_key
 from .errors import ModelError
@@ -144,8 +145,7 @@ class QuantExpert:
 
 def _desc(w13: torch.Tensor, w2: torch.Tensor, glu: Glu | None = None) -> "native.ExpertDesc | None":
     """The native kernel's descriptor of a host expert, or None where torch runs it."""
-    if (w13.device.type != "cpu" or w13.dtype not in native.FMT or not (w13.is_contiguous() and w2.is_contiguous())
-            or not native.available()):
+    if not choice.expert(w13, w2):
         return None
     desc = native.ExpertDesc(native.matrix(w13), native.matrix(w2))
     if glu is not None:

@@ -19,11 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from . import native
+from .native import choice
 
 FP16_MAX = 65504.0
-# Up to this many rows the dense CPU matmul is the native GEMV (it streams the weight once at the
-# memory bandwidth; torch's bf16 GEMV reached ~16 GB/s here); larger batches are torch's GEMM.
-NATIVE_ROWS = 8
 
 
 def _gemv_seconds(dtypes, rows: int = 4096, cols: int = 1024, mats: int = 12, rounds: int = 7) -> dict:
@@ -87,8 +85,7 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     A GGUF block weight (engine/blockquant.py BlockQuant, or stacked parts of them) multiplies itself."""
     if not isinstance(w, torch.Tensor):
         return w.matmul(x)
-    if (w.device.type == "cpu" and x.shape[0] <= NATIVE_ROWS and w.dtype in native.FMT and w.is_contiguous()
-            and native.available()):
+    if choice.dense(w, x.shape[0]):  # a few rows: the native GEMV (choice.DENSE_ROWS)
         return native.matmul(native.matrix(w), x.to(w.dtype)).to(x.dtype)
     if w.dtype == torch.float16 and w.device.type == "cpu" and x.shape[0] > fp16_rows_limit():
         return F.linear(x.to(torch.bfloat16), w.to(torch.bfloat16)).to(x.dtype)

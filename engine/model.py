@@ -1,4 +1,5 @@
-"""The Mixtral forward: dense weights on the accelerator, MoE blocks from `moe`, a static KV cache.
+"""The forward of every supported family: dense weights on the accelerator, MoE blocks from `moe`,
+a static KV cache per sequence, one or several sequences per call.
 
 Shapes: T new tokens, P cached positions, D hidden, H query heads, G kv heads, Hd head dim, V vocab.
 Compact on purpose: on a 2-core CPU, Python work per layer is a visible share of a decode step, so
@@ -21,7 +22,8 @@ from .errors import ModelError
 from .experts import Expert16, build_steps, materialise
 from .kernels import linear, weight_problem
 from .moe import MoEBlock
-from .native import step as native_step
+from .native import choice
+from .native.step import DecodeStep
 from .placement import Placement, Tier
 
 ProgressFn = Callable[[int, int, str], None]
@@ -57,8 +59,8 @@ class DenseLayer:
 
 
 class MoEModel:
-    """The forward of every supported family (engine/families: Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE):
-    what differs between them is data in `Dims` and the family adapter, read here."""
+    """The model of every supported family (engine/families: Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE,
+    GPT-OSS): what differs between them is data in `Dims` and the family adapter, read here."""
 
     def __init__(self, ckpt: Checkpoint, placement: Placement, accel: torch.device,
                  dtype: torch.dtype = torch.bfloat16, progress: ProgressFn | None = None,
@@ -101,8 +103,7 @@ class MoEModel:
 
         # A GGUF file's matrices stay in its own blocks where the native kernels run them (the CPU,
         # below fp32: fp32 is the reference precision); elsewhere they are its exact dequantisation.
-        self.file_dense = (getattr(ckpt, "is_gguf", False) and accel.type == "cpu" and native.available()
-                           and dtype != torch.float32)
+        self.file_dense = choice.file_blocks(ckpt, accel, dtype)
         shapes = dense_shapes(d)
 
         def matrix(name: str):
@@ -152,8 +153,7 @@ class MoEModel:
         self._rope_cache: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self.layer_inputs: list | None = None  # calibration: each layer's input appended when set
         # the whole decode step in one native call, where the model is on the CPU (engine/native)
-        self.native_step = native_step.DecodeStep(self) if (
-            native.available() and native_step.DecodeStep.supported(self)) else None
+        self.native_step = DecodeStep(self) if choice.whole_step(self) else None
 
     # ---- re-placement ----
     def build(self, layer: int, expert: int, tier: Tier, threads: int | None = None):
@@ -248,32 +248,51 @@ class MoEModel:
             self._rope_cache = (n, cos.to(self.accel)[:, None, :], sin_signed.to(self.accel)[:, None, :])
         return self._rope_cache[1], self._rope_cache[2]
 
+    def rope_rows(self, positions: list[int], T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin [T, 1, Hd] (contiguous) of a forward's T tokens: one sequence's run from
+        positions[0] (a slice of the tables), or one token at each of the positions (T == B)."""
+        cos_t, sin_t = self.rope_tables(max(positions) + (T if len(positions) == 1 else 1))
+        if len(positions) == 1:
+            return cos_t[positions[0]:positions[0] + T], sin_t[positions[0]:positions[0] + T]
+        at = torch.tensor(positions, device=self.accel)
+        return cos_t[at], sin_t[at]
+
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.dims.rms_eps)
         return w * h.to(w.dtype)
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, cache: KVCache, pos: int, all_logits: bool = False,
-                start: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
-        """ids [T] long at positions pos..pos+T-1; fills the cache; returns logits [T or 1, V] fp32.
-        start=(l, x): begin at layer l with residual stream x (recorded in `layer_inputs` by an
-        earlier pass over the same ids)."""
-        d = self.dims
-        T = ids.shape[0]
-        H, G, Hd = d.heads, d.kv_heads, d.head_dim
-        end = pos + T
-        if end > cache.ctx:
-            raise ValueError(f"position {end} exceeds the cache ({cache.ctx})")
-        if T == 1 and native.available():
-            native.quiet_torch.enter()  # a decode step's torch ops are small: torch stays at one thread
-            if start is None and self.native_step is not None and self.native_step.ready():
-                return self.native_step(ids.to(self.accel), cache, pos)  # [1, V]: every layer in one call
+    def forward(self, ids: torch.Tensor, caches: list[KVCache] | KVCache, positions: list[int] | int,
+                all_logits: bool = False, start: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
+        """One sequence of T tokens (a prefill or a decode step, B=1), or B sequences of one token each
+        (a batched decode step, T == B), each in its own KV cache: ids [T] long, sequence b's tokens
+        at positions[b].. of caches[b] (a KVCache and an int stand for B=1). Returns fp32 logits of
+        each sequence's last token [B, V], or of every token [T, V] with all_logits (B=1).
+        start=(l, x) (B=1, calibration): begin at layer l with residual stream x (recorded in
+        `layer_inputs` by an earlier pass over the same ids).
+        The matmuls and MoE blocks take all T tokens at once (each weight, and each expert any token
+        chose, is read once); attention runs per sequence over its own cache. A decode step runs as
+        one native call where choice.decode_step says so; B=1 is the batched path's own case."""
+        if isinstance(caches, KVCache):
+            caches, positions = [caches], [positions]
+        T, B = ids.shape[0], len(caches)
+        counts = [T] if B == 1 else [1] * B  # each sequence's new tokens
+        if len(positions) != B or sum(counts) != T or (B > 1 and (all_logits or start is not None)):
+            raise ValueError(f"{T} tokens for {B} caches at {len(positions)} positions: one sequence of T tokens, "
+                             "or one token for each (all_logits and start: one sequence only)")
+        for c, p, n in zip(caches, positions, counts):
+            if p + n > c.ctx:
+                raise ValueError(f"position {p + n} exceeds the cache ({c.ctx})")
+        if T == B and native.available():
+            native.torch_threads.narrow()  # a decode step's torch ops are small: torch stays at one thread
+            if choice.decode_step(self, ids, caches, start):
+                return self.native_step(ids.to(self.accel), caches, positions)  # every layer in one call
         else:
-            native.quiet_torch.leave()  # a prefill's GEMMs get torch's threads back
-        cos_t, sin_t = self.rope_tables(end)
-        cos, sin = cos_t[pos:end], sin_t[pos:end]  # [T, 1, Hd]
-        masks = {w: self._mask(T, pos, w) for w in {layer.window for layer in self.layers}}
+            native.torch_threads.widen()  # a prefill's GEMMs get torch's threads back
+        cos, sin = self.rope_rows(positions, T)  # [T, 1, Hd]
+        spans = [{w: self._span(n, p, w) for w in {layer.window for layer in self.layers}}
+                 for p, n in zip(positions, counts)]
         if start is None:
             first, x = 0, embed_rows(self.embed, ids.to(self.accel)).to(self.residual_dtype)  # [T, D]
         else:  # calibration: resume at a layer from its recorded input (earlier layers unchanged)
@@ -283,65 +302,37 @@ class MoEModel:
             if self.layer_inputs is not None:
                 self.layer_inputs.append(x)
             qk, v = self._qkv(x, layer, cos, sin)  # [T, H+G, Hd], [T, G, Hd]
-            cache.k[l, :, pos:end] = qk[:, H:].transpose(0, 1)
-            cache.v[l, :, pos:end] = v.transpose(0, 1)
-            q = qk[:, :H].transpose(0, 1)  # [H, T, Hd]
-            mask, causal = masks[layer.window]
-            k, vv = (t.to(self.attn_dtype) for t in (cache.k[l, :, :end], cache.v[l, :, :end]))
-            if layer.sinks is not None:
-                att = self._attend_with_sinks(q, k, vv, mask, layer.sinks)
-            else:
-                att = F.scaled_dot_product_attention(
-                    q[None], k[None], vv[None], attn_mask=mask, is_causal=causal, enable_gqa=G != H)[0]  # [H, T, Hd]
-            o = linear(att.transpose(0, 1).reshape(T, H * Hd).to(self.dtype), layer.wo)
+            att, row = [], 0
+            for c, p, n, span in zip(caches, positions, counts, spans):
+                att.append(self._attend(l, layer, qk[row:row + n], v[row:row + n], c, p, span[layer.window]))
+                row += n
+            o = linear((att[0] if B == 1 else torch.cat(att)).to(self.dtype), layer.wo)  # [T, D]
             x = x + (o if layer.bo is None else o + layer.bo)
             block = self.moe[l]
             if block.record is not None:
                 block.residual = x  # calibration measures perturbations relative to the stream
             x = x + block(self._rms(x, layer.ln2))
-        if not all_logits:
-            x = x[-1:]
-        return linear(self._rms(x, self.norm), self.lm_head).float()  # [T or 1, V]
+        if T > B and not all_logits:
+            x = x[-1:]  # one sequence: its last token
+        return linear(self._rms(x, self.norm), self.lm_head).float()  # [B or T, V]
 
-    @torch.inference_mode()
-    def forward_batch(self, ids: torch.Tensor, caches: list[KVCache], positions: list[int]) -> torch.Tensor:
-        """One decode step for B sequences at once: token ids[b] at positions[b] of caches[b].
-        Returns logits [B, V] fp32. The dense matmuls and the MoE block take the B tokens together
-        (each layer's weights, and each expert any token chose, are read once); attention runs per
-        sequence over its own cache. The same values as B separate forward() calls, up to the
-        summation order of batched matmuls."""
-        d = self.dims
-        B, H, G, Hd = ids.shape[0], d.heads, d.kv_heads, d.head_dim
-        for c, p in zip(caches, positions):
-            if p + 1 > c.ctx:
-                raise ValueError(f"position {p + 1} exceeds the cache ({c.ctx})")
-        if native.available():
-            native.quiet_torch.enter()  # small ops: torch stays at one thread, as in forward's decode
-            if self.native_step is not None and self.native_step.ready():
-                out = self.native_step.batch(ids, caches, positions)  # every layer, all B, in one call
-                if out is not None:
-                    return out
-        cos_t, sin_t = self.rope_tables(max(positions) + 1)
-        at = torch.tensor(positions, device=self.accel)
-        cos, sin = cos_t[at], sin_t[at]  # [B, 1, Hd]
-        x = embed_rows(self.embed, ids.to(self.accel)).to(self.residual_dtype)  # [B, D]
-        for l, layer in enumerate(self.layers):
-            qk, v = self._qkv(x, layer, cos, sin)  # [B, H+G, Hd], [B, G, Hd]
-            att = []
-            for b, (c, p) in enumerate(zip(caches, positions)):
-                c.k[l, :, p] = qk[b, H:]
-                c.v[l, :, p] = v[b]
-                first = max(0, p + 1 - layer.window) if layer.window else 0
-                k, vv = (t.to(self.attn_dtype) for t in (c.k[l, :, first:p + 1], c.v[l, :, first:p + 1]))
-                q = qk[b, :H, None]  # [H, 1, Hd]
-                if layer.sinks is not None:
-                    att.append(self._attend_with_sinks(q, k, vv, None, layer.sinks)[:, 0])
-                else:
-                    att.append(F.scaled_dot_product_attention(q[None], k[None], vv[None], enable_gqa=G != H)[0, :, 0])
-            o = linear(torch.stack(att).reshape(B, H * Hd).to(self.dtype), layer.wo)  # [B, D]
-            x = x + (o if layer.bo is None else o + layer.bo)
-            x = x + self.moe[l](self._rms(x, layer.ln2))
-        return linear(self._rms(x, self.norm), self.lm_head).float()  # [B, V]
+    def _attend(self, l: int, layer: DenseLayer, qk: torch.Tensor, v: torch.Tensor, cache: KVCache, pos: int,
+                span: tuple) -> torch.Tensor:
+        """One sequence's n new tokens at pos..: their keys and values (qk [n, H+G, Hd], v [n, G, Hd])
+        into layer l of its cache, then their attention over the keys they see (span: `_span`) -> [n, H*Hd]."""
+        H, G, n = self.dims.heads, self.dims.kv_heads, qk.shape[0]
+        end = pos + n
+        cache.k[l, :, pos:end] = qk[:, H:].transpose(0, 1)
+        cache.v[l, :, pos:end] = v.transpose(0, 1)
+        first, mask, causal = span
+        k, vv = (t[l, :, first:end].to(self.attn_dtype) for t in (cache.k, cache.v))
+        q = qk[:, :H].transpose(0, 1)  # [H, n, Hd]
+        if layer.sinks is not None:
+            att = self._attend_with_sinks(q, k, vv, mask, layer.sinks)
+        else:
+            att = F.scaled_dot_product_attention(
+                q[None], k[None], vv[None], attn_mask=mask, is_causal=causal, enable_gqa=G != H)[0]  # [H, n, Hd]
+        return att.transpose(0, 1).reshape(n, -1)
 
     def _qkv(self, x: torch.Tensor, layer: DenseLayer, cos: torch.Tensor, sin: torch.Tensor):
         """x [T, D] -> q and k with rope [T, H+G, Hd], and v [T, G, Hd], in attention's dtype (the
@@ -387,18 +378,20 @@ class MoEModel:
         probs = torch.softmax(full.float(), dim=-1)[..., :S].to(v.dtype)  # the sink's share is dropped
         return torch.bmm(probs.view(G, (H // G) * T, S), v).view(H, T, Hd)
 
-    def _mask(self, T: int, pos: int, win: int | None) -> tuple[torch.Tensor | None, bool]:
-        """Attention mask for T queries at pos.. over keys 0..pos+T-1 with a sliding window `win`
-        (None + is_causal when we can)."""
-        end = pos + T
-        if (win is None or end <= win) and (T == 1 or pos == 0):
-            return None, T > 1
+    def _span(self, n: int, pos: int, win: int | None) -> tuple[int, torch.Tensor | None, bool]:
+        """The keys first..pos+n-1 that n queries at pos.. see under a sliding window `win` (a query at q
+        sees keys q-win+1..q), and the mask over them: (first, mask [n, keys] bool, is_causal), the
+        mask None where SDPA needs none (one query sees every key from first on; a prompt from 0)."""
+        end = pos + n
+        first = max(0, pos - win + 1) if win is not None else 0
+        if n == 1 or (pos == 0 and (win is None or end <= win)):
+            return first, None, n > 1
         q = torch.arange(pos, end, device=self.accel)[:, None]
-        k = torch.arange(end, device=self.accel)[None, :]
+        k = torch.arange(first, end, device=self.accel)[None, :]
         m = k <= q
         if win is not None:
             m &= (q - k) < win
-        return m, False
+        return first, m, False
 
 
 def _rope(config, head_dim: int) -> tuple[torch.Tensor, float]:

@@ -22,12 +22,12 @@ import ctypes
 import torch
 
 from . import native
+from .native import choice
 from .offload import OffloadCosts
 from .kernels import linear
 from .experts import Expert16, QuantExpert, run_jobs
 
 CPU = torch.device("cpu")
-MAX_SLOTS = 65536  # (token, expert) pairs one native routed call takes (moe.c); longer prefills route here
 
 
 class MoEBlock:
@@ -52,8 +52,7 @@ class MoEBlock:
         self.residual: torch.Tensor | None = None
         # the native kernel's table of this layer's experts (a null entry: not a native CPU expert)
         self.table = (ctypes.c_void_p * len(experts))()
-        self.router = (native.matrix(gate) if native.available() and gate.device.type == "cpu"
-                       and gate.dtype in native.FMT else None)
+        self.router = native.matrix(gate) if choice.router(gate) else None
         self.experts = experts
 
     # ---- the expert table ----
@@ -100,9 +99,7 @@ class MoEBlock:
 
     def _routed(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[0]
-        if (self.record is None and self.all_native and self.router is not None and x.device.type == "cpu"
-                and self.norm_topk and self.router_kind == "softmax_topk" and self.gate_bias is None and (T == 1 or self.offload is None) and T * self.top_k <= MAX_SLOTS
-                and 0 < self.top_k <= len(self.experts) <= 1024):
+        if choice.moe_layer(self, x):
             return self._native_layer(x)  # (its router renormalises the top-k weights)
         w, idx = self.route(x)
         if self.record is not None:

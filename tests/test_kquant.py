@@ -147,6 +147,7 @@ def test_native_decode_step_with_block_dense_weights(request, wide, fused_qkv):
     from engine.checkpoint import Checkpoint
     from engine.dense_forms import Stacked
     from engine.model import MoEModel
+    from engine.native import choice
     from engine.native.step import DecodeStep
     from engine.placement import Placement
 
@@ -163,9 +164,9 @@ def test_native_decode_step_with_block_dense_weights(request, wide, fused_qkv):
                                   scaled(GT.Q6_K, G * Hd, D, 40 + l, 0.5 * D ** -0.5)])
         layer.wo = scaled(GT.Q4_K, D, H * Hd, seed=50 + l, std=0.5 * (H * Hd) ** -0.5)
     m.embed = m.lm_head = scaled(GT.Q6_K, d.vocab, D, seed=60, std=1.0)
-    assert DecodeStep.supported(m)
-    step = DecodeStep(m)
-    assert step.ready() and step.layers[0].nqkv == (1 if fused_qkv else 3)
+    assert choice.whole_step(m)
+    step = m.native_step = DecodeStep(m)
+    assert choice.step_ready(m) and step.layers[0].nqkv == (1 if fused_qkv else 3)
     assert [step.layers[0].qkv[i].fmt for i in range(step.layers[0].nqkv)] == (
         [native.Q4K] if fused_qkv else [native.Q4K, native.Q5K, native.Q6K])
     assert step.layers[0].wo.fmt == native.Q4K and step.desc.lm_head.fmt == native.Q6K
@@ -186,5 +187,5 @@ def test_native_decode_step_with_block_dense_weights(request, wide, fused_qkv):
     caches = [m.new_cache(64) for _ in range(2)]
     for c, s in zip(caches, (ids[:8], ids[4:12])):
         m.forward(s, c, 0)
-    both = step.batch(torch.stack([ids[8], ids[12]]), caches, [8, 8])
+    both = step(torch.stack([ids[8], ids[12]]), caches, [8, 8])
     assert torch.equal(both, torch.cat(solo))

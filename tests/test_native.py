@@ -238,12 +238,13 @@ def test_native_decode_step_on_every_kernel_path(request, path, which):
 def native_step_equals_layer_loop(request, which, dtype, tier):
     from engine.checkpoint import Checkpoint
     from engine.model import MoEModel
+    from engine.native import choice
     from engine.placement import Placement
 
     ck = Checkpoint(request.getfixturevalue(which))
     d = ck.dims
     m = MoEModel(ck, Placement.uniform(d.layers, d.experts, tier), torch.device("cpu"), dtype)
-    assert m.native_step is not None and m.native_step.ready()
+    assert choice.step_ready(m)
     ids = torch.randint(0, d.vocab, (30,), generator=torch.Generator().manual_seed(0))
     outs = []
     step = m.native_step

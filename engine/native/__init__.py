@@ -147,8 +147,6 @@ def _declare(lib) -> None:
     lib.mdk_experts.restype = i
     lib.mdk_moe.argtypes = [vp, i, POINTER(Matrix), i, i, vp, i, i, vp, i, vp, vp, i]
     lib.mdk_moe.restype = i
-    lib.mdk_decode.argtypes = [POINTER(Model), vp, i, vp, vp, vp, i]
-    lib.mdk_decode.restype = i
     lib.mdk_decode_batch.argtypes = [POINTER(Model), i, vp, vp, vp, vp, vp, vp, vp, i]
     lib.mdk_decode_batch.restype = i
 
@@ -199,34 +197,42 @@ _threads = 0
 def threads() -> int:
     """Threads the native kernels use: torch's count when the library first ran (the cores torch
     was set to use), or MIXDESK_THREADS. Fixed afterwards, because the decode step sets torch itself
-    to one thread while native calls run (see quiet_torch)."""
+    to one thread while native calls run (see TorchThreads)."""
     global _threads
     if not _threads:
         _threads = int(os.environ.get("MIXDESK_THREADS", "0")) or torch.get_num_threads()
     return _threads
 
 
-class quiet_torch:
-    """Keeps torch at one thread while native decode steps run, and gives its threads back for the
-    torch work that needs them (a prefill's dense GEMMs). torch's OpenMP workers spin for a while after
-    each parallel op; on a 2-core machine that took the native pool's second core and doubled the
-    demo's step time (19.9 vs 11.5 ms). At one thread torch never starts them. Not re-entrant: one
-    engine thread drives the model."""
+class TorchThreads:
+    """torch's thread count, for the native decode steps. torch's OpenMP workers spin for a while
+    after each parallel op; on a 2-core machine that took the native pool's second core and doubled
+    the demo's step time (19.9 vs 11.5 ms). At one thread torch never starts them; a prefill's dense
+    GEMMs, torch's own, want every thread back.
 
-    saved = 0
+    Scope: the count is process-wide, so this object belongs to the one thread that drives the model
+    (the engine thread; a benchmark's main thread). The forward narrows for decode steps and widens
+    for prefills; the driver (the scheduler) widens when it goes idle, so that torch work between
+    requests runs at full width. Not re-entrant."""
 
-    @classmethod
-    def enter(cls) -> None:
+    def __init__(self):
+        self._saved = 0  # torch's count before narrow(); 0 while wide
+
+    def narrow(self) -> None:
+        """torch at one thread (a no-op while narrowed, or where torch has one thread anyway)."""
         threads()  # fix the native count before torch's changes
-        if not cls.saved and torch.get_num_threads() > 1:
-            cls.saved = torch.get_num_threads()
+        if not self._saved and torch.get_num_threads() > 1:
+            self._saved = torch.get_num_threads()
             torch.set_num_threads(1)
 
-    @classmethod
-    def leave(cls) -> None:
-        if cls.saved:
-            torch.set_num_threads(cls.saved)
-            cls.saved = 0
+    def widen(self) -> None:
+        """torch's threads back, as they were before narrow() (a no-op while wide)."""
+        if self._saved:
+            torch.set_num_threads(self._saved)
+            self._saved = 0
+
+
+torch_threads = TorchThreads()
 
 
 def matrix(w: torch.Tensor) -> Matrix:
