@@ -42,7 +42,7 @@ def main() -> None:
     args = ap.parse_args()
     from engine import native
     from engine.generate import SamplingParams
-    from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded, TokenOut
+    from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded, Token
     from engine.session import Session
     from engine.sources.demo import demo_dir, ensure
     from engine.tools.bench_kernels import read_bandwidth
@@ -70,7 +70,7 @@ def main() -> None:
         raise SystemExit(f"the demo did not load: {[e for _, e in events if isinstance(e, ErrorEvent)]}")
     s.loaded.generator.eos_ids.clear()
     bw = read_bandwidth()
-    rid = 0
+    made = 0  # requests so far: each gets a prompt of its own
     results = {}
     for n in counts:
         runs = []
@@ -79,11 +79,10 @@ def main() -> None:
                 events.clear()
             ids = []
             for i in range(n):
-                rid += 1
-                ids.append(rid)
-                prompt = [100 + 37 * ((rid * 7 + j) % 1000) % 40000 for j in range(args.prompt)]
-                s.submit(Generate(request_id=rid, prompt_ids=prompt, slot="pool",
-                                  params=SamplingParams(max_new_tokens=args.tokens)))
+                made += 1
+                prompt = [100 + 37 * ((made * 7 + j) % 1000) % 40000 for j in range(args.prompt)]
+                ids.append(s.submit(Generate(prompt_ids=prompt, slot="pool",
+                                             params=SamplingParams(max_new_tokens=args.tokens))))
             while True:
                 with lock:
                     done = sum(isinstance(e, Done) and e.request_id in ids for _, e in events)
@@ -92,7 +91,7 @@ def main() -> None:
                 time.sleep(0.01)
             with lock:
                 evs = list(events)
-            toks = {r: [t for t, e in evs if isinstance(e, TokenOut) and e.request_id == r and e.index >= 0
+            toks = {r: [t for t, e in evs if isinstance(e, Token) and e.request_id == r and e.index >= 0
                         and e.token_id >= 0] for r in ids}
             start = max(ts[0] for ts in toks.values())  # every request past its prompt
             end = max(ts[-1] for ts in toks.values())
@@ -169,7 +168,7 @@ def planner_inputs(s):
     timings = dense_timings(mp, ld.accel.device, ld.model.dtype) if mp is not None else None
     if timings is None:
         return None
-    return s._inputs(mp, ld.accel, ld.ckpt.dims, ld.model.dense_bytes(), timings)
+    return s.controller.profiling.inputs(mp, ld.accel, ld.ckpt.dims, ld.model.dense_bytes(), timings, streams=1)
 
 
 def kv_bytes(model, positions: int) -> float:

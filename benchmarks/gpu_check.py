@@ -115,7 +115,6 @@ def sweep(rep: Report, folder: Path, cap: int, settings: int, new_tokens: int, p
         t1 = time.time()
         m.apply(p.placement)
         moved_s = time.time() - t1
-        gen.cache.tokens = []
         fin = list(gen.stream(ids[:prompt], SamplingParams(max_new_tokens=new_tokens)))[-1]
         bytes_tier = {"accelerator": inp.dense_bytes if not inp.cpu_only else 0, "host": inp.dense_bytes if inp.cpu_only else 0}
         for l, e, t in p.placement.items():
@@ -152,7 +151,7 @@ def budget_drop(rep: Report, folder: Path, cap: int, drop_to: int, new_tokens: i
 
     def on_event(ev):
         events.append(ev)
-        if type(ev).__name__ == "TokenOut":
+        if type(ev).__name__ == "Token":
             tokens.append(time.perf_counter())
         if isinstance(ev, (Loaded, ErrorEvent)):
             ready.set()
@@ -172,19 +171,19 @@ def budget_drop(rep: Report, folder: Path, cap: int, drop_to: int, new_tokens: i
         rep.add("budget_drop", result)
         return result
     t0 = time.perf_counter()
-    s.submit(Generate(request_id=1, prompt_ids=list(range(3, 40)), params=SamplingParams(max_new_tokens=new_tokens)))
+    s.submit(Generate(prompt_ids=list(range(3, 40)), params=SamplingParams(max_new_tokens=new_tokens)))
     dropped_at = None
     while not done.wait(0.05):
-        held.append((time.perf_counter() - t0, s.held[pool]))
+        held.append((time.perf_counter() - t0, s.controller.held[pool]))
         if dropped_at is None and len(tokens) >= 20:
             s.submit(SetBudgets(vram=drop_to) if cuda else SetBudgets(ram=drop_to))
             dropped_at = time.perf_counter() - t0
-    held.append((time.perf_counter() - t0, s.held[pool]))
+    held.append((time.perf_counter() - t0, s.controller.held[pool]))
     fin = [e for e in events if isinstance(e, Done)]
     gaps = [b - a for a, b in zip(tokens, tokens[1:])]
     result = {"pool": "vram" if cuda else "ram", "cap_gb": cap / GB, "drop_to_gb": drop_to / GB,
               "dropped_at_s": dropped_at, "tokens": len(tokens),
-              "finished_tokens": len(fin[-1].finished.token_ids) if fin else None,
+              "finished_tokens": len(fin[-1].token_ids) if fin else None,
               "held_before_gb": held[0][1] / GB, "held_after_gb": held[-1][1] / GB,
               "within_new_budget": held[-1][1] <= drop_to,
               "max_gap_s": round(max(gaps), 3) if gaps else None,

@@ -28,8 +28,7 @@ def main() -> None:
     from engine.experts import materialise
     from engine.generate import SamplingParams
     from engine.placement import Tier
-    from engine.protocol import (Done, Generate, Load, Loaded, MigrationProgress, PlacementChanged, SetSlider,
-                                 TokenOut)
+    from engine.protocol import Done, Generate, Load, Loaded, MigrationProgress, PlacementChanged, SetSlider, Token
     from engine.session import Session
 
     events, lock = [], threading.Lock()
@@ -48,28 +47,28 @@ def main() -> None:
     s.loaded.generator.eos_ids.clear()
     s.submit(SetSlider(value=1.0))
     time.sleep(1.0)
-    while s.migrator.pending:
+    while s.controller.migrating:
         time.sleep(0.1)
     with lock:
         events.clear()
-    s.submit(Generate(request_id=1, prompt_ids=list(range(100, 132)), params=SamplingParams(max_new_tokens=600)))
+    s.submit(Generate(prompt_ids=list(range(100, 132)), params=SamplingParams(max_new_tokens=600)))
     sweep = [i / 10 for i in range(10, -1, -1)] + [i / 10 for i in range(1, 11)]
     time.sleep(0.5)
     for v in sweep:
         s.submit(SetSlider(value=v))
         time.sleep(0.6)
     done.wait(600)
-    while s.migrator.pending:
+    while s.controller.migrating:
         time.sleep(0.1)
     with lock:
         ev = list(events)
         events.clear()
     # baseline: the same generation with no slider move (the machine's own step-to-step jitter)
     done.clear()
-    s.submit(Generate(request_id=2, prompt_ids=list(range(100, 132)), params=SamplingParams(max_new_tokens=600)))
+    s.submit(Generate(prompt_ids=list(range(100, 132)), params=SamplingParams(max_new_tokens=600)))
     done.wait(600)
     with lock:
-        quiet = [(t, e) for t, e in events if isinstance(e, TokenOut)]
+        quiet = [(t, e) for t, e in events if isinstance(e, Token)]
     q_times = [t for t, _ in quiet]
     q_steps = [e.seconds for _, e in quiet if e.index > 0]
     q_stall = max(b - a for a, b in zip(q_times, q_times[1:]))
@@ -86,9 +85,9 @@ def main() -> None:
     s.shutdown()
     moves = [e for _, e in ev if isinstance(e, MigrationProgress)]
     changes = [(t, e) for t, e in ev if isinstance(e, PlacementChanged)]
-    tokens = [e for _, e in ev if isinstance(e, TokenOut)]
+    tokens = [e for _, e in ev if isinstance(e, Token)]
     steps = [e.seconds for e in tokens if e.index > 0]
-    times = [t for t, e in ev if isinstance(e, TokenOut)]
+    times = [t for t, e in ev if isinstance(e, Token)]
     stall = max(b - a for a, b in zip(times, times[1:]))  # longest gap between tokens, as a user sees it
     # MigrationProgress counters restart at each re-plan: sum the last report of each run
     runs, last = [], None

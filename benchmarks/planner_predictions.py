@@ -147,7 +147,6 @@ def main() -> None:
 
     def rate_of(pl) -> float:
         m.apply(pl)
-        gen.cache.tokens = []
         return list(gen.stream(prompt, SamplingParams(max_new_tokens=64)))[-1].decode_tok_s
 
     bw = read_bandwidth()

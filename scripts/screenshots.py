@@ -66,7 +66,7 @@ def shoot(app: QApplication, out: Path, theme_name: str) -> bool:
         elif s == 1 and not w.generating:
             w.slider.set_value(0.2)
             state["step"], state["wait"] = 2, state["ticks"]
-        elif s == 2 and state["ticks"] - state["wait"] > 30 and not w.bridge.session.migrator.pending:
+        elif s == 2 and state["ticks"] - state["wait"] > 30 and not w.bridge.session.controller.migrating:
             w.grab().save(str(out / f"window-{theme_name.lower()}.png"))
             w.panel.grab().save(str(out / f"panel-{theme_name.lower()}.png"))
             w.pick_model()
