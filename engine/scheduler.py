@@ -104,7 +104,7 @@ class Scheduler:
 
     def detach(self) -> None:
         """The model goes: running requests end with a word, not silence; waiting ones stay."""
-        for r in self.running:
+        for r in list(self.running):
             self._end(r, ErrorEvent(message="the model was closed while this request ran", request_id=r.id,
                                     kind="Unloaded"))
         self.running = []

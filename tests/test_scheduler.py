@@ -240,3 +240,12 @@ def test_bad_requests_end_with_their_own_error():
     _, r3 = submit(empty, gen([1]))
     run(empty)
     assert r3.done.kind == "NoModel"
+
+
+def test_closing_the_model_ends_every_running_request_with_a_word():
+    s, _ = scheduler()
+    pairs = [submit(s, gen([i], n=50)) for i in (1, 2, 3)]
+    s.admit()
+    s.step()
+    s.detach()
+    assert [r.done.kind for _, r in pairs] == ["Unloaded"] * 3 and not s.busy
