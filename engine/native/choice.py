@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 from . import FMT, available
-from .step import parts
 
 # decode.c, mdk_decode_batch: sequences in one call (its per-sequence arrays: cache pointers, window
 # starts, routes; it returns -1 past this)
@@ -111,7 +110,7 @@ def _readable(w, k: int) -> bool:
 
 def _dense_ok(model, layer) -> bool:
     d = model.dims
-    qkv = parts(layer.wqkv)
+    qkv = list(getattr(layer.wqkv, "parts", None) or [layer.wqkv])  # dense_forms.Stacked's parts, or one
     return (len(qkv) <= MAX_QKV_PARTS and all(_readable(w, d.hidden) for w in qkv)
             and sum(w.shape[0] for w in qkv) == (d.heads + 2 * d.kv_heads) * d.head_dim
             and _readable(layer.wo, d.heads * d.head_dim))
