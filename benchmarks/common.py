@@ -13,7 +13,7 @@ import torch
 from engine.tools.bench_kernels import read_bandwidth  # noqa: F401  (one definition, shared)
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+RESULTS = Path(os.environ.get("MIXDESK_BENCH_RESULTS", HERE / "results"))  # versus_parent.py redirects a run
 CACHE = Path(os.environ.get("MIXDESK_BENCH_CACHE", HERE.parent / ".bench"))
 
 # The demo model's shapes (SmolLM2-135M upcycled to 8 experts, top-2).
