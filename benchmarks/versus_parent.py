@@ -8,7 +8,7 @@ there with this venv's compiler settings (`setup.py build_ext --inplace`). Each 
 as its own process in each tree, in the order base, this, this, base, ... (so a drift of the shared
 machine's bandwidth over the minutes weighs on both alike); each figure's median over the rounds
 is compared. Both runs read the same model files (MIXDESK_BENCH_CACHE); the read bandwidth each
-benchmark measures itself is printed beside. Results: results/versus_parent-<date>.md/.json.
+benchmark measures itself is printed beside. Results: results/versus_parent-<benchmarks>-<date>.md/.json.
 """
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def main() -> None:
             print(f"  {name:40s} base {mb:10.4g}  this {mt:10.4g}  ratio {ratio:.3f}", flush=True)
         payload[bench] = rows
         lines.append("")
-    print(record("versus_parent", payload, "\n".join(lines)))
+    print(record("versus_parent-" + "-".join(a.benchmarks), payload, "\n".join(lines)))
 
 
 if __name__ == "__main__":

@@ -71,6 +71,7 @@ class Scheduler:
         self.caches: KVCaches | None = None
         self.max_token_chars = 0
         self.last_width = 0  # requests the last round decoded together (0: it decoded none)
+        self._last_end = 0.0  # when the last round's decode step ended (0: it decoded nothing)
 
     # ---- any thread ----
     def new(self, cmd, reply: Callable[[object], None]) -> Request:
@@ -201,6 +202,7 @@ class Scheduler:
             req.reply(event)
         if not self.running:
             native.torch_threads.widen()  # nothing decodes: torch gets its threads back
+            self._last_end = 0.0
 
     def step(self) -> int:
         """One round (see the module's docstring). Returns how many requests ended in it."""
@@ -226,6 +228,7 @@ class Scheduler:
         decoding = [r for r in self.running if r.need is not None and len(r.need.feed) == 1]
         self.last_width = len(decoding)
         if not decoding:
+            self._last_end = 0.0
             return
         model = self.gen.model
         t0 = time.perf_counter()
@@ -238,9 +241,14 @@ class Scheduler:
             for r in decoding:
                 self._fail(r, e, "generating", log)
             return
-        self.on_decode(len(decoding), time.perf_counter() - t0)
         for r, row in zip(decoding, logits):
             self._advance(r, row)
+        # The step as a client sees it: from the last round's tokens to this one's (the engine's
+        # work between two steps included: migration slices, commands), or from this forward's
+        # start after a round that decoded nothing. The migration's build budget is a share of it.
+        end = time.perf_counter()
+        self.on_decode(len(decoding), end - (self._last_end if self._last_end else t0))
+        self._last_end = end
 
     @property
     def chat_tokens(self) -> int:

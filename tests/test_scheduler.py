@@ -249,3 +249,15 @@ def test_closing_the_model_ends_every_running_request_with_a_word():
     s.step()
     s.detach()
     assert [r.done.kind for _, r in pairs] == ["Unloaded"] * 3 and not s.busy
+
+
+def test_every_decode_step_is_reported_with_its_width_and_time():
+    steps = []
+    model = ScriptedModel()
+    s = Scheduler(4, on_decode=lambda n, sec: steps.append((n, sec)))
+    s.attach(Generator(model, Letters(), eos_ids=set(), ctx=128), max_token_chars=1)
+    pairs = [submit(s, gen([i, i + 1], n=5)) for i in (1, 20)]
+    run(s)
+    tokens = sum(len(r.done.token_ids) for _, r in pairs)
+    assert sum(n for n, _ in steps) == tokens - 2  # each first token comes from its prompt's forward
+    assert max(n for n, _ in steps) == 2 and all(sec > 0 for _, sec in steps)

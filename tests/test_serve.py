@@ -17,6 +17,7 @@ openai = pytest.importorskip("openai")
 from engine.client import Client  # noqa: E402
 from engine.protocol import Done  # noqa: E402
 from engine.tools.serve import Server  # noqa: E402
+from replies import watch_replies  # noqa: E402
 
 KEY = "test-key-123"
 
@@ -139,16 +140,7 @@ def test_errors_have_openais_shape_and_status(served, tiny):
 def test_a_client_that_disconnects_stops_its_generation(served, tiny):
     server, client = served
     session = client.session
-    done = []
-    submit = session.submit
-
-    def watched(cmd, reply_to=None):  # the server's requests, their events seen on the way to it
-        def reply(ev):
-            if isinstance(ev, Done):
-                done.append(ev)
-            reply_to(ev)
-        return submit(cmd, reply if reply_to is not None else None)
-    session.submit = watched
+    done = watch_replies(session, Done)  # the server's requests: their Done on the way to it
     gen = session.loaded.generator
     inner = gen.retrying
     gen.retrying = lambda step: (time.sleep(0.01), inner(step))[1]  # a long reply, paced

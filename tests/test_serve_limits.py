@@ -14,6 +14,7 @@ from engine.client import Client
 from engine.protocol import Done, ErrorEvent, Generate
 from engine.tools.serve import Server
 
+from replies import watch_replies
 from rawhttp import closed_within, hostport, is_openai_error, open_socket, send
 
 READ_TIMEOUT = 2.0
@@ -44,16 +45,7 @@ def test_abandoned_requests_stop_and_the_next_is_answered_at_once(served, tiny, 
     gen = session.loaded.generator
     inner = gen.retrying
     pace(gen, 0.02)  # 256 tokens take >5 s a request: 8 of them, two rounds of 4, would take >10 s
-    ended = []
-    submit = session.submit
-
-    def watched(cmd, reply_to=None):  # the server's requests, their Done seen on the way to it
-        def reply(ev):
-            if isinstance(ev, Done):
-                ended.append(ev)
-            reply_to(ev)
-        return submit(cmd, reply if reply_to is not None else None)
-    session.submit = watched
+    ended = watch_replies(session, Done)  # the server's requests: their Done on the way to it
     try:
         socks = []
         for i in range(8):
