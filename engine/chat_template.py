@@ -40,8 +40,13 @@ class ChatTemplate:
     def __init__(self, source: str, tokenizer, where: Path):
         import jinja2
 
+        from .formats import format_of
+
         self.where = where
         self.tok = tokenizer
+        self.format = format_of(source)  # how replies are read (engine/formats)
+        self.takes_tools = "tools" in source  # it renders a `tools` list (OpenAI's function shape)
+        self.thinking_switch = "enable_thinking" in source  # it can switch reasoning off
         self.env = environment()
         try:
             with active(_budget(0)):  # compiling evaluates `{% autoescape expr %}`: under the same limits
@@ -76,12 +81,16 @@ class ChatTemplate:
             raise ModelError(where, "its chat template renders an empty prompt for a one-message chat")
         return t
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list | None = None,
+               **options) -> str:
+        """The prompt text; tools and options (enable_thinking, reasoning_effort) as transformers'
+        apply_chat_template passes them: variables of the template."""
         import jinja2
 
         chars = sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
+        chars += len(str(tools or ""))
         variables = dict(self.variables, messages=messages, add_generation_prompt=add_generation_prompt,
-                         tools=None, documents=None)
+                         tools=tools or None, documents=None, **options)
         out, n = [], 0
         try:
             with active(_budget(chars)) as budget:
@@ -102,11 +111,18 @@ class ChatTemplate:
             raise TemplateProblem(f"the chat template failed: {type(e).__name__}: {_short(e)}") from None
         return "".join(out)
 
-    def ids(self, messages: list[dict]) -> list[int]:
+    def ids(self, messages: list[dict], tools: list | None = None, thinking: bool | None = None,
+            reasoning_effort: str | None = None) -> list[int]:
         """The prompt's token ids, as apply_chat_template(..., add_generation_prompt=True) gives them,
-        except that control tokens typed inside the messages are tokenised as text."""
+        except that control tokens typed inside the messages are tokenised as text. thinking False:
+        enable_thinking=False (templates that have the switch)."""
+        options = {}
+        if thinking is not None:
+            options["enable_thinking"] = bool(thinking)
+        if reasoning_effort is not None:
+            options["reasoning_effort"] = reasoning_effort
         marked = self.control.mark(messages)
-        text = self.render(messages if marked is None else marked)
+        text = self.render(messages if marked is None else marked, tools=tools, **options)
         if not text:
             raise TemplateProblem("the chat template rendered an empty prompt for this conversation")
         if marked is None:

@@ -19,6 +19,7 @@ import torch
 
 from . import native
 from .errors import ContextOverflow, InputError, MixdeskError
+from .formats import Parser
 from .model import KVCache, MoEModel
 
 
@@ -66,6 +67,8 @@ class Token:
     text: str  # new text this token completes (may be "" while a character is incomplete)
     index: int  # 0-based index among new tokens
     seconds: float  # wall time of the step that produced it (prefill for index 0)
+    # what the token adds to the reply's reasoning, content and tool calls (engine/formats.Delta)
+    deltas: tuple = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +83,11 @@ class Done:
     reused_tokens: int = 0  # prompt tokens whose keys/values came from the previous turn
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    # the reply read in the model's format (engine/formats): for a plain reply, content is text
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: tuple = ()  # engine/formats.ToolCall, in order
+    notes: tuple = ()  # one line for each tool call that could not be read (it is in content instead)
 
     @property
     def decode_tok_s(self) -> float:
@@ -117,14 +125,14 @@ def sample(logits: torch.Tensor, p: SamplingParams, history: list[int],
 class TextStream:
     """Incremental detokenisation: emits text only once it is complete (no U+FFFD halves)."""
 
-    def __init__(self, tokenizer):
-        self.tok = tokenizer
+    def __init__(self, tokenizer, keep_special: bool = False):
+        self.tok, self.skip = tokenizer, not keep_special
         self.ids: list[int] = []
         self.prefix = 0  # decode window start, for context-dependent spacing
         self.read = 0  # ids already turned into emitted text
 
     def _dec(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return self.tok.decode(ids, skip_special_tokens=self.skip, clean_up_tokenization_spaces=False)
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
@@ -205,19 +213,23 @@ class Generator:
         """template: the model's ChatTemplate (None: built from the tokenizer on first use)."""
         self.template = template
         self.on_oom = None  # called when a step runs out of accelerator memory; the step is retried
+        self.pick = sample  # logits -> the next token (tests script replies through it: tests/scripted_chat.py)
         self.model = model
         self.tok = tokenizer
         self.eos_ids = set(eos_ids)
         self.ctx = min(ctx, model.dims.max_positions)
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
+    def chat_prompt(self, messages: list[dict], **options) -> list[int]:
         """The prompt for a conversation: the model's chat template, rendered in a sandbox with time
-        and size limits (chat_template.py), then tokenised."""
+        and size limits (chat_template.py), then tokenised. options: ChatTemplate.ids'."""
+        return self.chat_template().ids(messages, **options)
+
+    def chat_template(self):
         if self.template is None:
             from .chat_template import ChatTemplate
 
             self.template = ChatTemplate.of(self.tok, self.model.ckpt.folder)
-        return self.template.ids(messages)
+        return self.template
 
     def retrying(self, step):
         """step(); on CUDA out-of-memory, let the owner evict, then retry (a step rewrites the same
@@ -253,12 +265,13 @@ class Generator:
         return self.model.new_cache(self.ctx)
 
     def sequence(self, prompt: list[int], p: SamplingParams, cancel, cache: KVCache, chunk: int = 0,
-                 request_id: int = 0):
+                 request_id: int = 0, parser: Parser | None = None):
         """The coroutine behind stream (see the module's docstring). `cache` holds keys and values
         of the prompt's first len(cache.tokens) tokens already (its owner kept only a common prefix:
         engine/kv_cache.py); the rest is read. chunk > 0: the prompt is fed in chunks of that many
         tokens, each its own Need, so a driver can run other sequences' decode steps between them.
-        cancel: anything with is_set(), or None. Its events carry request_id."""
+        cancel: anything with is_set(), or None. Its events carry request_id. parser reads the reply in
+        the model's format as it streams (engine/formats; None: all of it is content)."""
         if len(prompt) == 0:
             raise ValueError("empty prompt")
         if len(prompt) >= self.ctx:
@@ -268,6 +281,8 @@ class Generator:
             raise ValueError("the cache does not hold a proper prefix of the prompt")
         gen = torch.Generator().manual_seed(p.seed) if p.seed is not None else None
         text, stops = TextStream(self.tok), StopMatcher(p.stop)
+        parser = parser if parser is not None else Parser()
+        marked = TextStream(self.tok, keep_special=True) if parser.needs_special_tokens else None
         history = list(prompt)
         out_ids: list[int] = []
         pieces: list[str] = []
@@ -297,7 +312,7 @@ class Generator:
                 raise NonFiniteOutput(i, self.model.dtype)
             cache.tokens.extend(feed)
             pos += len(feed)
-            tid = sample(logits, p, history, gen)
+            tid = self.pick(logits, p, history, gen)
             dt = time.perf_counter() - step0
             if i == 0:
                 prefill_s = time.perf_counter() - t0
@@ -309,16 +324,20 @@ class Generator:
             delta, stopped = stops.feed(text.push(tid))
             if delta:
                 pieces.append(delta)
-            yield Token(request_id=request_id, token_id=tid, text=delta, index=i, seconds=dt)
+            parts = parser.feed(marked.push(tid) if marked is not None else delta)
+            yield Token(request_id=request_id, token_id=tid, text=delta, index=i, seconds=dt, deltas=tuple(parts))
             if stopped:
                 reason = "stop"
                 break
             feed = [tid]
-        if reason not in ("stop",):
-            tail = stops.flush()
-            if tail:
-                pieces.append(tail)
-                yield Token(request_id=request_id, token_id=-1, text=tail, index=len(out_ids), seconds=0.0)
+        tail = stops.flush() if reason != "stop" else ""
+        parts = (parser.feed(tail) if marked is None else []) + parser.finish()
+        if tail or parts:
+            pieces.append(tail)
+            yield Token(request_id=request_id, token_id=-1, text=tail, index=len(out_ids), seconds=0.0,
+                        deltas=tuple(parts))
         total = time.perf_counter() - t0
         yield Done(request_id=request_id, reason=reason, text="".join(pieces), token_ids=out_ids,
-                   prompt_tokens=len(prompt), reused_tokens=reuse, prefill_s=prefill_s, decode_s=total - prefill_s)
+                   prompt_tokens=len(prompt), reused_tokens=reuse, prefill_s=prefill_s, decode_s=total - prefill_s,
+                   reasoning=parser.reasoning, content=parser.content, tool_calls=tuple(parser.tool_calls),
+                   notes=tuple(parser.notes))

@@ -41,13 +41,13 @@ class LoadedModel:
         from .protocol import Loaded
 
         d, tok, gen = self.ckpt.dims, self.tokenizer, self.generator
-        if gen.template is None:
-            gen.chat_prompt([{"role": "user", "content": "Hello"}])  # builds the template
+        t = gen.chat_template()
         return Loaded(name=self.ckpt.folder.name, description=self.describe(), cpu_only=self.accel.cpu_only,
                       layers=d.layers, experts=d.experts, ctx=gen.ctx, share=share,
                       params=d.layers * d.experts * d.expert_params() + self.model.dense_params(),
                       count_tokens=lambda text: len(tok.encode(text, add_special_tokens=False)),
-                      prompt_ids=gen.template.ids, max_token_chars=max_token_chars,
+                      prompt_ids=t.ids, max_token_chars=max_token_chars, reply_format=t.format,
+                      takes_tools=t.takes_tools, thinking_switch=t.thinking_switch,
                       **getattr(self.ckpt, "bar_fields", dict)())
 
 

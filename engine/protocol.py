@@ -41,6 +41,16 @@ class Generate:
     # "chat": the conversation's own KV cache (one such request at a time, its prefix carried over
     # between turns); "pool": a cache of its own, running beside others (the local server)
     slot: str = "chat"
+    # the chat template's options (for `messages`; a client that renders prompt_ids itself passes
+    # them to Loaded.prompt_ids): tools in OpenAI's shape, {"type": "function", "function": {...}};
+    # thinking False switches reasoning off where the template can (Qwen3's enable_thinking);
+    # reasoning_effort "low" | "medium" | "high" (GPT-OSS)
+    tools: list | None = None
+    thinking: bool | None = None
+    reasoning_effort: str | None = None
+    # the reply is read in the model's own format (engine/formats: reasoning, content, tool calls);
+    # False (and any prompt_text request): all of it is content
+    formatted: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +128,9 @@ class Loaded:
     max_token_chars: int = 0  # the longest token's text: a prompt past ctx x this many characters cannot fit
     weights: str = ""  # what the file holds, for a GGUF file (e.g. "Q4_K_M GGUF, experts at 4.5 bits")
     weights_4bit: bool = False  # its experts are 4-bit already: the slider moves them, it cannot re-quantise them
+    reply_format: str = "plain"  # how its replies are read (engine/formats.FORMATS)
+    takes_tools: bool = False  # its chat template renders `tools` (else a request with tools is refused)
+    thinking_switch: bool = False  # its template can switch reasoning off (Generate.thinking=False)
 
 
 @dataclass(frozen=True, kw_only=True)

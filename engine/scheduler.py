@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from . import errorlog, native
+from . import errorlog, formats, native
 from .errors import MixdeskError
 from .generate import Done, Generator, Need
 from .kv_cache import KVCaches
@@ -157,16 +157,29 @@ class Scheduler:
                 ids = gen.tok.encode(cmd.prompt_text, add_special_tokens=True)
             else:
                 check_chars(message_chars(cmd.messages), gen.ctx, self.max_token_chars)
-                ids = gen.chat_prompt(cmd.messages or [])
+                ids = gen.chat_prompt(cmd.messages or [], tools=cmd.tools, thinking=cmd.thinking,
+                                      reasoning_effort=cmd.reasoning_effort)
             if not ids:
                 raise ValueError("empty prompt")
+            parser = self._parser(cmd, ids)
             req.cache = self.caches.claim(cmd.slot, ids, cmd.fresh)
-            req.seq = gen.sequence(ids, cmd.params, req.stop, req.cache, chunk=self.chunk, request_id=req.id)
+            req.seq = gen.sequence(ids, cmd.params, req.stop, req.cache, chunk=self.chunk, request_id=req.id,
+                                   parser=parser)
         except Exception as e:  # noqa: BLE001 - the error boundary: this request ends, the engine serves on
             self._fail(req, e, "starting the reply")
             return
         self.running.append(req)
         self._advance(req, None, first=True)
+
+    def _parser(self, cmd, ids: list[int]):
+        """How this reply is read: in the model's format (engine/formats) for a chat prompt, as plain
+        content for a prompt_text one (a completion) or one that asks so."""
+        if cmd.prompt_text is not None or not cmd.formatted:
+            return formats.Parser()
+        fmt = self.gen.chat_template().format
+        names = tuple(t.get("function", {}).get("name", "") for t in cmd.tools) if cmd.tools else None
+        tail = self.gen.tok.decode(ids[-4:], skip_special_tokens=False) if fmt == "qwen3" else ""
+        return formats.parser_for(fmt, tools=names, thinking_open=tail.rstrip().endswith("<think>"))
 
     def _advance(self, req: Request, logits, first: bool = False) -> None:
         """Run req's sequence up to its next Need (or its end), sending on what it yields."""

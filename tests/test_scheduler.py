@@ -1,7 +1,8 @@
 """The scheduler without a model: admission, batched decode, per-request stop, stop-all, prefix
 reuse, chunked prompts and failures, against a scripted forward (each token's successor is the
 next id) and a real KV cache. The scheduler is driven step by step, as the engine thread does."""
-import pytest
+from types import SimpleNamespace
+
 import torch
 
 from engine.generate import Done, Generator, SamplingParams, Token
@@ -10,6 +11,7 @@ from engine.protocol import ErrorEvent, Generate, Task
 from engine.scheduler import Scheduler
 
 V = 50
+PLAIN = SimpleNamespace(format="plain")  # a chat template's reply format (prompts here are ids)
 
 
 class Dims:
@@ -70,7 +72,7 @@ class Replies:
 def scheduler(max_streams=4, chunk=64, poison=()):
     model = ScriptedModel(poison)
     s = Scheduler(max_streams, chunk)
-    s.attach(Generator(model, Letters(), eos_ids=set(), ctx=128), max_token_chars=1)
+    s.attach(Generator(model, Letters(), eos_ids=set(), ctx=128, template=PLAIN), max_token_chars=1)
     return s, model
 
 
@@ -255,7 +257,7 @@ def test_every_decode_step_is_reported_with_its_width_and_time():
     steps = []
     model = ScriptedModel()
     s = Scheduler(4, on_decode=lambda n, sec: steps.append((n, sec)))
-    s.attach(Generator(model, Letters(), eos_ids=set(), ctx=128), max_token_chars=1)
+    s.attach(Generator(model, Letters(), eos_ids=set(), ctx=128, template=PLAIN), max_token_chars=1)
     pairs = [submit(s, gen([i, i + 1], n=5)) for i in (1, 20)]
     run(s)
     tokens = sum(len(r.done.token_ids) for _, r in pairs)
