@@ -52,6 +52,7 @@ def write_chat_model(folder: str | Path, style: str) -> Path:
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
     cfg = json.loads((folder / "config.json").read_text())
     cfg["eos_token_id"] = eos if len(eos) > 1 else eos[0]
+    cfg["max_position_embeddings"] = 4096  # prompts with tools: a byte-level tokenizer of a tiny corpus is long-winded
     (folder / "config.json").write_text(json.dumps(cfg))
     return folder
 

@@ -1,0 +1,96 @@
+"""Replies read in the model's own format, through the real engine thread: a Qwen3-style and a
+harmony-style tiny model with the published templates, their replies scripted (tests/scripted_chat.py);
+each Token's deltas join to the Done's reasoning, content and tool calls, and the template's
+switches (tools, enable_thinking, reasoning_effort) reach the prompt."""
+import json
+import time
+
+import pytest
+
+from engine.client import Client
+from engine.generate import SamplingParams
+from engine.protocol import Done, ErrorEvent, Generate, Token
+from scripted_chat import script, write_chat_model
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"city": {"type": "string"}}}}}]
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+REPLIES = {
+    "qwen3": '<think>\nThe user wants the weather.\n</think>\n\n<tool_call>\n'
+             '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    "harmony": '<|channel|>analysis<|message|>The user wants the weather.<|end|><|start|>assistant<|channel|>'
+               'commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>',
+}
+
+
+@pytest.fixture(scope="module", params=["qwen3", "harmony"])
+def chat(request, tmp_path_factory):
+    folder = write_chat_model(tmp_path_factory.mktemp(request.param), request.param)
+    c = Client()
+    loaded = c.load(str(folder), placement="cpu", dtype="fp32", ctx=2048)
+    yield request.param, c, loaded
+    c.close()
+
+
+def reply(c, **kw):
+    """A reply's Tokens and its Done, through the engine thread."""
+    got = []
+    rid = c.session.submit(Generate(params=SamplingParams(max_new_tokens=300), **kw), reply_to=got.append)
+    deadline = time.time() + 60
+    while not any(isinstance(e, (Done, ErrorEvent)) for e in got):
+        assert time.time() < deadline, got
+        time.sleep(0.02)
+    assert isinstance(got[-1], Done), got[-1]
+    assert all(e.request_id == rid for e in got)
+    return [e for e in got if isinstance(e, Token)], got[-1]
+
+
+def joined(tokens, part):
+    return "".join(d.text for t in tokens for d in t.deltas if d.part == part)
+
+
+def test_reasoning_and_a_tool_call_are_read_as_they_stream(chat):
+    style, c, loaded = chat
+    assert loaded.reply_format == style and loaded.takes_tools
+    c.task(lambda s: script(s.loaded.generator, REPLIES[style]))
+    tokens, done = reply(c, messages=ASK, tools=TOOLS)
+    assert done.reasoning == "The user wants the weather."
+    assert [(t.name, json.loads(t.arguments)) for t in done.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert done.content == "" and not done.notes
+    assert joined(tokens, "reasoning") == done.reasoning and joined(tokens, "content") == done.content
+    firsts = [d for t in tokens for d in t.deltas if d.part == "tool_call" and d.name]
+    assert [(d.index, d.id, d.name) for d in firsts] == [(0, done.tool_calls[0].id, "get_weather")]
+    args = "".join(d.text for t in tokens for d in t.deltas if d.part == "tool_call")
+    assert args == done.tool_calls[0].arguments
+
+
+def test_a_call_of_a_function_not_offered_stays_content_with_a_note(chat):
+    style, c, _ = chat
+    c.task(lambda s: script(s.loaded.generator, REPLIES[style].replace("get_weather", "delete_files")))
+    tokens, done = reply(c, messages=ASK, tools=TOOLS)
+    assert not done.tool_calls and "delete_files" in done.content and len(done.notes) == 1
+    assert joined(tokens, "content") == done.content
+
+
+def test_a_plain_completion_is_all_content(chat):
+    style, c, _ = chat
+    c.task(lambda s: script(s.loaded.generator, "<think>not parsed</think> plain"))
+    tokens, done = reply(c, prompt_text="Once upon a time")
+    assert done.reasoning == "" and done.content == done.text and "not parsed" in done.text
+
+
+def test_the_template_switches_reach_the_prompt(chat):
+    style, c, loaded = chat
+    if style == "qwen3":
+        assert loaded.thinking_switch
+        off = loaded.prompt_ids(ASK, thinking=False)
+        on = loaded.prompt_ids(ASK)
+        text = c.task(lambda s: s.loaded.tokenizer.decode(off[len(on):]))
+        assert "<think>" in text and "</think>" in text  # the empty block that switches it off
+        c.task(lambda s: script(s.loaded.generator, "Hello!"))
+        _, done = reply(c, messages=ASK, thinking=False)
+        assert done.content == "Hello!" and done.reasoning == ""
+    else:
+        low = c.task(lambda s: s.loaded.tokenizer.decode(loaded.prompt_ids(ASK, reasoning_effort="low")))
+        assert "Reasoning: low" in low
