@@ -70,9 +70,10 @@ class Client:
 
     def generate(self, messages: list[dict] | None = None, prompt_ids: list[int] | None = None,
                  params: SamplingParams = SamplingParams(), on_text: Callable[[str], None] | None = None,
-                 fresh: bool = False) -> Done:
-        """One reply, its text passed to on_text as it streams. Ctrl-C stops the reply (the
-        partial reply comes back, reason 'cancelled')."""
+                 fresh: bool = False, on_reasoning: Callable[[str], None] | None = None) -> Done:
+        """One reply, its content passed to on_text as it streams and its reasoning to on_reasoning
+        (the model's format read: engine/formats). Ctrl-C stops the reply (the partial reply comes
+        back, reason 'cancelled')."""
         rid = self.session.submit(Generate(messages=messages, prompt_ids=prompt_ids, params=params, fresh=fresh))
         while True:
             try:
@@ -82,8 +83,12 @@ class Client:
                 continue
             if isinstance(ev, ErrorEvent):
                 self._error(ev, rid)
-            elif isinstance(ev, Token) and ev.request_id == rid and on_text is not None and ev.text:
-                on_text(ev.text)
+            elif isinstance(ev, Token) and ev.request_id == rid:
+                for d in ev.deltas:
+                    if d.part == "content" and on_text is not None:
+                        on_text(d.text)
+                    elif d.part == "reasoning" and on_reasoning is not None:
+                        on_reasoning(d.text)
             elif isinstance(ev, Done) and ev.request_id == rid:
                 return ev
 

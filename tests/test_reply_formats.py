@@ -94,3 +94,19 @@ def test_the_template_switches_reach_the_prompt(chat):
     else:
         low = c.task(lambda s: s.loaded.tokenizer.decode(loaded.prompt_ids(ASK, reasoning_effort="low")))
         assert "Reasoning: low" in low
+
+
+def test_the_terminal_chat_shows_the_reasoning_apart_and_names_the_call(chat, capsys):
+    from engine.tools.cli_reply import Reply
+
+    style, c, _ = chat
+    c.task(lambda s: script(s.loaded.generator, REPLIES[style]))
+    shown, content, thought = Reply(), [], []
+    done = c.generate(ASK, params=SamplingParams(max_new_tokens=300),
+                      on_text=lambda t: (content.append(t), shown.content(t)),
+                      on_reasoning=lambda t: (thought.append(t), shown.reasoning(t)))
+    shown.end(done)
+    assert "".join(thought) == done.reasoning and "".join(content) == done.content
+    out = capsys.readouterr().out
+    assert out.startswith("[thinking] The user wants the weather.") and "<think>" not in out
+    assert "[tool call: get_weather(" in out

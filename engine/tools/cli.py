@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ..client import for_terminal, progress_bar
+from .cli_reply import Reply
 from ..errors import MixdeskError
 
 
@@ -115,10 +116,11 @@ def cmd_chat(a, on_event=None) -> int:
             turns.append({"role": "user", "content": user})
             if prompts is None:
                 print("mixdesk> ", end="", flush=True)
+            shown = Reply()
             while True:
                 try:
-                    fin = client.generate(system + turns, params=params,
-                                          on_text=lambda t: print(t, end="", flush=True))
+                    fin = client.generate(system + turns, params=params, on_text=shown.content,
+                                          on_reasoning=shown.reasoning)
                     break
                 except EngineError as e:
                     if e.kind != "ContextOverflow" or prompts is not None:
@@ -133,10 +135,10 @@ def cmd_chat(a, on_event=None) -> int:
                           "the oldest exchange was dropped]", file=sys.stderr)
             if fin is None:
                 continue
-            print()
+            shown.end(fin)
             if fin.reason == "cancelled":
                 print("[stopped]")
-            turns.append({"role": "assistant", "content": fin.text})
+            turns.append({"role": "assistant", "content": fin.content})  # its reasoning is not sent back
             if fin.reason == "context":
                 print(f"[the reply filled the {loaded.ctx}-token context; the oldest turns will be dropped "
                       "to make room]", file=sys.stderr)
@@ -297,3 +299,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
