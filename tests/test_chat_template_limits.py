@@ -225,7 +225,7 @@ CONVERSATIONS = [
                                                            "function": {"name": "f", "arguments": {"a": 1}}}]},
      {"role": "tool", "content": "42"}, {"role": "user", "content": "thanks"}],
 ]
-TEMPLATES = Path(__file__).parent / "templates"  # the published Qwen3 and gpt-oss templates
+TEMPLATES = Path(__file__).resolve().parents[1] / "resources" / "templates"  # the published Qwen3 and gpt-oss templates
 SHARED = sorted(TEMPLATES.glob("*.jinja"))
 # Written for these tests in the style of Llama 3's and Mixtral's templates: the date, a system
 # message sliced off, `+` and `~`, trim, tojson with an indent, a macro, a namespace, loop state.

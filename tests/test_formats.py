@@ -17,7 +17,7 @@ import pytest
 
 from engine.formats import FORMATS, Delta, Parser, ToolCall, format_of, parser_for
 
-TEMPLATES = Path(__file__).parent / "templates"
+TEMPLATES = Path(__file__).resolve().parents[1] / "resources" / "templates"  # the published Qwen3 and gpt-oss templates
 WEATHER = ("get_weather", "get_time")
 
 
