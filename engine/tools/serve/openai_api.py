@@ -8,6 +8,11 @@ than the context, 401 for a wrong key, 404 for an unknown model or route, 503 wh
 loaded. A streamed request's status is decided before its first byte: the response waits for the
 first token (or the error) before it starts.
 
+Chat completions speak the model's own format: tools, tool calls and reasoning (tool_fields.py
+checks the request's tool and reasoning fields, chat_messages.py turns its messages into the chat
+template's convention, chat_reply.py shapes the reply the engine read: message, deltas, finish).
+`/v1/completions` stays plain text.
+
 A client that disconnects stops its generation: the response's generator is closed, which sends
 Stop for its request, and the engine frees its slot at the next step.
 
@@ -208,31 +213,6 @@ def sampling(body: dict) -> SamplingParams:
         raise ApiError(400, "'n' must be 1: Mixdesk returns one choice per request", param="n")
     return SamplingParams(max_new_tokens=max_tokens, temperature=float(temperature), top_p=float(top_p),
                           seed=seed, stop=stop)
-
-
-def messages_of(body: dict) -> list[dict]:
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs:
-        raise ApiError(400, "'messages' must be a non-empty list of {role, content} objects", param="messages")
-    out = []
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
-            raise ApiError(400, f"messages[{i}] needs a role: system, user, assistant or tool", param="messages")
-        content = m.get("content", "")
-        if isinstance(content, list):  # content parts: the text ones are read
-            parts = []
-            for p in content:
-                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                    raise ApiError(400, f"messages[{i}].content: Mixdesk reads text parts only", param="messages")
-                parts.append(p["text"])
-            content = "".join(parts)
-        if content is None:
-            content = ""
-        if not isinstance(content, str):
-            raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts", param="messages")
-        role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": text_of(content)})
-    return out
 
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}

@@ -8,18 +8,23 @@ start without one), and with a key every /v1 request must carry `Authorization: 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import ipaddress
 import json
 import threading
 import time
 from collections import deque
+from functools import partial
 
+from .chat_messages import messages_of, prompt_chars
+from .chat_reply import ChatReply
 from .guard import Guard, protocol_with_header_deadline
-from .openai_api import (FINISH, ApiError, ClientGone, Departure, EngineLink, RequestLog, chunk_id, error_of,
-                         messages_of, now, parse_body, prompt_of, sampling, sse, stream_fields)
+from .openai_api import (FINISH, ApiError, ClientGone, Departure, EngineLink, RequestLog, chunk_id, error_of, now,
+                         parse_body, prompt_of, sampling, sse, stream_fields)
+from .tool_fields import refuse_unsupported, tool_request
 from ...errors import ContextOverflow, MixdeskError
-from ...prompt_limit import check_chars, message_chars
+from ...prompt_limit import check_chars
 from ...protocol import Done, ErrorEvent, Token
 
 LOG_LINES = 200  # the request log the window shows keeps this many
@@ -195,12 +200,17 @@ class Server:
                            code="model_not_found")
         params = sampling(body)
         stream, usage_in_stream = stream_fields(body)
+        refuse_unsupported(body, kind)
+        reply = None
         if kind == "chat":
-            messages = messages_of(body)
+            messages = messages_of(body, ld.reply_format)
             if len(messages) >= ld.ctx:  # each message takes a token at least
                 raise ApiError(400, f"{len(messages):,} messages cannot fit in a context of {ld.ctx} tokens",
                                code="context_length_exceeded", param="messages")
-            chars, kw = message_chars(messages), {"messages": messages}
+            tr = tool_request(body, ld)
+            options = {"tools": tr.rendered, "reasoning_effort": tr.reasoning_effort}
+            chars = prompt_chars(messages, tr.rendered)
+            kw = {"messages": messages, **options}
         else:
             prompt = prompt_of(body)
             chars, kw = len(prompt), {"prompt_text": prompt}
@@ -208,8 +218,15 @@ class Server:
             check_chars(chars, ld.ctx, ld.max_token_chars)
         except ContextOverflow as e:
             raise ApiError(400, str(e), code="context_length_exceeded", param="messages") from None
-        if kind == "chat" and ld.prompt_ids is not None:  # the template and tokeniser off the engine thread
-            kw = {"prompt_ids": await self._prompt_ids(ld, messages)}
+        if kind == "chat":
+            if ld.prompt_ids is not None:  # the template and tokeniser off the engine thread
+                ids = await self._prompt_ids(ld, messages, options)
+                # the prompt is rendered: Generate.tools only says which functions the reply may call
+                kw = {"prompt_ids": ids, "tools": tr.offered}
+                key = hashlib.sha256(repr(ids).encode()).hexdigest()
+            else:
+                key = hashlib.sha256(json.dumps([messages, tr.rendered], sort_keys=True).encode()).hexdigest()
+            reply = ChatReply(key, tr.parallel)
         departure = Departure(request)  # a client that leaves stops its request, streamed or not
         try:
             rid, q = self.link.start(params=params, **kw)
@@ -223,23 +240,24 @@ class Server:
                 raise error_of(first)
             cid, created = chunk_id(kind), now()
             if not stream:
-                return await self._whole(rid, q, first, kind, cid, created, ld.name, departure)
+                return await self._whole(rid, q, first, reply, cid, created, ld.name, departure)
         finally:
             departure.close()
         tally: dict = {"tokens": 0}  # the log entry and start time arrive here (logged), the count below
-        return StreamingResponse(self._events(rid, q, first, kind, cid, created, ld.name, usage_in_stream, tally),
+        return StreamingResponse(self._events(rid, q, first, reply, cid, created, ld.name, usage_in_stream, tally),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"}), tally
 
-    async def _prompt_ids(self, ld, messages) -> list[int]:
+    async def _prompt_ids(self, ld, messages, options: dict) -> list[int]:
         try:
-            return await asyncio.get_running_loop().run_in_executor(None, ld.prompt_ids, messages)
+            return await asyncio.get_running_loop().run_in_executor(None, partial(ld.prompt_ids, messages, **options))
         except ContextOverflow as e:
             raise ApiError(400, str(e), code="context_length_exceeded", param="messages") from None
         except MixdeskError as e:  # the chat template refused this conversation
             raise ApiError(400, str(e), param="messages") from None
 
-    async def _whole(self, rid, q, first, kind, cid, created, model, departure):
-        """A request answered in one piece, once its last token is out."""
+    async def _whole(self, rid, q, first, reply, cid, created, model, departure):
+        """A request answered in one piece, once its last token is out (reply: a ChatReply for a chat
+        completion, None for a plain one)."""
         from starlette.responses import JSONResponse
 
         ev = first
@@ -255,37 +273,41 @@ class Server:
         fin = ev
         usage = {"prompt_tokens": fin.prompt_tokens, "completion_tokens": len(fin.token_ids),
                  "total_tokens": fin.prompt_tokens + len(fin.token_ids)}
-        reason = FINISH.get(fin.reason, "stop")
-        if kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": fin.text}, "finish_reason": reason,
+        if reply is not None:
+            choice = {"index": 0, "message": reply.message(fin), "finish_reason": reply.finish_reason(fin),
                       "logprobs": None}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": fin.text, "finish_reason": reason, "logprobs": None}
+            choice = {"index": 0, "text": fin.text, "finish_reason": FINISH.get(fin.reason, "stop"), "logprobs": None}
             obj = "text_completion"
         return JSONResponse({"id": cid, "object": obj, "created": created, "model": model,
                              "choices": [choice], "usage": usage}), len(fin.token_ids)
 
-    async def _events(self, rid, q, first, kind, cid, created, model, include_usage, tally):
-        """The SSE body. If the client goes away, the generator is closed: its Stop ends the request."""
-        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    async def _events(self, rid, q, first, reply, cid, created, model, include_usage, tally):
+        """The SSE body (reply: a ChatReply, or None for a plain completion). If the client goes
+        away, the generator is closed: its Stop ends the request."""
+        chat = reply is not None
+        obj = "chat.completion.chunk" if chat else "text_completion"
         done = False
 
-        def chunk(delta: str | None, reason=None, role=False):
-            if kind == "chat":
-                d = {"role": "assistant", "content": ""} if role else ({} if delta is None else {"content": delta})
-                choice = {"index": 0, "delta": d, "finish_reason": reason, "logprobs": None}
+        def chunk(delta, reason=None):
+            """delta: a chat delta object (None: an empty one), or a completion's text."""
+            if chat:
+                choice = {"index": 0, "delta": delta or {}, "finish_reason": reason, "logprobs": None}
             else:
                 choice = {"index": 0, "text": delta or "", "finish_reason": reason, "logprobs": None}
             return {"id": cid, "object": obj, "created": created, "model": model, "choices": [choice]}
 
         try:
-            if kind == "chat":
-                yield sse(chunk(None, role=True))
+            if chat:
+                yield sse(chunk({"role": "assistant", "content": ""}))
             ev = first
             while True:
                 if isinstance(ev, Token):
-                    if ev.text:
+                    if chat:
+                        for d in reply.deltas(ev):
+                            yield sse(chunk(d))
+                    elif ev.text:
                         yield sse(chunk(ev.text))
                 elif isinstance(ev, ErrorEvent):
                     e = error_of(ev)
@@ -294,7 +316,7 @@ class Server:
                 elif isinstance(ev, Done):
                     fin = ev
                     tally["tokens"] = len(fin.token_ids)
-                    yield sse(chunk(None, FINISH.get(fin.reason, "stop")))
+                    yield sse(chunk(None, reply.finish_reason(fin) if chat else FINISH.get(fin.reason, "stop")))
                     if include_usage:
                         n = len(fin.token_ids)
                         yield sse({"id": cid, "object": obj, "created": created, "model": model, "choices": [],
