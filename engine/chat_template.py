@@ -121,8 +121,10 @@ class ChatTemplate:
             options["enable_thinking"] = bool(thinking)
         if reasoning_effort is not None:
             options["reasoning_effort"] = reasoning_effort
-        marked = self.control.mark(messages)
-        text = self.render(messages if marked is None else marked, tools=tools, **options)
+        marked = self.control.mark({"messages": messages, "tools": tools})  # typed in a tool's description too
+        if marked is not None:
+            messages, tools = marked["messages"], marked["tools"]
+        text = self.render(messages, tools=tools, **options)
         if not text:
             raise TemplateProblem("the chat template rendered an empty prompt for this conversation")
         if marked is None:

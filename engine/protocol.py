@@ -42,7 +42,8 @@ class Generate:
     # between turns); "pool": a cache of its own, running beside others (the local server)
     slot: str = "chat"
     # the chat template's options (for `messages`; a client that renders prompt_ids itself passes
-    # them to Loaded.prompt_ids): tools in OpenAI's shape, {"type": "function", "function": {...}};
+    # them to Loaded.prompt_ids): tools in OpenAI's shape, {"type": "function", "function": {...}}, the
+    # functions the reply may call (None: none offered, any call is read; []: a call stays content);
     # thinking False switches reasoning off where the template can (Qwen3's enable_thinking);
     # reasoning_effort "low" | "medium" | "high" (GPT-OSS)
     tools: list | None = None

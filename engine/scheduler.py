@@ -177,7 +177,8 @@ class Scheduler:
         if cmd.prompt_text is not None or not cmd.formatted:
             return formats.Parser()
         fmt = self.gen.chat_template().format
-        names = tuple(t.get("function", {}).get("name", "") for t in cmd.tools) if cmd.tools else None
+        # tools=None: none were offered, any call is read (the window shows it); []: none may be called
+        names = None if cmd.tools is None else tuple(t.get("function", {}).get("name", "") for t in cmd.tools)
         tail = self.gen.tok.decode(ids[-4:], skip_special_tokens=False) if fmt == "qwen3" else ""
         return formats.parser_for(fmt, tools=names, thinking_open=tail.rstrip().endswith("<think>"))
 

@@ -7,8 +7,7 @@ What the engine is given (`ToolRequest`):
   {"type": "function", "function": {name, description, parameters}} objects), None for none;
 - `offered`: what Generate.tools gets, from which the engine's parser learns which functions may be
   called. A call of any other function stays content (with a note), so a request without tools, or
-  with `tool_choice: "none"`, offers a function no model can name (`NO_FUNCTION`): any markup the
-  model writes anyway stays content.
+  with `tool_choice: "none"`, offers none (`[]`): any markup the model writes anyway stays content.
 
 `tool_choice` "required" and a named function ask the server to force a call. It has no
 constrained decoding, so it could only hope the model calls one: those are refused with a 400 that
@@ -25,9 +24,6 @@ from .openai_api import ApiError
 MAX_TOOLS = 128  # OpenAI's own limit
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule; harmony writes `to=functions.NAME`, so no dots
 EFFORTS = ("low", "medium", "high")
-# Generate.tools when no function may be called: the engine reads any call as content (no model
-# can name a function called ""), and the prompt was rendered without it (prompt_ids)
-NO_FUNCTION = ({"type": "function", "function": {"name": ""}},)
 NO_FORCING = ("this server has no constrained decoding, so it cannot force the model to call a function; "
               "send tool_choice \"auto\" (with only the tools the model may call) and check the reply's "
               "tool_calls")
@@ -36,7 +32,7 @@ NO_FORCING = ("this server has no constrained decoding, so it cannot force the m
 @dataclass(frozen=True)
 class ToolRequest:
     rendered: list | None  # the tools the template renders (None: none)
-    offered: list  # Generate.tools: the functions the reply may call (NO_FUNCTION: none)
+    offered: list  # Generate.tools: the functions the reply may call ([]: none)
     parallel: bool  # False: only the reply's first call is kept
     reasoning_effort: str | None  # for templates that take it (GPT-OSS)
 
@@ -158,5 +154,5 @@ def tool_request(body: dict, loaded) -> ToolRequest:
         # GPT-OSS's template writes `"// " + tool.description`, which fails without one (OpenAI's is optional)
         tools = [t if "description" in t["function"] else {**t, "function": {**t["function"], "description": ""}}
                  for t in tools]
-    offered = tools if tools is not None else list(NO_FUNCTION)
+    offered = tools if tools is not None else []
     return ToolRequest(rendered=tools, offered=offered, parallel=parallel is not False, reasoning_effort=effort)
