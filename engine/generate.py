@@ -19,7 +19,7 @@ import torch
 
 from . import native
 from .errors import ContextOverflow, InputError, MixdeskError
-from .formats import Parser
+from .formats import Delta, Parser
 from .model import KVCache, MoEModel
 
 
@@ -176,6 +176,47 @@ class StopMatcher:
         return out
 
 
+class Answer:
+    """A reply's parts as they go out: the parser's deltas, the content ending at the first stop
+    string (then nothing more goes out). The Done's reasoning, content and tool calls are what went
+    out, so the streamed deltas always join to them."""
+
+    def __init__(self, parser: Parser, stops: tuple[str, ...]):
+        self.parser, self.stops = parser, StopMatcher(stops)
+        self.reasoning = self.content = ""
+        self.calls = 0  # tool calls sent
+        self.stopped = False
+
+    @property
+    def tool_calls(self) -> tuple:
+        return tuple(self.parser.tool_calls[:self.calls])
+
+    def feed(self, text: str) -> list:
+        return self._out(self.parser.feed(text))
+
+    def finish(self) -> list:
+        out = self._out(self.parser.finish())
+        return out if self.stopped else out + self._out([Delta("content", self.stops.flush())], flush=True)
+
+    def _out(self, parts: list, flush: bool = False) -> list:
+        out = []
+        for d in parts:
+            if self.stopped:
+                break
+            if d.part == "content" and not flush:
+                text, self.stopped = self.stops.feed(d.text)
+                d = Delta("content", text)
+            if d.part == "content" and d.text:
+                self.content += d.text
+            elif d.part == "reasoning":
+                self.reasoning += d.text
+            elif d.part == "tool_call" and d.name:
+                self.calls += 1
+            if d.text or d.part == "tool_call":
+                out.append(d)
+        return out
+
+
 @dataclass(frozen=True)
 class Need:
     """A sequence asks for one forward pass: the logits after the last of `feed`, placed at
@@ -280,9 +321,11 @@ class Generator:
         if reuse >= len(prompt) or cache.tokens != prompt[:reuse]:
             raise ValueError("the cache does not hold a proper prefix of the prompt")
         gen = torch.Generator().manual_seed(p.seed) if p.seed is not None else None
-        text, stops = TextStream(self.tok), StopMatcher(p.stop)
         parser = parser if parser is not None else Parser()
         marked = TextStream(self.tok, keep_special=True) if parser.needs_special_tokens else None
+        # stop strings end the answer: the visible text of a plain reply, the content of a parsed one
+        text, stops = TextStream(self.tok), StopMatcher(p.stop if marked is None else ())
+        answer = Answer(parser, p.stop if marked is not None else ())
         history = list(prompt)
         out_ids: list[int] = []
         pieces: list[str] = []
@@ -324,14 +367,14 @@ class Generator:
             delta, stopped = stops.feed(text.push(tid))
             if delta:
                 pieces.append(delta)
-            parts = parser.feed(marked.push(tid) if marked is not None else delta)
+            parts = answer.feed(marked.push(tid) if marked is not None else delta)
             yield Token(request_id=request_id, token_id=tid, text=delta, index=i, seconds=dt, deltas=tuple(parts))
-            if stopped:
+            if stopped or answer.stopped:
                 reason = "stop"
                 break
             feed = [tid]
         tail = stops.flush() if reason != "stop" else ""
-        parts = (parser.feed(tail) if marked is None else []) + parser.finish()
+        parts = (answer.feed(tail) if marked is None else []) + answer.finish()
         if tail or parts:
             pieces.append(tail)
             yield Token(request_id=request_id, token_id=-1, text=tail, index=len(out_ids), seconds=0.0,
@@ -339,5 +382,5 @@ class Generator:
         total = time.perf_counter() - t0
         yield Done(request_id=request_id, reason=reason, text="".join(pieces), token_ids=out_ids,
                    prompt_tokens=len(prompt), reused_tokens=reuse, prefill_s=prefill_s, decode_s=total - prefill_s,
-                   reasoning=parser.reasoning, content=parser.content, tool_calls=tuple(parser.tool_calls),
+                   reasoning=answer.reasoning, content=answer.content, tool_calls=answer.tool_calls,
                    notes=tuple(parser.notes))

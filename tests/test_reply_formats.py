@@ -36,7 +36,8 @@ def chat(request, tmp_path_factory):
 def reply(c, **kw):
     """A reply's Tokens and its Done, through the engine thread."""
     got = []
-    rid = c.session.submit(Generate(params=SamplingParams(max_new_tokens=300), **kw), reply_to=got.append)
+    kw.setdefault("params", SamplingParams(max_new_tokens=300))
+    rid = c.session.submit(Generate(**kw), reply_to=got.append)
     deadline = time.time() + 60
     while not any(isinstance(e, (Done, ErrorEvent)) for e in got):
         assert time.time() < deadline, got
@@ -120,3 +121,14 @@ def test_control_tokens_typed_in_a_tool_are_text(chat):
     plain, injected = loaded.prompt_ids(ASK, tools=TOOLS), loaded.prompt_ids(ASK, tools=evil)
     assert injected.count(end_id) == plain.count(end_id)  # the typed one is tokenised as text
     assert c.task(lambda s: end in s.loaded.tokenizer.decode(injected))
+
+
+def test_a_stop_string_ends_the_answer_not_the_reasoning(chat):
+    style, c, _ = chat
+    answer = ("<think>\nsunny in the notes\n</think>\n\nIt is sunny in Paris." if style == "qwen3" else
+              "<|channel|>analysis<|message|>sunny in the notes<|end|><|start|>assistant<|channel|>final"
+              "<|message|>It is sunny in Paris.")
+    c.task(lambda s: script(s.loaded.generator, answer))
+    tokens, done = reply(c, messages=ASK, params=SamplingParams(max_new_tokens=300, stop=("sunny in",)))
+    assert done.reason == "stop" and done.content == "It is " and done.reasoning == "sunny in the notes"
+    assert joined(tokens, "content") == done.content and joined(tokens, "reasoning") == done.reasoning
