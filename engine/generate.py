@@ -306,13 +306,14 @@ class Generator:
         return self.model.new_cache(self.ctx)
 
     def sequence(self, prompt: list[int], p: SamplingParams, cancel, cache: KVCache, chunk: int = 0,
-                 request_id: int = 0, parser: Parser | None = None):
+                 request_id: int = 0, parser: Parser | None = None, opening: str = ""):
         """The coroutine behind stream (see the module's docstring). `cache` holds keys and values
         of the prompt's first len(cache.tokens) tokens already (its owner kept only a common prefix:
         engine/kv_cache.py); the rest is read. chunk > 0: the prompt is fed in chunks of that many
         tokens, each its own Need, so a driver can run other sequences' decode steps between them.
         cancel: anything with is_set(), or None. Its events carry request_id. parser reads the reply in
-        the model's format as it streams (engine/formats; None: all of it is content)."""
+        the model's format as it streams (engine/formats; None: all of it is content). opening: text
+        the prompt ends with that is the reply's own start (read first; Generate.reply_prefix)."""
         if len(prompt) == 0:
             raise ValueError("empty prompt")
         if len(prompt) >= self.ctx:
@@ -326,6 +327,7 @@ class Generator:
         # stop strings end the answer: the visible text of a plain reply, the content of a parsed one
         text, stops = TextStream(self.tok), StopMatcher(p.stop if marked is None else ())
         answer = Answer(parser, p.stop if marked is not None else ())
+        opened = answer.feed(opening) if opening else []  # goes out with the first token
         history = list(prompt)
         out_ids: list[int] = []
         pieces: list[str] = []
@@ -367,14 +369,14 @@ class Generator:
             delta, stopped = stops.feed(text.push(tid))
             if delta:
                 pieces.append(delta)
-            parts = answer.feed(marked.push(tid) if marked is not None else delta)
+            parts, opened = opened + answer.feed(marked.push(tid) if marked is not None else delta), []
             yield Token(request_id=request_id, token_id=tid, text=delta, index=i, seconds=dt, deltas=tuple(parts))
             if stopped or answer.stopped:
                 reason = "stop"
                 break
             feed = [tid]
         tail = stops.flush() if reason != "stop" else ""
-        parts = (answer.feed(tail) if marked is None else []) + answer.finish()
+        parts = opened + (answer.feed(tail) if marked is None else []) + answer.finish()
         if tail or parts:
             pieces.append(tail)
             yield Token(request_id=request_id, token_id=-1, text=tail, index=len(out_ids), seconds=0.0,

@@ -52,6 +52,9 @@ class Generate:
     # the reply is read in the model's own format (engine/formats: reasoning, content, tool calls);
     # False (and any prompt_text request): all of it is content
     formatted: bool = True
+    # text the reply starts with: it ends the prompt and is read as the reply's first text (a tool
+    # call forced by opening it: the server's tool_choice "required" or a named function)
+    reply_prefix: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

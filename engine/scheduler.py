@@ -162,9 +162,11 @@ class Scheduler:
             if not ids:
                 raise ValueError("empty prompt")
             parser = self._parser(cmd, ids)
+            if cmd.reply_prefix:
+                ids = ids + gen.tok.encode(cmd.reply_prefix, add_special_tokens=False)
             req.cache = self.caches.claim(cmd.slot, ids, cmd.fresh)
             req.seq = gen.sequence(ids, cmd.params, req.stop, req.cache, chunk=self.chunk, request_id=req.id,
-                                   parser=parser)
+                                   parser=parser, opening=cmd.reply_prefix)
         except Exception as e:  # noqa: BLE001 - the error boundary: this request ends, the engine serves on
             self._fail(req, e, "starting the reply")
             return

@@ -210,7 +210,7 @@ class Server:
             tr = tool_request(body, ld)
             options = {"tools": tr.rendered, "reasoning_effort": tr.reasoning_effort}
             chars = prompt_chars(messages, tr.rendered)
-            kw = {"messages": messages, **options}
+            kw = {"messages": messages, "reply_prefix": tr.prefix, **options}
         else:
             prompt = prompt_of(body)
             chars, kw = len(prompt), {"prompt_text": prompt}
@@ -222,7 +222,7 @@ class Server:
             if ld.prompt_ids is not None:  # the template and tokeniser off the engine thread
                 ids = await self._prompt_ids(ld, messages, options)
                 # the prompt is rendered: Generate.tools only says which functions the reply may call
-                kw = {"prompt_ids": ids, "tools": tr.offered}
+                kw = {"prompt_ids": ids, "tools": tr.offered, "reply_prefix": tr.prefix}
                 key = hashlib.sha256(repr(ids).encode()).hexdigest()
             else:
                 key = hashlib.sha256(json.dumps([messages, tr.rendered], sort_keys=True).encode()).hexdigest()

@@ -9,9 +9,11 @@ What the engine is given (`ToolRequest`):
   called. A call of any other function stays content (with a note), so a request without tools, or
   with `tool_choice: "none"`, offers none (`[]`): any markup the model writes anyway stays content.
 
-`tool_choice` "required" and a named function ask the server to force a call. It has no
-constrained decoding, so it could only hope the model calls one: those are refused with a 400 that
-says so, rather than answered with a reply that may not hold the call asked for.
+`tool_choice` "required" and a named function force a call by opening it: the reply starts with
+the format's call markup (`reply_prefix`, with the function's name for a named one), which ends the
+prompt and is read as the reply's first text, so the model writes the rest of a call (for a named
+function: its arguments). Without constrained decoding the model may still write arguments that
+are not JSON: then the reply has no tool_calls and its content says so (a note), as with "auto".
 """
 from __future__ import annotations
 
@@ -24,9 +26,12 @@ from .openai_api import ApiError
 MAX_TOOLS = 128  # OpenAI's own limit
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule; harmony writes `to=functions.NAME`, so no dots
 EFFORTS = ("low", "medium", "high")
-NO_FORCING = ("this server has no constrained decoding, so it cannot force the model to call a function; "
-              "send tool_choice \"auto\" (with only the tools the model may call) and check the reply's "
-              "tool_calls")
+# how each format's reply opens a call: (any function, the named function NAME)
+OPENINGS = {
+    "qwen3": ("<tool_call>\n", '<tool_call>\n{"name": "NAME", "arguments": '),
+    "harmony": ("<|channel|>commentary to=functions.", "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>"),
+    "mistral": ("[TOOL_CALLS]", '[TOOL_CALLS][{"name": "NAME", "arguments": '),
+}
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class ToolRequest:
     offered: list  # Generate.tools: the functions the reply may call ([]: none)
     parallel: bool  # False: only the reply's first call is kept
     reasoning_effort: str | None  # for templates that take it (GPT-OSS)
+    prefix: str = ""  # Generate.reply_prefix: a call opened (tool_choice "required" or a named function)
 
 
 def _say(v) -> str:
@@ -92,7 +98,7 @@ def tools_of(body: dict) -> list | None:
 
 
 def choice_of(body: dict, tools: list | None) -> str:
-    """`tool_choice`: "auto" or "none" ("required" and a named function are refused: NO_FORCING)."""
+    """`tool_choice`: "auto", "none", "required", or the name of the function it names."""
     choice = body.get("tool_choice")
     if choice is None:
         return "auto"
@@ -103,9 +109,16 @@ def choice_of(body: dict, tools: list | None) -> str:
         what = "'required'" if choice == "required" else f"the function {choice['function'].get('name')!r}"
         if tools is None:
             raise ApiError(400, f"'tool_choice' asks for {what}, but the request has no 'tools'", param="tool_choice")
-        raise ApiError(400, f"'tool_choice' {what}: {NO_FORCING}", param="tool_choice", code="unsupported_value")
-    raise ApiError(400, "'tool_choice' must be \"auto\" or \"none\" (\"required\" and a named function are "
-                   f"refused: {NO_FORCING}), not {_say(choice)}", param="tool_choice")
+        if choice == "required":
+            return "required"
+        name = choice["function"].get("name")
+        if name not in {t["function"]["name"] for t in tools}:
+            raise ApiError(400, f"'tool_choice' names the function {_say(name)}, which is not in 'tools'",
+                           param="tool_choice.function.name")
+        return "function:" + name
+    raise ApiError(400, "'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                   f"{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}, not {_say(choice)}",
+                   param="tool_choice")
 
 
 def refuse_unsupported(body: dict, kind: str) -> None:
@@ -154,5 +167,13 @@ def tool_request(body: dict, loaded) -> ToolRequest:
         # GPT-OSS's template writes `"// " + tool.description`, which fails without one (OpenAI's is optional)
         tools = [t if "description" in t["function"] else {**t, "function": {**t["function"], "description": ""}}
                  for t in tools]
-    offered = tools if tools is not None else []
-    return ToolRequest(rendered=tools, offered=offered, parallel=parallel is not False, reasoning_effort=effort)
+    offered, prefix = (tools if tools is not None else []), ""
+    if choice == "required" or choice.startswith("function:"):
+        anyone, named = OPENINGS[loaded.reply_format]
+        if choice == "required":
+            prefix = anyone
+        else:
+            name = choice.removeprefix("function:")
+            offered, prefix = [t for t in tools if t["function"]["name"] == name], named.replace("NAME", name)
+    return ToolRequest(rendered=tools, offered=offered, parallel=parallel is not False, reasoning_effort=effort,
+                       prefix=prefix)
