@@ -316,3 +316,19 @@ def test_tool_choice_required_and_named_open_the_call_for_the_model(models, styl
         assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
         assert r.choices[0].finish_reason == "tool_calls" and not r.choices[0].message.content
         assert joined(m.chat(messages=ASK, tools=TOOLS, tool_choice=choice, stream=True)) == whole(r)
+
+
+def test_enable_thinking_switches_qwen3s_reasoning_off(models):
+    m = models("qwen3")
+    m.script("Hi!")
+    r = m.chat(messages=ASK, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert r.choices[0].message.content == "Hi!"
+    assert m.prompts[-1].endswith("<think>\n\n</think>\n\n")  # the template's empty block: no reasoning
+    for bad in ({"enable_thinking": "no"}, {"tokenize": True}, [1]):
+        body = {"model": m.loaded.name, "messages": ASK, "max_tokens": 2, "chat_template_kwargs": bad}
+        status, _, answer = send(m.server.url, "POST", "/chat/completions", json.dumps(body).encode(), JSON)
+        assert status == 400 and answer["error"]["param"].startswith("chat_template_kwargs"), answer
+    h = models("harmony")
+    body = {"model": h.loaded.name, "messages": ASK, "max_tokens": 2, "chat_template_kwargs": {"enable_thinking": False}}
+    status, _, answer = send(h.server.url, "POST", "/chat/completions", json.dumps(body).encode(), JSON)
+    assert status == 400 and answer["error"]["param"] == "chat_template_kwargs.enable_thinking"

@@ -208,7 +208,7 @@ class Server:
                 raise ApiError(400, f"{len(messages):,} messages cannot fit in a context of {ld.ctx} tokens",
                                code="context_length_exceeded", param="messages")
             tr = tool_request(body, ld)
-            options = {"tools": tr.rendered, "reasoning_effort": tr.reasoning_effort}
+            options = {"tools": tr.rendered, "reasoning_effort": tr.reasoning_effort, "thinking": tr.thinking}
             chars = prompt_chars(messages, tr.rendered)
             kw = {"messages": messages, "reply_prefix": tr.prefix, **options}
         else:

@@ -1,5 +1,6 @@
 """A chat request's tool and reasoning fields, checked: `tools`, `tool_choice`,
-`parallel_tool_calls`, `reasoning_effort`, and the fields this server refuses rather than ignores
+`parallel_tool_calls`, `reasoning_effort`, `chat_template_kwargs.enable_thinking`, and the fields this
+server refuses rather than ignores
 (`response_format` other than text, `logprobs`, `top_logprobs`, the legacy `functions`).
 
 What the engine is given (`ToolRequest`):
@@ -41,6 +42,7 @@ class ToolRequest:
     parallel: bool  # False: only the reply's first call is kept
     reasoning_effort: str | None  # for templates that take it (GPT-OSS)
     prefix: str = ""  # Generate.reply_prefix: a call opened (tool_choice "required" or a named function)
+    thinking: bool | None = None  # chat_template_kwargs.enable_thinking (Qwen3's switch; None: the template's default)
 
 
 def _say(v) -> str:
@@ -176,4 +178,26 @@ def tool_request(body: dict, loaded) -> ToolRequest:
             name = choice.removeprefix("function:")
             offered, prefix = [t for t in tools if t["function"]["name"] == name], named.replace("NAME", name)
     return ToolRequest(rendered=tools, offered=offered, parallel=parallel is not False, reasoning_effort=effort,
-                       prefix=prefix)
+                       prefix=prefix, thinking=thinking_of(body, loaded))
+
+
+def thinking_of(body: dict, loaded) -> bool | None:
+    """`chat_template_kwargs` (vLLM's and llama.cpp's field): only `enable_thinking` is taken, for a
+    template that has the switch (Loaded.thinking_switch); anything else is refused."""
+    kw = body.get("chat_template_kwargs")
+    if kw is None:
+        return None
+    if not isinstance(kw, dict) or set(kw) - {"enable_thinking"}:
+        raise ApiError(400, "'chat_template_kwargs' may only hold 'enable_thinking' (true or false) here, not "
+                       f"{_say(kw)}", param="chat_template_kwargs", code="unsupported_parameter")
+    on = kw.get("enable_thinking")
+    if on is None:
+        return None
+    if not isinstance(on, bool):
+        raise ApiError(400, f"'chat_template_kwargs.enable_thinking' must be true or false, not {_say(on)}",
+                       param="chat_template_kwargs.enable_thinking")
+    if not loaded.thinking_switch:
+        raise ApiError(400, f"the model {loaded.name!r} cannot switch its reasoning off or on: its chat template "
+                       "has no enable_thinking", param="chat_template_kwargs.enable_thinking",
+                       code="unsupported_parameter")
+    return on
