@@ -1,5 +1,6 @@
 """The composer: the message being written, its attachments, and the buttons that act on the
-conversation (attach, send, stop, regenerate, edit last), with the context indicator. It says what
+conversation (attach, send, stop, regenerate, edit last), the Think switch (shown for a model whose
+chat template can switch its reasoning off), with the context indicator. It says what
 the user asked for through signals; the window decides what happens. Files pasted from a file
 manager (URLs on the clipboard) become attachments, not text."""
 from __future__ import annotations
@@ -17,6 +18,7 @@ class Composer(QWidget):
     stop_requested = Signal()
     regenerate_requested = Signal()
     edit_requested = Signal()
+    think_toggled = Signal(bool)
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -32,6 +34,10 @@ class Composer(QWidget):
         self.attach_btn = QToolButton(text="Attach…")
         self.attach_btn.setToolTip("Attach files (txt, md, code, csv, json, html, pdf, docx)")
         self.attach_btn.clicked.connect(self.attachments.attach_dialog)
+        self.think_btn = QToolButton(text="Think", checkable=True, checked=True)
+        self.think_btn.setToolTip("Let the model reason before it answers (off: quicker answers, no reasoning)")
+        self.think_btn.toggled.connect(self.think_toggled)
+        self.think_btn.hide()
         self.send_btn = QPushButton("Send")
         self.send_btn.clicked.connect(self.send_requested)
         self.stop_btn = QPushButton("Stop")
@@ -42,7 +48,7 @@ class Composer(QWidget):
         self.edit_btn = QPushButton("Edit last")
         self.edit_btn.clicked.connect(self.edit_requested)
         self.context_label = QLabel("")
-        for w in (self.attach_btn, self.send_btn, self.stop_btn, self.regen_btn, self.edit_btn):
+        for w in (self.attach_btn, self.think_btn, self.send_btn, self.stop_btn, self.regen_btn, self.edit_btn):
             row.addWidget(w)
         row.addStretch(1)
         row.addWidget(self.context_label)
@@ -52,6 +58,12 @@ class Composer(QWidget):
         """Send while idle (and a model is ready), Stop while a reply streams."""
         self.send_btn.setEnabled(ready and not generating)
         self.stop_btn.setEnabled(generating)
+
+    def set_think(self, on: bool) -> None:
+        """The Think switch as the chat shown remembers it (no think_toggled)."""
+        self.think_btn.blockSignals(True)
+        self.think_btn.setChecked(on)
+        self.think_btn.blockSignals(False)
 
     def paste_files(self, mime=None) -> bool:
         """Files copied in a file manager arrive as URLs on the clipboard: attach them."""

@@ -12,6 +12,10 @@ slider towards speed and waits for the migration, then saves:
 - picker-<theme>.png: the model picker (File → Open model…).
 - download-<theme>.png: the progress row during a hub download. The events are those the engine
   sends while huggingface_hub fetches files (stage "download"), fed to the window here: no network.
+- reasoning-folded-<theme>.png, reasoning-unfolded-<theme>.png: a chat with a reasoning model's
+  replies, their reasoning folded above the answer ("Thought for N s"), then the first one unfolded
+  (clicked open), and a tool call the model made shown as a call. The chat is seeded into the
+  database as the window stores such replies (the demo model does not reason).
 """
 from __future__ import annotations
 
@@ -41,6 +45,19 @@ def route(logits: torch.Tensor, k: int = 2):
 
 Each token then runs only **2 of the 8 experts** in the layer."""
 
+REASONING = [  # (question, answer, what the window stores of the reply besides its answer)
+    ("A train leaves at 9:40 and arrives at 13:15. How long is the trip?",
+     "The trip takes **3 hours 35 minutes**.",
+     {"reasoning": "From 9:40 to 12:40 is 3 hours.\nFrom 12:40 to 13:15 is 35 minutes.\n"
+                   "So the trip is 3 hours and 35 minutes. Double-check: 9:40 + 3:35 = 13:15. Correct.",
+      "thought_s": 4.2, "stats": "seeded example reply"}),
+    ("And what's the weather like in Paris right now?", "",
+     {"reasoning": "The user asks for the current weather in Paris. I cannot know it myself; "
+                   "the get_weather function answers that.", "thought_s": 1.6,
+      "tool_calls": [{"id": "call_0", "name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}],
+      "stats": "seeded example reply"}),
+]
+
 
 def shoot(app: QApplication, out: Path, theme_name: str) -> bool:
     store = Store(Path(tempfile.mkdtemp()) / "chats.sqlite3")
@@ -69,6 +86,23 @@ def shoot(app: QApplication, out: Path, theme_name: str) -> bool:
         elif s == 2 and state["ticks"] - state["wait"] > 30 and not w.bridge.session.controller.migrating:
             w.grab().save(str(out / f"window-{theme_name.lower()}.png"))
             w.panel.grab().save(str(out / f"panel-{theme_name.lower()}.png"))
+            w.cid = thinking = state["thinking"] = store.new_conversation("Train times (a reasoning model)")
+            for question, answer, meta in REASONING:
+                store.add_message(thinking, "user", question)
+                store.add_message(thinking, "assistant", answer, meta=meta)
+            w.refresh_conversations()
+            w.chat.show_messages(store.messages(thinking))
+            state["step"], state["wait"] = 5, state["ticks"]
+        elif s == 5 and state["ticks"] - state["wait"] > 3:
+            w.grab().save(str(out / f"reasoning-folded-{theme_name.lower()}.png"))
+            w.chat.toggle_thought(0)  # what a click on its header does
+            state["step"], state["wait"] = 6, state["ticks"]
+        elif s == 6 and state["ticks"] - state["wait"] > 3:
+            w.grab().save(str(out / f"reasoning-unfolded-{theme_name.lower()}.png"))
+            store.delete(state["thinking"])  # the other shots show the first chat alone, as before
+            w.cid = cid
+            w.refresh_conversations()
+            w.chat.show_messages(store.messages(cid))
             w.pick_model()
             state["step"], state["wait"] = 3, state["ticks"]
         elif s == 3 and state["ticks"] - state["wait"] > 5:
