@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from . import Delta, Parser, ToolCall
+from .base import Delta, Parser, ToolCall
 
 UNREADABLE = "the model's tool call could not be read: "
 
