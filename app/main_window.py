@@ -48,7 +48,6 @@ class MainWindow(QMainWindow):
         self.cid: int | None = None
         self.request: int | None = None  # the reply in progress: its id from the engine (or the remote)
         self.reply_mid: int | None = None
-        self.reply_remote = False  # the reply in progress comes from a served model (its text is all answer)
         self.reply_s = 0.0  # its steps' seconds so far
         self.thought_s: float | None = None  # of those, the seconds up to its last reasoning
         self.last_save = 0.0
@@ -236,7 +235,7 @@ class MainWindow(QMainWindow):
         self.last_save = time.monotonic()
         self.composer.set_generating(True)
         self.chat.begin_stream(key=self.reply_mid)
-        self.reply_remote, self.reply_s, self.thought_s = self.remote is not None, 0.0, None
+        self.reply_s, self.thought_s = 0.0, None
         if self.remote is not None:
             self.request = self.remote.generate(self.history(), self.params)
         else:
@@ -325,7 +324,7 @@ class MainWindow(QMainWindow):
                 meta["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in ev.tool_calls]
             if ev.notes:
                 meta["notes"] = list(ev.notes)
-            content = ev.text if self.reply_remote else ev.content
+            content = ev.content
             self.store.update_message(self.reply_mid, content, complete=True, meta=meta)
             self.chat.end_stream(stats, content, meta)
             self.generating = False
@@ -397,12 +396,9 @@ class MainWindow(QMainWindow):
                 self.cancel_btn.hide()
 
     def _take(self, ev: Token) -> None:
-        """A token's pieces: content to the answer, reasoning to its block (a served model's text is
-        all answer: the remote chat reads no format)."""
+        """A token's pieces: content to the answer, reasoning to its block (a served model's come
+        from its server's reasoning_content and content: app/remote.py)."""
         self.reply_s += ev.seconds
-        if self.reply_remote:
-            self.chat.add_text(ev.text)
-            return
         for d in ev.deltas:
             if d.part == "reasoning":
                 self.chat.add_reasoning(d.text)

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from PySide6.QtCore import QObject, Signal
 
+from engine.formats import Delta
 from engine.generate import SamplingParams
 from engine.protocol import Done, ErrorEvent, Token
 
@@ -112,7 +113,7 @@ class RemoteChat(QObject):
         if p.stop:
             body["stop"] = list(p.stop)
         t0 = time.perf_counter()
-        pieces, first, usage, reason = [], None, None, "eos"
+        pieces, thoughts, first, usage, reason = [], [], None, None, "eos"
         conn = None
         try:
             conn, resp = _request(self.base, self.key, "POST", "/chat/completions", body, timeout=300)
@@ -131,13 +132,17 @@ class RemoteChat(QObject):
                     raise RemoteError(f"{self.base}: {chunk['error'].get('message', chunk['error'])}")
                 usage = chunk.get("usage") or usage
                 for ch in chunk.get("choices") or []:
-                    text = (ch.get("delta") or {}).get("content") or ""
-                    if text:
+                    delta = ch.get("delta") or {}
+                    thought = delta.get("reasoning_content") or ""  # Mixdesk's, llama.cpp's and vLLM's field
+                    text = delta.get("content") or ""
+                    if thought or text:
                         if first is None:
                             first = time.perf_counter()
                         pieces.append(text)
+                        thoughts.append(thought)
+                        parts = tuple(Delta(part, t) for part, t in (("reasoning", thought), ("content", text)) if t)
                         self.events.emit([Token(request_id=rid, token_id=-1, text=text, index=len(pieces) - 1,
-                                                seconds=0.0)])
+                                                seconds=0.0, deltas=parts)])
                     if ch.get("finish_reason"):
                         reason = {"stop": "eos", "length": "length"}.get(ch["finish_reason"], ch["finish_reason"])
         except (RemoteError, OSError, ValueError, http.client.HTTPException) as e:
@@ -153,7 +158,7 @@ class RemoteChat(QObject):
         prompt = int(usage.get("prompt_tokens", 0)) if usage else 0
         self.events.emit([Done(request_id=rid, reason=reason, text="".join(pieces), token_ids=[-1] * n,
                                prompt_tokens=prompt, reused_tokens=0, prefill_s=(first or end) - t0,
-                               decode_s=end - (first or end))])
+                               decode_s=end - (first or end), reasoning="".join(thoughts), content="".join(pieces))])
 
 
 # ---- the window's side: File > Connect to a server, File > Use the local model ----

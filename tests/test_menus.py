@@ -353,8 +353,15 @@ def offered_only_with_a_gpu(k: Walk):
     assert not k.w.gpu_offer.isVisibleTo(k.w)
 
 
+def offered_only_for_a_switchable_template(k: Walk):
+    """The Think switch shows only for a model whose template can switch reasoning off (this tiny
+    one cannot): tests/test_reasoning_window.py clicks it on a Qwen3-style model."""
+    assert not k.w.composer.think_btn.isVisibleTo(k.w)
+
+
 BUTTONS = {
     "Cancel": cancel_calibration,
+    "Think": offered_only_for_a_switchable_template,
     "New chat": new_chat,
     "Attach…": attach,
     "Send": send,
@@ -390,7 +397,7 @@ def test_every_menu_action_and_button_does_what_it_says(qtbot, tiny, tmp_path, m
         with no_uncaught_exceptions():
             BUTTONS["Cancel"](k)
             slowed[0] = False
-            for text in ("Send", "Stop", "Regenerate", "Edit last", "Attach…", "Download…", "Not now"):
+            for text in ("Send", "Stop", "Regenerate", "Edit last", "Attach…", "Download…", "Not now", "Think"):
                 BUTTONS[text](k)
             k.say("one more message")  # a chat to export, prompt and delete
             for path, check in ACTIONS.items():

@@ -71,3 +71,23 @@ def test_the_local_server_switch_serves_the_chats_engine(qtbot, window, tiny):
     assert reply.complete
     window.server_action.setChecked(False)
     assert not window.server.running and not window.server_box.isVisible()
+
+
+def test_a_remote_reasoning_model_is_shown_as_the_local_one(qtbot, window, tmp_path):
+    """A served model's reasoning_content goes to the folded block, its content to the answer."""
+    from scripted_chat import script, write_chat_model
+
+    folder = write_chat_model(tmp_path / "qwen", "qwen3")
+    other = Client()
+    other.load(str(folder), placement="cpu", device="cpu", dtype="fp32", ctx=2048)
+    other.task(lambda s: script(s.loaded.generator, "<think>\nCount the letters.\n</think>\n\nThree."))
+    server = Server(other.session, "127.0.0.1", 0).start()
+    try:
+        window.connect_remote((server.url, "", folder.name))
+        reply = say(qtbot, window, "How many letters in 'cat'?", 64)
+        assert reply.content == "Three." and "<think>" not in reply.content
+        assert reply.meta.get("reasoning") == "Count the letters."
+    finally:
+        window.disconnect_remote()
+        server.stop()
+        other.close()
