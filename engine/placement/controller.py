@@ -177,9 +177,12 @@ class PlacementController:
         measured profile, moving only what changes."""
         mp = self.profiling.step(self.loaded)
         if mp is not None:
-            self._use_profile(mp)
-            self.announce()
-            self._replan("profile")
+            try:
+                self._use_profile(mp)
+                self.announce()
+                self._replan("profile")
+            finally:
+                self.profiling.background = None  # only now: a client waiting for it sees the re-plan done
 
     def follow_streams(self, width: int) -> None:
         """After a decode step of `width` sequences: when the average width settles near another

@@ -138,15 +138,16 @@ class Profiling:
 
     def step(self, loaded, budget_s: float = 0.1):
         """Background measurements for about budget_s (between requests). Returns the measured
-        profile when they end (saved with the model), else None."""
+        profile when they end (saved with the model), else None. When they end, `calibrating` stays
+        true until the caller sets `background` to None, once it has planned from the profile: a
+        client waiting for the calibration to end sees the re-plan done."""
         from ..planning.profile import profile_path, save_dense_timings
 
         t0 = time.perf_counter()
         try:
             while time.perf_counter() - t0 < budget_s:
                 next(self.background)
-        except StopIteration as done:
-            self.background = None
+        except StopIteration as done:  # `background` stays set until the caller has planned from it
             mp = done.value
             try:
                 mp.save(profile_path(loaded.ckpt.folder))
