@@ -196,15 +196,3 @@ class MistralParser(StreamParser):
         self._raw, self._name, self._buf = "", None, rest
         self._state = "after_call"
         return True
-
-    def _on_after_call(self, final: bool) -> bool:
-        """Whitespace after a call is content only between content (`A\\n<call>\\nB`: "A\\nB")."""
-        rest = self._buf.lstrip()
-        if not rest:
-            if final:
-                self._buf = ""
-            return False
-        if not self.content:
-            self._buf = rest
-        self._state = "content"
-        return True

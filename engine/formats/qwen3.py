@@ -132,6 +132,18 @@ class StreamParser(Parser):
             return f"it calls {name!r}, which the request did not offer"
         return None
 
+    def _on_after_call(self, final: bool) -> bool:
+        """Whitespace after a call is content only between content (`A\\n<call>\\nB`: "A\\nB")."""
+        rest = self._buf.lstrip()
+        if not rest:
+            if final:
+                self._buf = ""
+            return False
+        if not self.content:
+            self._buf = rest
+        self._state = "content"
+        return True
+
     def _call(self, name: str, arguments: dict) -> None:
         """A complete, valid call: its deltas (index, id and name; then its arguments in one piece)."""
         i = len(self.tool_calls)
@@ -259,16 +271,4 @@ class Qwen3Parser(StreamParser):
             self._call(*got)
             self._state = "after_call"
         self._gap = ""
-        return True
-
-    def _on_after_call(self, final: bool) -> bool:
-        """Whitespace after a call is content only between content (`A\\n<call>\\nB`: "A\\nB")."""
-        rest = self._buf.lstrip()
-        if not rest:
-            if final:
-                self._buf = ""
-            return False
-        if not self.content:
-            self._buf = rest
-        self._state = "content"
         return True
