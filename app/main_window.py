@@ -27,6 +27,7 @@ from .chat_view import ChatView
 from .model_picker import ModelSwitch
 from .panel import LivePanel
 from .quality_slider import QualitySlider
+from .reply_parts import ReplyParts
 from .serving import LocalServer, ServerBox, ServerDialog
 from .store import Store
 from .waiting import ReplyWait
@@ -48,8 +49,7 @@ class MainWindow(QMainWindow):
         self.cid: int | None = None
         self.request: int | None = None  # the reply in progress: its id from the engine (or the remote)
         self.reply_mid: int | None = None
-        self.reply_s = 0.0  # its steps' seconds so far
-        self.thought_s: float | None = None  # of those, the seconds up to its last reasoning
+        self.parts = ReplyParts(self)  # the reply's reasoning, tool calls, and the chat's Think switch
         self.last_save = 0.0
         self.count_tokens = None
         self.ctx = 0
@@ -103,7 +103,7 @@ class MainWindow(QMainWindow):
         self.composer.stop_requested.connect(self.stop)
         self.composer.regenerate_requested.connect(self.regenerate)
         self.composer.edit_requested.connect(self.edit_last)
-        self.composer.think_toggled.connect(self._think_toggled)
+        self.composer.think_toggled.connect(self.parts.think_toggled)
         c = self.composer
         self.attachments, self.input, self.send_btn, self.stop_btn = c.attachments, c.input, c.send_btn, c.stop_btn
         self.context_label = c.context_label
@@ -164,7 +164,7 @@ class MainWindow(QMainWindow):
                 self.chat.unfolded.clear()  # a chat opened shows its reasoning folded
             self.cid = cid
             self.chat.show_messages(self.store.messages(self.cid))
-            self.composer.set_think(self._chat_thinks())
+            self.composer.set_think(self.parts.chat_thinks())
 
     def _on_deleted(self, cid: int) -> None:
         if cid == self.cid:
@@ -174,34 +174,6 @@ class MainWindow(QMainWindow):
 
     def delete_conversation(self, cid: int) -> None:
         self.sidebar.delete(cid)
-
-    # ---- thinking (a model whose chat template can switch its reasoning off) ----
-    @property
-    def think_switch(self) -> bool:
-        return self.remote is None and self.model_info is not None and self.model_info.thinking_switch
-
-    def _chat_thinks(self) -> bool:
-        """The chat's Think switch: as its newest message that recorded one says (else on)."""
-        for m in reversed(self.store.messages(self.cid) if self.cid is not None else []):
-            if "think" in m.meta:
-                return bool(m.meta["think"])
-        return True
-
-    def _think_toggled(self, on: bool) -> None:
-        """Remembered with the chat at once, in its newest message's meta (and in each new one's)."""
-        msgs = self.store.messages(self.cid) if self.cid is not None and not self.generating else []
-        if msgs:
-            m = msgs[-1]
-            self.store.update_message(m.id, m.content, m.complete, meta={**m.meta, "think": on})
-
-    def _reply_meta(self, **meta) -> dict:
-        """What the store keeps of the reply in progress besides its answer."""
-        reasoning = self.chat.streamed_reasoning
-        if reasoning.strip():
-            meta.update(reasoning=reasoning, thought_s=round(self.thought_s or 0.0, 2))
-        if self.think_switch:
-            meta["think"] = self.composer.think_btn.isChecked()
-        return meta
 
     # ---- sending ----
     def history(self) -> list[dict]:
@@ -219,10 +191,8 @@ class MainWindow(QMainWindow):
         elif self.store.conversation(self.cid).title == "New chat":
             self.store.rename(self.cid, (text or self.docs[0].name)[:40])
         content = documents.prompt_with_documents(text, self.docs)
-        meta = {"attachments": [d.name for d in self.docs]}
-        if self.think_switch:
-            meta["think"] = self.composer.think_btn.isChecked()
-        self.store.add_message(self.cid, "user", content, meta=meta)
+        self.store.add_message(self.cid, "user", content,
+                               meta=self.parts.with_switch({"attachments": [d.name for d in self.docs]}))
         self.input.clear()
         self.attachments.clear()
         self.refresh_conversations()
@@ -235,13 +205,13 @@ class MainWindow(QMainWindow):
         self.last_save = time.monotonic()
         self.composer.set_generating(True)
         self.chat.begin_stream(key=self.reply_mid)
-        self.reply_s, self.thought_s = 0.0, None
+        self.parts.begin()
         if self.remote is not None:
             self.request = self.remote.generate(self.history(), self.params)
         else:
             self.wait.reply_started()  # says so if a calibration step holds it back
-            thinking = False if self.think_switch and not self.composer.think_btn.isChecked() else None
-            self.request = self.bridge.send(Generate(messages=self.history(), params=self.params, thinking=thinking))
+            self.request = self.bridge.send(Generate(messages=self.history(), params=self.params,
+                                                     thinking=self.parts.thinking))
 
     def stop(self) -> None:
         if self.generating and self.remote is not None:
@@ -309,21 +279,17 @@ class MainWindow(QMainWindow):
             return
         if isinstance(ev, Token) and ev.request_id == self.request:
             self.wait.reply_streaming()
-            self._take(ev)
+            self.parts.take(ev)
             now = time.monotonic()
             if now - self.last_save >= SAVE_PARTIAL_S:  # a kill loses at most this much of a reply
-                meta = self._reply_meta()
+                meta = self.parts.meta()
                 self.store.update_message(self.reply_mid, self.chat.streamed, complete=False, meta=meta or None)
                 self.last_save = now
         elif isinstance(ev, Done) and ev.request_id == self.request:
             self.wait.reply_streaming()
             stats = (f"{ev.decode_tok_s:.1f} tok/s · {len(ev.token_ids)} tokens · prefill {ev.prompt_tokens - ev.reused_tokens} "
                      f"tok in {ev.prefill_s:.2f} s · {ev.reason}" + (self.wait.stats_note() if self.remote is None else ""))
-            meta = self._reply_meta(stats=stats)
-            if ev.tool_calls:
-                meta["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in ev.tool_calls]
-            if ev.notes:
-                meta["notes"] = list(ev.notes)
+            meta = self.parts.meta(ev, stats=stats)
             content = ev.content
             self.store.update_message(self.reply_mid, content, complete=True, meta=meta)
             self.chat.end_stream(stats, content, meta)
@@ -395,20 +361,6 @@ class MainWindow(QMainWindow):
                 self.progress.hide()
                 self.cancel_btn.hide()
 
-    def _take(self, ev: Token) -> None:
-        """A token's pieces: content to the answer, reasoning to its block (a served model's come
-        from its server's reasoning_content and content: app/remote.py)."""
-        self.reply_s += ev.seconds
-        for d in ev.deltas:
-            if d.part == "reasoning":
-                self.chat.add_reasoning(d.text)
-                self.thought_s = self.reply_s
-                continue
-            if d.part == "content":
-                self.chat.add_text(d.text)
-            if self.thought_s is not None:  # the answer (or a tool call) began: the reasoning's header says how long
-                self.chat.thought_done(self.thought_s)
-
     def _end_failed_reply(self, message: str) -> None:
         """The reply in progress ended with an error: keep what streamed (marked), or drop the empty
         row, and leave "generating"."""
@@ -416,7 +368,7 @@ class MainWindow(QMainWindow):
             return
         if self.chat.streamed or self.chat.streamed_reasoning:
             note = f"stopped by an error: {message.splitlines()[0]}"
-            self.store.update_message(self.reply_mid, self.chat.streamed, complete=True, meta=self._reply_meta(stats=note))
+            self.store.update_message(self.reply_mid, self.chat.streamed, complete=True, meta=self.parts.meta(stats=note))
             self.chat.end_stream(note)
         else:
             self.store.delete_messages_from(self.cid, self.reply_mid)
@@ -503,7 +455,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, e):
         if self.generating and self.reply_mid is not None:
-            self.store.update_message(self.reply_mid, self.chat.streamed, complete=False, meta=self._reply_meta() or None)
+            self.store.update_message(self.reply_mid, self.chat.streamed, complete=False, meta=self.parts.meta() or None)
         self.server.stop()
         self.bridge.shutdown(timeout=10.0)
         self._store_timer.stop()
