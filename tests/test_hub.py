@@ -1,103 +1,33 @@
 """A Hugging Face repo id downloads through huggingface_hub — tested against a file server on
 loopback that speaks the hub's API, never the network: progress, cache reuse, resume."""
-import hashlib
-import json
 import os
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from engine.checkpoint import Checkpoint
 from engine.errors import ModelError
 from engine.sources.hub import resolve
+from hub_server import HubServer
 
-COMMIT = "a" * 40
 
+class Hub(HubServer):
+    """One repo, the folder's files plus a pickle file that must never be fetched."""
 
-class Hub:
     def __init__(self, repo_id, folder):
         self.repo_id = repo_id
-        self.files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
-        self.files["pytorch_model.bin"] = b"pickle that must never be fetched"
-        self.log = []
-        self.cut_once = None  # file name whose first GET is cut short
-
-    def serve(self):
-        hub = self
-
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def _file(self, head):
-                m = re.fullmatch(rf"/{hub.repo_id}/resolve/[^/]+/(.+)", self.path.split("?")[0])
-                if not m or m.group(1) not in hub.files:
-                    self.send_response(404)
-                    self.send_header("X-Error-Code", "EntryNotFound")
-                    self.end_headers()
-                    return
-                name = m.group(1)
-                data = hub.files[name]
-                rng = self.headers.get("Range")
-                hub.log.append((self.command, name, rng))
-                start = int(re.match(r"bytes=(\d+)-", rng).group(1)) if rng else 0
-                self.send_response(206 if rng else 200)
-                self.send_header("ETag", '"' + hashlib.sha256(data).hexdigest() + '"')
-                self.send_header("X-Repo-Commit", COMMIT)
-                self.send_header("Content-Length", str(len(data) - start))
-                if rng:
-                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-                self.end_headers()
-                if head:
-                    return
-                body = data[start:]
-                if hub.cut_once == name and not rng:
-                    hub.cut_once = None
-                    self.wfile.write(body[: len(body) // 2])
-                    self.wfile.flush()
-                    self.close_connection = True
-                    return
-                self.wfile.write(body)
-
-            def do_HEAD(self):
-                self._file(head=True)
-
-            def do_GET(self):
-                if self.path.startswith("/api/models/"):
-                    if not self.path.startswith(f"/api/models/{hub.repo_id}"):
-                        self.send_response(404)
-                        self.send_header("X-Error-Code", "RepoNotFound")
-                        self.end_headers()
-                        return
-                    if "/tree/" in self.path:  # the file listing
-                        body = json.dumps([{"type": "file", "path": n, "size": len(d),
-                                            "oid": hashlib.sha1(d).hexdigest()}
-                                           for n, d in hub.files.items()]).encode()
-                    else:  # repo info
-                        body = json.dumps({"id": hub.repo_id, "sha": COMMIT,
-                                           "siblings": [{"rfilename": n} for n in hub.files]}).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                    return
-                self._file(head=False)
-
-        srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        return srv
+        files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+        files["pytorch_model.bin"] = b"pickle that must never be fetched"
+        super().__init__({repo_id: files})
+        self.files = files
 
 
 @pytest.fixture
 def hub(tiny, tmp_path, monkeypatch):
-    h = Hub("acme/tiny-moe", tiny)
-    srv = h.serve()
-    h.kw = dict(endpoint=f"http://127.0.0.1:{srv.server_address[1]}", cache_dir=tmp_path / "hf-cache")
+    h = Hub("acme/tiny-moe", tiny).serve()
+    h.kw = dict(endpoint=h.endpoint, cache_dir=tmp_path / "hf-cache")
     yield h
-    srv.shutdown()
+    h.close()
 
 
 def test_repo_id_downloads_safetensors_only_and_reuses_cache(hub):
@@ -144,3 +74,31 @@ def test_download_reports_progress_and_can_be_cancelled(hub):
     hub.kw["cache_dir"] = hub.kw["cache_dir"].parent / "another-cache"
     with pytest.raises(DownloadCancelled, match="cancelled"):
         resolve("acme/tiny-moe", **hub.kw, cancel=cancel)
+
+
+def test_one_gguf_file_of_a_repo_downloads_alone(hub, tmp_path):
+    """The model browser's choice in a GGUF repo, "owner/name/file.gguf": that file (or all the
+    parts of its split set) and nothing else."""
+    hub.files["tiny-Q4_0.gguf"] = b"GGUF one"
+    hub.files["tiny-Q8_0.gguf"] = b"GGUF other"
+    hub.files["big-00001-of-00002.gguf"] = b"GGUF part one"
+    hub.files["big-00002-of-00002.gguf"] = b"GGUF part two"
+    path = resolve("acme/tiny-moe/tiny-Q4_0.gguf", **hub.kw)
+    assert path.name == "tiny-Q4_0.gguf" and path.read_bytes() == b"GGUF one"
+    assert {n for m, n, _ in hub.log if m == "GET"} == {"tiny-Q4_0.gguf"}
+    first = resolve("acme/tiny-moe/big-00001-of-00002.gguf", **hub.kw)
+    assert (first.parent / "big-00002-of-00002.gguf").read_bytes() == b"GGUF part two"
+    assert "tiny-Q8_0.gguf" not in hub.fetched() and "model.safetensors" not in hub.fetched()
+
+
+def test_the_endpoint_is_read_from_hf_endpoint_when_called(hub, monkeypatch):
+    """HF_ENDPOINT set after huggingface_hub was imported still reaches the download (the window's
+    download and the model browser's search use the same address)."""
+    import huggingface_hub  # noqa: F401 (imported first: its constants were read before the variable is set)
+
+    from engine.sources.hub import hub_endpoint
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.kw["endpoint"])
+    assert hub_endpoint() == hub.kw["endpoint"]
+    path = resolve("acme/tiny-moe", cache_dir=hub.kw["cache_dir"])
+    assert (path / "model.safetensors").is_file()

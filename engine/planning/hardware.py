@@ -136,17 +136,25 @@ def profile_path() -> Path:
     return user_cache_path("mixdesk", appauthor=False) / "hardware.json"
 
 
+def cached() -> HardwareProfile | None:
+    """This machine's cached profile, or None when it is missing, stale or damaged (never measures)."""
+    try:
+        data = json.loads(profile_path().read_text())
+        if isinstance(data, dict) and data.get("format") == FORMAT and data.get("machine") == machine_id():
+            prof = HardwareProfile(**data)
+            if isinstance(prof.tier_costs, dict) and "cpu-16" in prof.tier_costs:
+                return prof
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass  # unreadable, stale or damaged
+    return None
+
+
 def load_or_measure(accel: torch.device, remeasure: bool = False) -> HardwareProfile:
     path = profile_path()
     if not remeasure:
-        try:
-            data = json.loads(path.read_text())
-            if isinstance(data, dict) and data.get("format") == FORMAT and data.get("machine") == machine_id():
-                prof = HardwareProfile(**data)
-                if isinstance(prof.tier_costs, dict) and "cpu-16" in prof.tier_costs:
-                    return prof
-        except (OSError, ValueError, TypeError, AttributeError):
-            pass  # unreadable, stale or damaged: measured anew below
+        prof = cached()
+        if prof is not None:
+            return prof
     prof = measure(accel)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

@@ -8,6 +8,9 @@ from pathlib import Path
 from ..errors import MixdeskError, ModelError
 
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
+# One GGUF file of a repo, "owner/name/file.gguf" (the model browser's choice in a GGUF repo)
+REPO_GGUF = re.compile(r"([A-Za-z0-9][\w.\-]*/[\w.\-]+)/([\w.\-/]+\.gguf)")
+SPLIT = re.compile(r"(.+)-\d{5}-of-(\d{5})\.gguf")  # a split set's part: all its parts are fetched
 # Never fetch pickle weights: they are refused anyway, and they are the bulk of many repos.
 ALLOW = ["*.safetensors", "*.safetensors.index.json", "config.json", "generation_config.json",
          "tokenizer*", "special_tokens_map.json", "chat_template.*", "*.model", "vocab.json", "merges.txt"]
@@ -22,10 +25,25 @@ def resolve(spec: str, endpoint: str | None = None, cache_dir: str | Path | None
     """A local folder as it is; an 'owner/name' repo id downloaded (or found in the cache).
     progress(done, total, what) follows the files fetched; cancel (a threading.Event) stops it."""
     path = Path(spec).expanduser()
+    gguf = REPO_GGUF.fullmatch(spec)
+    if not path.exists() and gguf:
+        repo_id, name = gguf.groups()
+        check_repo_id(repo_id)
+        split = SPLIT.fullmatch(name)
+        files = [f"{split.group(1)}-*-of-{split.group(2)}.gguf" if split else name]
+        return download(repo_id, endpoint=endpoint, cache_dir=cache_dir, progress=progress, cancel=cancel,
+                        allow=files) / name
     if path.exists() or not REPO_ID.fullmatch(spec):
         return path  # Checkpoint names the problem if it is not a model folder
     check_repo_id(spec)
     return download(spec, endpoint=endpoint, cache_dir=cache_dir, progress=progress, cancel=cancel)
+
+
+def hub_endpoint() -> str | None:
+    """The hub's address: HF_ENDPOINT when set (read now, not at huggingface_hub's import), else its default."""
+    import os
+
+    return os.environ.get("HF_ENDPOINT") or None
 
 
 def _bar(repo_id: str, progress, cancel):
@@ -68,7 +86,7 @@ def check_repo_id(repo_id: str) -> None:
 
 
 def download(repo_id: str, revision: str | None = None, endpoint: str | None = None,
-             cache_dir: str | Path | None = None, progress=None, cancel=None) -> Path:
+             cache_dir: str | Path | None = None, progress=None, cancel=None, allow: list[str] | None = None) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
                                         RevisionNotFoundError)
@@ -77,8 +95,8 @@ def download(repo_id: str, revision: str | None = None, endpoint: str | None = N
         # Already-complete files are skipped and partial ones resume: huggingface_hub keeps
         # *.incomplete blobs in the cache and continues them with HTTP range requests.
         kw = {"tqdm_class": _bar(repo_id, progress, cancel)} if progress is not None or cancel is not None else {}
-        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=ALLOW, endpoint=endpoint,
-                                      cache_dir=cache_dir, **kw))
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=allow or ALLOW,
+                                      endpoint=endpoint or hub_endpoint(), cache_dir=cache_dir, **kw))
     except DownloadCancelled:
         raise
     except GatedRepoError:
