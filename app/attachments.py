@@ -13,6 +13,17 @@ from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QMessageBox, QToolButton
 from . import documents
 
 
+def human_size(n: int) -> str:
+    """A file's size for people: "312 bytes", "4.2 KB", "1.3 MB" (never "0 KB")."""
+    if n < 1024:
+        return "1 byte" if n == 1 else f"{n:,} bytes"
+    for unit, scale in (("KB", 1024), ("MB", 1024 ** 2), ("GB", 1024 ** 3)):
+        if n < scale * 1024 or unit == "GB":
+            value = n / scale
+            return f"{value:.1f} {unit}" if value < 100 else f"{value:,.0f} {unit}"
+    return f"{n} bytes"
+
+
 class _Parsed(QObject):
     done = Signal(object, object, object)  # path, Fitted | None, error message | None
 
@@ -89,7 +100,7 @@ class Attachments(QWidget):
         if tokens is None:
             tokens = self.count_tokens(doc.text) if self.count_tokens else 0
         self.docs.append(doc)
-        label = f"{doc.name} · {doc.size / 1024:.0f} KB" + (f" · {tokens:,} tokens" if self.count_tokens else "")
+        label = f"{doc.name} · {human_size(doc.size)}" + (f" · {tokens:,} tokens" if self.count_tokens else "")
         chip = QToolButton(text=f"{label}  ✕")
         chip.setProperty("tokens", tokens)
         chip.clicked.connect(lambda: self._remove(chip, doc))

@@ -1,58 +1,130 @@
-"""The message view: markdown messages (lists, tables, inline code) with code blocks highlighted
-by Pygments, a Copy link on each code block and each message; the streaming reply is repainted in
-batches (every 40 ms), so a fast model never floods the event loop, and it follows the end only
-while the reader is at the end (scrolling up to read is not fought). A reply's reasoning streams into
-a folded block above its answer, and its tool calls show as blocks below it (app/reasoning_view.py)."""
+"""The message view: one QTextBrowser whose document holds a frame per message, a bubble
+(app/bubbles.py): who wrote it and a Copy link, the named chips of the documents it carried, its
+Markdown (lists, tables, headings, inline code) and fenced code highlighted by Pygments with a Copy
+code link each, and under a reply a quiet footer of its stats (the detail in its tooltip).
+
+A streaming reply is rendered as Markdown while it streams, incrementally (app/markdown_render.py):
+every 40 ms the new text is cut into blocks, each block that completed is rendered once, and only the
+open block is rendered again, so a flush costs what changed, not the reply. The view follows the end
+only while the reader is at the end (scrolling up to read is not fought). A reply's reasoning streams
+into a folded block above its answer and its tool calls show as blocks below it (app/reasoning_view.py).
+
+Why one document rather than a widget per message: text selection runs across messages, the
+reasoning blocks and the tests' clicks stay where they were, and measured, a flush's cost is flat
+in the reply's length (tests/test_app.py test_streaming_render...)."""
 from __future__ import annotations
 
-import html
 import re
+import time
+from pathlib import Path
 
-from PySide6.QtCore import QTimer, QUrl
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextCursor
-from PySide6.QtWidgets import QTextBrowser
+from PySide6.QtCore import QEvent, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QPalette, QTextCursor
+from PySide6.QtWidgets import QTextBrowser, QToolTip
 
+from . import bubbles
 from . import reasoning_view as rv
+from .markdown_render import Answer
 
-FENCE = re.compile(r"^```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)(?:^```[ \t]*$|\Z)", re.S | re.M)
-
-ROLE_LABEL = {"user": "You", "assistant": "Mixdesk", "system": "System"}
+ROLE_LABEL = bubbles.ROLE_LABEL
 FLUSH_MS = 40
+OLD_DOCUMENTS = re.compile(r'\A(?:<document name="[^"]*">\n.*?\n</document>(?:\n\n|\Z))+', re.S)
+
+
+def typed_text(content: str, meta: dict) -> str:
+    """What the user typed of a message: meta["typed"] where the window kept it (messages sent with
+    documents: their content is what the model read, documents.prompt_with_documents); messages of
+    older versions carried their documents as <document name=...> blocks before the text."""
+    if "typed" in meta:
+        return meta["typed"]
+    if meta.get("attachments"):
+        return OLD_DOCUMENTS.sub("", content)
+    return content
+
+
+def attached(meta: dict) -> list[dict]:
+    """A message's documents as chips want them: {"name", "path", "size"} (older messages kept names)."""
+    return [a if isinstance(a, dict) else {"name": str(a), "path": None, "size": None}
+            for a in meta.get("attachments") or ()]
 
 
 class ChatView(QTextBrowser):
+    notice = Signal(str)  # one line for the status bar: an attached file that cannot be opened
+
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.setOpenLinks(False)  # copy: links are ours; web links open in the browser
+        self.setOpenLinks(False)  # copy:, open:, think: links are ours; web links open in the browser
         self.anchorClicked.connect(self._on_link)
+        self.document().setDocumentMargin(10)
         self.code_style = "default"  # the Pygments style (app/theme.py picks it with the theme)
         self.copies: list[str] = []  # what each copy:N link puts on the clipboard
-        self._stream_start: int | None = None
-        self._stream_text = ""
-        self._shown = 0
+        self.files: list[dict] = []  # what each open:N chip opens
         self.thoughts: list[rv.Thought] = []  # the reasoning blocks shown, by their link's number
         self.unfolded: set = set()  # the messages (ids) whose reasoning the reader unfolded
+        self._stream_start: QTextCursor | None = None  # the streaming reply's first content block
+        self._frame = None  # the streaming reply's bubble
+        self._answer: Answer | None = None
+        self._copy_index = 0  # the streaming reply's whole-message Copy link
+        self._stream_text = ""
+        self._shown = 0
         self._live: rv.Thought | None = None  # the streaming reply's reasoning block
         self._live_key = None
         self._live_seconds: float | None = None
         self._reasoning = ""
         self._dirty = False
         self.flushes = 0
+        self.flush_log: list[tuple[int, float]] = []  # per flush: characters of the reply shown, CPU seconds
         self._timer = QTimer(self, interval=FLUSH_MS)
         self._timer.timeout.connect(self._flush)
 
+    # ---- links and tooltips ----
     def _on_link(self, url: QUrl) -> None:
         if url.scheme() == "copy":
             QGuiApplication.clipboard().setText(self.copies[int(url.path())])
         elif url.scheme() == rv.LINK:
             self.toggle_thought(int(url.path()))
+        elif url.scheme() == "open":
+            self.open_file(int(url.path()))
         else:
             QDesktopServices.openUrl(url)
 
-    def _copy_link(self, text: str, label: str = "Copy") -> str:
-        self.copies.append(text)
-        return f"<a href='copy:{len(self.copies) - 1}' style='font-size:small; text-decoration:none'>{label}</a>"
+    def open_file(self, n: int) -> None:
+        """An attachment chip was clicked: the file opens in its own app, or one line says why not."""
+        f = self.files[n]
+        if not f.get("path"):
+            self.notice.emit(f"{f['name']}: where it was is not known (attached with an older version of Mixdesk)")
+        elif not Path(f["path"]).is_file():
+            self.notice.emit(f"{f['name']} is no longer at {f['path']}")
+        elif not QDesktopServices.openUrl(QUrl.fromLocalFile(f["path"])):
+            self.notice.emit(f"{f['name']}: no application to open it with")
 
+    def _copy(self, text: str, index: int | None = None) -> int:
+        """copies[index] = text (a new entry when index is None); the index."""
+        if index is None:
+            self.copies.append(text)
+            return len(self.copies) - 1
+        self.copies[index] = text
+        return index
+
+    def viewportEvent(self, e) -> bool:
+        if e.type() == QEvent.ToolTip:  # a chip's path, a footer's technical detail (QTextCharFormat.toolTip)
+            tip = self.tooltip_at(e.pos())
+            if tip:
+                QToolTip.showText(e.globalPos(), tip, self.viewport())
+            else:
+                QToolTip.hideText()
+            return True
+        return super().viewportEvent(e)
+
+    def tooltip_at(self, pos) -> str:
+        cur = self.cursorForPosition(pos)
+        tip = cur.charFormat().toolTip()
+        if not tip:
+            cur.movePosition(QTextCursor.NextCharacter)
+            tip = cur.charFormat().toolTip()
+        return tip
+
+    # ---- scrolling ----
     def _at_end(self) -> bool:
         bar = self.verticalScrollBar()
         return bar.value() >= bar.maximum() - 4
@@ -61,38 +133,7 @@ class ChatView(QTextBrowser):
         if was_at_end:
             self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
 
-    def _rich(self, cur: QTextCursor, content: str) -> None:
-        """Markdown, with each fenced code block highlighted and given a Copy link."""
-        pos = 0
-        for m in FENCE.finditer(content):
-            if content[pos:m.start()].strip():
-                cur.insertMarkdown(content[pos:m.start()])
-            cur.movePosition(QTextCursor.End)
-            cur.insertBlock()
-            cur.insertHtml(self._code_html(m.group(2), m.group(1)))
-            cur.insertBlock()
-            cur.insertHtml(self._copy_link(m.group(2), "Copy code"))
-            pos = m.end()
-        if content[pos:].strip() or pos == 0:
-            cur.movePosition(QTextCursor.End)
-            cur.insertMarkdown(content[pos:] or " ")
-
-    def _code_html(self, code: str, language: str) -> str:
-        from pygments import highlight
-        from pygments.formatters import HtmlFormatter
-        from pygments.lexers import TextLexer, get_lexer_by_name, guess_lexer
-        from pygments.util import ClassNotFound
-
-        try:
-            lexer = get_lexer_by_name(language) if language else guess_lexer(code)
-        except ClassNotFound:
-            lexer = TextLexer()
-        fmt = HtmlFormatter(noclasses=True, style=self.code_style, nowrap=True)
-        bg = fmt.style.background_color or "#f8f8f8"
-        body = highlight(code.rstrip("\n"), lexer, fmt)
-        return (f"<table width='100%' cellpadding='8' style='background:{bg}'><tr><td>"
-                f"<pre style='font-family:monospace'>{body}</pre></td></tr></table>")
-
+    # ---- reasoning blocks ----
     def toggle_thought(self, n: int) -> None:
         """Fold or unfold reasoning block n (its header's link)."""
         t = self.thoughts[n]
@@ -108,53 +149,53 @@ class ChatView(QTextBrowser):
         t.render()
         return t
 
+    # ---- messages ----
     def show_messages(self, messages) -> None:
         self.clear()
-        self.copies = []
-        self.thoughts = []
-        self._stream_start = self._live = None
+        self.copies, self.files, self.thoughts = [], [], []
+        self._stream_start = self._live = self._answer = self._frame = None
         for m in messages:
             self._append(m.role, m.content, m.meta or {}, "" if m.complete else " _(interrupted)_", m.id)
-
-    def _label(self, cur: QTextCursor, role: str, content: str | None = None) -> None:
-        cur.movePosition(QTextCursor.End)
-        if not self.document().isEmpty():
-            cur.insertBlock()
-            cur.insertBlock()
-        copy = f" &nbsp; {self._copy_link(content)}" if content else ""
-        cur.insertHtml(f"<b>{html.escape(ROLE_LABEL.get(role, role))}</b>{copy}")
-        cur.insertBlock()
-
-    def _stats_line(self, cur: QTextCursor, stats: str) -> None:
-        cur.movePosition(QTextCursor.End)
-        if cur.block().length() > 1:  # not the empty line after a tool call's block
-            cur.insertBlock()
-        cur.insertHtml(f"<span style='color:gray; font-size:small'>{stats}</span>")
-
-    def _extras(self, cur: QTextCursor, meta: dict) -> None:
-        rv.tool_calls(cur, meta.get("tool_calls") or (), self.palette())
-        rv.notes(cur, meta.get("notes") or (), self.palette())
-
-    def _append(self, role: str, content: str, meta: dict, suffix: str = "", key=None) -> None:
-        cur = self.textCursor()
-        self._label(cur, role, content)
-        if (meta.get("reasoning") or "").strip():
-            self._thought(cur, meta["reasoning"], meta.get("thought_s") or 0.0, key)
-            cur.movePosition(QTextCursor.End)
-        if content.strip() or suffix or not meta.get("tool_calls"):  # a reply that only called a tool: no empty answer
-            self._rich(cur, (content or " ") + suffix)
-        self._extras(cur, meta)
-        if meta.get("stats"):
-            self._stats_line(cur, meta["stats"])
         self.moveCursor(QTextCursor.End)
 
+    def _bubble(self, role: str, copy_text: str):
+        cur = self.textCursor()
+        frame = bubbles.bubble(cur, self.palette(), role)
+        index = self._copy(copy_text)
+        bubbles.header(cur, self.palette(), role, f"copy:{index}")
+        return cur, frame, index
+
+    def _append(self, role: str, content: str, meta: dict, suffix: str = "", key=None) -> None:
+        shown = typed_text(content, meta) if role == "user" else content
+        cur, frame, _ = self._bubble(role, shown)
+        files = attached(meta)
+        if files:
+            bubbles.chips(cur, self.palette(), files, len(self.files))
+            self.files.extend(files)
+        if (meta.get("reasoning") or "").strip():
+            self._thought(cur, meta["reasoning"], meta.get("thought_s") or 0.0, key)
+            cur.setPosition(frame.lastPosition())
+        if shown.strip() or suffix or not (meta.get("tool_calls") or files):  # a reply that only called a tool: no empty answer
+            answer = Answer(frame, cur.position(), self.code_style, self._copy, self.palette().color(QPalette.Text))
+            answer.feed((shown or " ") + suffix)
+            answer.close()
+        self._extras(frame, meta)
+        if meta.get("stats"):
+            bubbles.footer(frame, self.palette(), meta["stats"], meta.get("stats_detail", ""))
+
+    def _extras(self, frame, meta: dict) -> None:
+        rv.tool_calls(frame, meta.get("tool_calls") or (), self.palette())
+        rv.notes(frame, meta.get("notes") or (), self.palette())
+
+    # ---- the streaming reply ----
     def begin_stream(self, key=None) -> None:
         """A reply starts streaming; key: its message id (the reader's unfolding is kept by it)."""
-        cur = self.textCursor()
-        self._label(cur, "assistant")
-        self._stream_start = cur.position()
+        cur, self._frame, self._copy_index = self._bubble("assistant", "")
+        self._stream_start = QTextCursor(cur)
+        self._answer = None
         self._stream_text = self._reasoning = ""
         self._shown = 0
+        self.flush_log = []
         self._live, self._live_key, self._live_seconds = None, key, None
         self._timer.start()
 
@@ -182,14 +223,14 @@ class ChatView(QTextBrowser):
 
     def _answer_start(self) -> int:
         """Where the streaming answer begins: after its reasoning block, if it has one."""
-        return self._live.frame.lastPosition() + 1 if self._live is not None else self._stream_start
+        return self._live.frame.lastPosition() + 1 if self._live is not None else self._stream_start.position()
 
     def _flush_thought(self) -> None:
         if self._live is None:
             if not self._reasoning.strip():
                 return
             cur = QTextCursor(self.document())
-            cur.setPosition(self._stream_start)
+            cur.setPosition(self._stream_start.position())
             self._live = self._thought(cur, self._reasoning, self._live_seconds, self._live_key)
         t = self._live
         t.text = self._reasoning
@@ -198,44 +239,55 @@ class ChatView(QTextBrowser):
             t.retitle()
         t.flush()
 
+    def _feed_answer(self) -> None:
+        new = self._stream_text[self._shown:]
+        if not new:
+            return
+        if self._answer is None:
+            self._answer = Answer(self._frame, self._answer_start(), self.code_style, self._copy,
+                                  self.palette().color(QPalette.Text))
+        self._answer.feed(new)
+        self._shown = len(self._stream_text)
+        self._copy(self._stream_text, self._copy_index)
+
     def _flush(self) -> None:
-        """While streaming, append only the new text, as plain text: the cost of a flush does not
-        grow with the reply. The reply is rendered as markdown once, when it ends."""
+        """The new text rendered: completed blocks once, the open block again (app/markdown_render.py)."""
         if not self._dirty or self._stream_start is None:
             return
+        t0 = time.thread_time()
         self._dirty = False
         self.flushes += 1
         at_end = self._at_end()
         self._flush_thought()
-        cur = QTextCursor(self.document())  # not the view's cursor: appending must not scroll by itself
-        cur.movePosition(QTextCursor.End)
-        cur.insertText(self._stream_text[self._shown:])
-        self._shown = len(self._stream_text)
+        self._feed_answer()
         self._follow(at_end)
+        self.flush_log.append((self._shown, time.thread_time() - t0))
 
     def end_stream(self, stats: str, content: str | None = None, meta: dict | None = None) -> None:
-        """The reply ended: its answer (content: the reply's own, else what streamed) rendered as
-        markdown, its reasoning block titled (meta: what the store keeps of it, app/main_window.py:
-        reasoning, thought_s, tool_calls, notes), its tool calls and notes, and the stats line."""
+        """The reply ended: its answer (content: the reply's own, else what streamed) complete, its
+        reasoning block titled (meta: what the store keeps of it, app/main_window.py: reasoning,
+        thought_s, tool_calls, notes, stats_detail: the footer's tooltip), its tool calls and notes,
+        and the footer with the stats."""
         self._timer.stop()
         at_end = self._at_end()
         meta = meta or {}
-        cur = QTextCursor(self.document())
         if self._stream_start is not None:
-            if content is not None:
-                self._stream_text = content
             self._reasoning = meta.get("reasoning", self._reasoning)
             self._live_seconds = meta.get("thought_s") or self._live_seconds or 0.0
             self._flush_thought()
             if self._live is not None:
                 self._live.render()  # the whole reasoning, trimmed, when unfolded
-            cur.setPosition(self._answer_start())
-            cur.movePosition(QTextCursor.End, QTextCursor.KeepAnchor)
-            cur.removeSelectedText()
-            if self._stream_text.strip() or not meta.get("tool_calls"):
-                self._rich(cur, self._stream_text or " ")
-                cur.insertHtml(" &nbsp; " + self._copy_link(self._stream_text))
-            self._extras(cur, meta)
-        self._stats_line(cur, stats)
-        self._stream_start = self._live = None
+            if content is not None and content != self._stream_text:  # the reply's own answer differs: anew
+                cur = QTextCursor(self.document())
+                cur.setPosition(self._answer_start())
+                cur.setPosition(self._frame.lastPosition(), QTextCursor.KeepAnchor)
+                cur.removeSelectedText()
+                self._stream_text, self._shown, self._answer = content, 0, None
+            self._feed_answer()
+            if self._answer is not None:
+                self._answer.close()
+            self._copy(self._stream_text.strip() and self._stream_text, self._copy_index)
+            self._extras(self._frame, meta)
+            bubbles.footer(self._frame, self.palette(), stats, meta.get("stats_detail", ""))
+        self._stream_start = self._live = self._answer = None
         self._follow(at_end)

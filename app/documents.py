@@ -284,9 +284,21 @@ def _child(path: str, send) -> None:
 
 
 def prompt_with_documents(text: str, docs: list[Document]) -> str:
-    """The user's message with the attached documents' text before it."""
-    parts = [f"<document name=\"{d.name}\">\n{d.text}\n</document>" for d in docs]
-    return "\n\n".join(parts + [text]) if parts else text
+    """What the model reads of a message with attached documents: each document with clear
+    boundaries (its number and name, its text, an end marker naming it again), then what the user
+    typed. The one place this is formatted; the store keeps it as the message's content (later turns
+    send it back) and the typed text alone in the message's meta (app/main_window.py)."""
+    if not docs:
+        return text
+    parts = [f"Document {i}: {d.name}\n\n{d.text.strip()}\n\nEnd of document {i}: {d.name}"
+             for i, d in enumerate(docs, 1)]
+    lead = "The user attached one document." if len(docs) == 1 else f"The user attached {len(docs)} documents."
+    return "\n\n".join([lead] + parts + ([text] if text else []))
+
+
+def attachment_meta(docs: list[Document]) -> list[dict]:
+    """What a message's meta keeps of its documents: name, path and size (bytes), for its chips."""
+    return [{"name": d.name, "path": str(d.path), "size": d.size} for d in docs]
 
 
 def first_part(doc: Document, tokens_allowed: int, count_tokens) -> Document:

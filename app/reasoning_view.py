@@ -127,20 +127,25 @@ def call_line(name: str, arguments: str) -> str:
     return f"Called {name}({args if len(args) <= 400 else args[:400] + '…'})"
 
 
-def tool_calls(cur: QTextCursor, calls, palette: QPalette) -> None:
-    """A block for each tool call (dicts of id, name, arguments), at the end of the document."""
+def tool_calls(frame: QTextFrame, calls, palette: QPalette) -> None:
+    """A block for each tool call (dicts of id, name, arguments), at the end of the message's frame."""
+    cur = QTextCursor(frame.document())
     for call in calls:
-        cur.movePosition(QTextCursor.End)
+        cur.setPosition(frame.lastPosition())
+        if cur.block().length() > 1:
+            cur.insertBlock()
         box(cur, palette)
         cur.insertText(call_line(call.get("name", "?"), call.get("arguments", "")), _chars(palette, 0.85, mono=True))
         cur.insertBlock()
         cur.insertText(NOT_RUN, _chars(palette, 0.5, small=True))
-    cur.movePosition(QTextCursor.End)
 
 
-def notes(cur: QTextCursor, lines, palette: QPalette) -> None:
-    """One quiet line for each note (a tool call the model wrote that could not be read)."""
+def notes(frame: QTextFrame, lines, palette: QPalette) -> None:
+    """One quiet line for each note (a tool call the model wrote that could not be read), at the end
+    of the message's frame."""
+    cur = QTextCursor(frame.document())
     for line in lines:
-        cur.movePosition(QTextCursor.End)
-        cur.insertBlock()
+        cur.setPosition(frame.lastPosition())
+        if cur.block().length() > 1 or cur.block().previous().isValid():
+            cur.insertBlock()
         cur.insertText(f"Note: {line}", _chars(palette, 0.5, small=True))

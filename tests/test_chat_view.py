@@ -45,8 +45,14 @@ def test_code_blocks_are_highlighted_and_copyable(view):
     assert QGuiApplication.clipboard().text() == "def add(a, b):\n    return a + b\n"
     view.anchorClicked.emit(QUrl(f"copy:{view.copies.index(REPLY)}"))  # the whole message
     assert QGuiApplication.clipboard().text() == REPLY
-    table = view.document().rootFrame().childFrames()
-    assert any(f.__class__.__name__ == "QTextTable" for f in table)  # the markdown table is a table
+    assert any(f.__class__.__name__ == "QTextTable" for f in frames(view.document().rootFrame()))  # a table
+
+
+def frames(frame):
+    """Every frame inside `frame`, nested ones too (each message is a frame; its tables and code, frames in it)."""
+    for f in frame.childFrames():
+        yield f
+        yield from frames(f)
 
 
 def test_the_stream_follows_the_end_only_while_the_reader_is_there(qtbot, view):
