@@ -22,6 +22,7 @@ class Composer(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
+        self.ctx = 0  # the model's context, in tokens
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         self.attachments = Attachments(self)
@@ -58,6 +59,20 @@ class Composer(QWidget):
         """Send while idle (and a model is ready), Stop while a reply streams."""
         self.send_btn.setEnabled(ready and not generating)
         self.stop_btn.setEnabled(generating)
+
+    def follow(self, engine) -> None:
+        engine.loaded.connect(self._on_loaded)
+
+    def _on_loaded(self, ev) -> None:
+        self.think_btn.setVisible(ev.thinking_switch)
+        self.attachments.set_context(ev.ctx, ev.count_tokens)
+        self.ctx = ev.ctx
+
+    def show_context(self, used: int | None, ctx: int | None = None) -> None:
+        """The context indicator: tokens the chat shown takes of the model's (None: not known yet)."""
+        self.ctx = ctx or self.ctx
+        self.context_label.setText(f"context {used:,}/{self.ctx:,} tokens" if used is not None and self.ctx else "")
+        self.context_label.setToolTip("How much of the model's context window this chat's last reply used")
 
     def set_think(self, on: bool) -> None:
         """The Think switch as the chat shown remembers it (no think_toggled)."""

@@ -11,12 +11,10 @@ import logging
 import time
 
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtWidgets import (QApplication, QLabel, QMainWindow, QMessageBox, QProgressBar, QPushButton, QSplitter,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox, QPushButton, QSplitter, QVBoxLayout, QWidget
 
 from engine.generate import SamplingParams
-from engine.protocol import (Done, EngineStopped, ErrorEvent, Generate, Loaded, MigrationProgress, PlacementChanged,
-                             Progress, SetSlider, Stats, Stop, Token)
+from engine.protocol import SetSlider, Stop
 
 from . import documents, menus, remote, theme
 from .composer import Composer
@@ -24,16 +22,19 @@ from .conversation_list import ConversationList
 from .gpu_runtime import GpuOfferBar, RuntimeDialog
 from .bridge import EngineBridge
 from .chat_view import ChatView
+from .engine_controller import EngineController
+from .model_bar import ModelBar
 from .model_picker import ModelSwitch
 from .panel import LivePanel
 from .quality_slider import QualitySlider
+from .progress_row import ProgressRow
+from .reply_flow import ReplyFlow
 from .reply_parts import ReplyParts
 from .serving import LocalServer, ServerBox, ServerDialog
 from .store import Store
 from .waiting import ReplyWait
 
 log = logging.getLogger("mixdesk")
-SAVE_PARTIAL_S = 1.0
 
 
 class MainWindow(QMainWindow):
@@ -44,19 +45,15 @@ class MainWindow(QMainWindow):
         self.resize(1280, 800)
         self.store = store
         self.bridge = EngineBridge(session_kwargs, self)
-        self.bridge.events.connect(self.on_events)
+        self.engine = EngineController(self.bridge, self)  # events -> typed signals, which the widgets follow
         self.log_lines: list[str] = []
         self.cid: int | None = None
-        self.request: int | None = None  # the reply in progress: its id from the engine (or the remote)
-        self.reply_mid: int | None = None
+        self.reply = ReplyFlow(self)  # the reply in progress: send, stream, save, end
         self.parts = ReplyParts(self)  # the reply's reasoning, tool calls, and the chat's Think switch
-        self.last_save = 0.0
         self.count_tokens = None
         self.ctx = 0
-        self.generating = False
         self.loading = False
         self.model_info = None  # the Loaded event of the model in use
-        self.tiers_now: dict = {}  # experts per tier, as the engine last reported
         self.params = SamplingParams(max_new_tokens=1024)
         self.remote = None  # a RemoteChat while the chat talks to a served model elsewhere
         self.server = LocalServer(self)
@@ -64,6 +61,7 @@ class MainWindow(QMainWindow):
         self.models = ModelSwitch(self)
         self._build()
         self.wait = ReplyWait(self.statusBar(), self)
+        self._follow()
         self.set_theme(theme.saved(), remember=False)
         self.refresh_conversations()
         self._store_timer = QTimer(self, interval=1000)  # writes that waited for a lock; the store's notices
@@ -90,19 +88,19 @@ class MainWindow(QMainWindow):
         self.gpu_offer = GpuOfferBar()
         self.gpu_offer.action.clicked.connect(lambda: self.gpu_runtime(start=self.gpu_offer.action.text() == "Download…"))
         cl.addWidget(self.gpu_offer)
-        self.model_label = QLabel("loading…")
-        self.model_label.setWordWrap(True)
+        self.model_label = ModelBar()
         cl.addWidget(self.model_label)
         self.slider = QualitySlider()
         self.slider.changed.connect(lambda v: self.bridge.send(SetSlider(value=v)))
         cl.addWidget(self.slider)
         self.chat = ChatView()
+        self.chat.notice.connect(lambda m: self.statusBar().showMessage(m, 15000))  # a chip's file that cannot open
         cl.addWidget(self.chat, 1)
         self.composer = Composer()
         self.composer.send_requested.connect(self.send)
         self.composer.stop_requested.connect(self.stop)
-        self.composer.regenerate_requested.connect(self.regenerate)
-        self.composer.edit_requested.connect(self.edit_last)
+        self.composer.regenerate_requested.connect(self.reply.regenerate)
+        self.composer.edit_requested.connect(self.reply.edit_last)
         self.composer.think_toggled.connect(self.parts.think_toggled)
         c = self.composer
         self.attachments, self.input, self.send_btn, self.stop_btn = c.attachments, c.input, c.send_btn, c.stop_btn
@@ -118,16 +116,26 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(split)
         self.setAcceptDrops(True)
 
-        self.progress = QProgressBar(minimumWidth=300, maximumWidth=560)
-        self.progress.hide()
-        self.cancel_btn = QPushButton("Cancel")
-        self.cancel_btn.hide()
-        self.cancel_btn.clicked.connect(lambda: self.bridge.send(Stop()))
-        self.statusBar().addPermanentWidget(self.progress)
-        self.statusBar().addPermanentWidget(self.cancel_btn)
+        self.progress_row = ProgressRow(self.statusBar(), stop=lambda: self.bridge.send(Stop()), loading=lambda: self.loading)
+        self.progress, self.cancel_btn = self.progress_row.bar, self.progress_row.cancel
         self.statusBar().addPermanentWidget(self._undo_btn)
 
         menus.build(self)
+
+    def _follow(self) -> None:
+        """Each reader of the engine's events subscribes to the controller's signals."""
+        e = self.engine
+        e.filters.append(self.models.on_event)  # the answer to File > Open model's check or load
+        self.reply.follow(e)
+        self.model_label.follow(e)
+        self.progress_row.follow(e)
+        self.composer.follow(e)
+        e.progress.connect(self._on_progress)
+        e.loaded.connect(self._on_loaded)
+        e.error.connect(self._on_error)
+        e.engine_stopped.connect(self._on_engine_stopped)
+        self.panel.follow(e)  # stats, loaded, placement_changed, migration_progress, calibration_finished
+        self.slider.follow(e)  # placement_changed
 
     # ---- models ----
     def load_model(self, path: str, device: str | None = None, dtype: str | None = None) -> None:
@@ -157,67 +165,41 @@ class MainWindow(QMainWindow):
         self.refresh_conversations()
         self.chat.show_messages([])
         self.composer.set_think(True)
+        self.composer.show_context(None)
 
     def _on_select(self, cid: int) -> None:
         if not self.generating:
             if cid != self.cid:
                 self.chat.unfolded.clear()  # a chat opened shows its reasoning folded
             self.cid = cid
-            self.chat.show_messages(self.store.messages(self.cid))
+            messages = self.store.messages(self.cid)
+            self.chat.show_messages(messages)
             self.composer.set_think(self.parts.chat_thinks())
+            self.composer.show_context(self.reply.context_of(messages))
 
     def _on_deleted(self, cid: int) -> None:
         if cid == self.cid:
             self.cid = None
             self.chat.show_messages([])
+            self.composer.show_context(None)
         self.sidebar.current = self.cid
 
     def delete_conversation(self, cid: int) -> None:
         self.sidebar.delete(cid)
 
-    # ---- sending ----
+    # ---- sending (app/reply_flow.py) ----
+    @property
+    def generating(self) -> bool:
+        return self.reply.generating
+
     def history(self) -> list[dict]:
-        c = self.store.conversation(self.cid)
-        msgs = [{"role": "system", "content": c.system_prompt}] if c.system_prompt else []
-        return msgs + [{"role": m.role, "content": m.content} for m in self.store.messages(self.cid)
-                       if m.complete or m.role == "user"]
+        return self.reply.history()
 
     def send(self) -> None:
-        text = self.input.toPlainText().strip()
-        if self.generating or (not text and not self.docs) or not self.send_btn.isEnabled():
-            return
-        if self.cid is None:
-            self.cid = self.store.new_conversation(title=(text or self.docs[0].name)[:40])
-        elif self.store.conversation(self.cid).title == "New chat":
-            self.store.rename(self.cid, (text or self.docs[0].name)[:40])
-        content = documents.prompt_with_documents(text, self.docs)
-        self.store.add_message(self.cid, "user", content,
-                               meta=self.parts.with_switch({"attachments": [d.name for d in self.docs]}))
-        self.input.clear()
-        self.attachments.clear()
-        self.refresh_conversations()
-        self.chat.show_messages(self.store.messages(self.cid))
-        self._generate()
-
-    def _generate(self) -> None:
-        self.reply_mid = self.store.add_message(self.cid, "assistant", "", complete=False)
-        self.generating = True
-        self.last_save = time.monotonic()
-        self.composer.set_generating(True)
-        self.chat.begin_stream(key=self.reply_mid)
-        self.parts.begin()
-        if self.remote is not None:
-            self.request = self.remote.generate(self.history(), self.params)
-        else:
-            self.wait.reply_started()  # says so if a calibration step holds it back
-            self.request = self.bridge.send(Generate(messages=self.history(), params=self.params,
-                                                     thinking=self.parts.thinking))
+        self.reply.send()
 
     def stop(self) -> None:
-        if self.generating and self.remote is not None:
-            self.remote.stop(self.request)
-        elif self.generating:
-            self.bridge.send(Stop(request_id=self.request))
+        self.reply.stop()
 
     # ---- the network (app/serving.py) ----
     def toggle_server(self, on: bool, port: int | None = None, api_key: str = "") -> None:
@@ -250,131 +232,46 @@ class MainWindow(QMainWindow):
     def disconnect_remote(self) -> None:
         remote.disconnect(self)
 
-    def regenerate(self) -> None:
-        if self.generating or self.cid is None:
-            return
-        msgs = self.store.messages(self.cid)
-        if msgs and msgs[-1].role == "assistant":
-            self.store.delete_messages_from(self.cid, msgs[-1].id)
-        if self.store.messages(self.cid):
-            self.chat.show_messages(self.store.messages(self.cid))
-            self._generate()
-
-    def edit_last(self) -> None:
-        if self.generating or self.cid is None:
-            return
-        users = [m for m in self.store.messages(self.cid) if m.role == "user"]
-        if users:
-            self.input.setPlainText(users[-1].content)
-            self.store.delete_messages_from(self.cid, users[-1].id)
-            self.chat.show_messages(self.store.messages(self.cid))
-
-    # ---- engine events ----
+    # ---- engine events (app/engine_controller.py: each widget follows what it shows) ----
     def on_events(self, batch: list) -> None:
-        for ev in batch:
-            self.on_event(ev)
+        """Events given to the window directly (a test, a script): as if the engine sent them."""
+        self.engine.take(batch)
 
     def on_event(self, ev) -> None:
-        if self.models.on_event(ev):  # the answer to File > Open model's check or load
-            return
-        if isinstance(ev, Token) and ev.request_id == self.request:
-            self.wait.reply_streaming()
-            self.parts.take(ev)
-            now = time.monotonic()
-            if now - self.last_save >= SAVE_PARTIAL_S:  # a kill loses at most this much of a reply
-                meta = self.parts.meta()
-                self.store.update_message(self.reply_mid, self.chat.streamed, complete=False, meta=meta or None)
-                self.last_save = now
-        elif isinstance(ev, Done) and ev.request_id == self.request:
-            self.wait.reply_streaming()
-            stats = (f"{ev.decode_tok_s:.1f} tok/s · {len(ev.token_ids)} tokens · prefill {ev.prompt_tokens - ev.reused_tokens} "
-                     f"tok in {ev.prefill_s:.2f} s · {ev.reason}" + (self.wait.stats_note() if self.remote is None else ""))
-            meta = self.parts.meta(ev, stats=stats)
-            content = ev.content
-            self.store.update_message(self.reply_mid, content, complete=True, meta=meta)
-            self.chat.end_stream(stats, content, meta)
-            self.generating = False
-            self.composer.set_generating(False)
-            self.context_label.setText(f"context {ev.prompt_tokens + len(ev.token_ids)}/{self.ctx}")
-        elif isinstance(ev, Stats):
-            if self.remote is not None:
-                return  # the local engine's numbers: not what the chat uses now
-            self.panel.show_stats(ev)
-            if ev.tiers != self.tiers_now:
-                self.tiers_now = dict(ev.tiers)
-                self.model_bar()
-        elif isinstance(ev, PlacementChanged):
-            self.panel.map.set_placement(ev.placement)
-            self.panel.show_migration(0, ev.moves)
-            self.slider.show_plan(ev)
-        elif isinstance(ev, MigrationProgress):
-            self.panel.show_migration(ev.done, ev.total)
-        elif isinstance(ev, Progress):
-            if ev.stage == "calibrate" and not self.loading:
-                self.wait.calibration(ev.done < ev.total, ev.what)
-            self.progress.show()
-            self.cancel_btn.setVisible(ev.stage in ("calibrate", "download"))
-            self.progress.setRange(0, max(ev.total, 1))
-            self.progress.setValue(ev.done)
-            label = "calibrating in the background (chat away)" if ev.stage == "calibrate" and not self.loading else ev.stage
-            if ev.stage == "download":
-                label = f"downloading {ev.what.split(':')[0]} ({ev.done}/{ev.total} files)"
-            self.progress.setFormat(f"{label}: %p%")
-        elif isinstance(ev, Loaded):
-            self.progress.hide()
-            self.cancel_btn.hide()
-            self.count_tokens, self.ctx = ev.count_tokens, ev.ctx
-            self.attachments.set_context(ev.ctx, ev.count_tokens)
-            self.model_info = ev
-            self.composer.think_btn.setVisible(ev.thinking_switch)
-            self.model_label.setToolTip(ev.description)  # the technical line
-            self.wait.calibration(False)  # a calibration that ends says so with a Loaded
-            if self.remote is None:
-                self.model_bar()
-            if self.server.running:
-                self.server_box.show_server(self.server.server, ev.name)
-            self.panel.map.set_share(ev.share)
-            self.loading = self.models.busy  # a Loaded of the model in use while another is being opened: still busy
-            self.send_btn.setEnabled(not self.generating and not self.loading)
-            self.log_line(f"loaded {ev.name}: {ev.description}")
-            self.models.loaded()
-        elif isinstance(ev, EngineStopped):
-            self.log_line(f"error: {ev.message}")
-            self._end_failed_reply(ev.message)
-            self.send_btn.setEnabled(False)
-            self.model_label.setText(ev.message)
-            box = self.stopped_box = QMessageBox(QMessageBox.Icon.Critical, "Mixdesk", ev.message, parent=self)
-            box.setInformativeText("Restart the engine to reload the model." + (f"\nDetails: {ev.log}" if ev.log else ""))
-            restart = box.addButton("Restart engine", QMessageBox.ButtonRole.AcceptRole)
-            box.addButton(QMessageBox.StandardButton.Close)
-            restart.clicked.connect(self.restart_engine)
-            box.setWindowModality(Qt.WindowModality.NonModal)
-            box.open()
-        elif isinstance(ev, ErrorEvent):
-            self.log_line(f"error: {ev.message}")
-            self.statusBar().showMessage(ev.message.splitlines()[0], 15000)
-            if ev.request_id == self.request and self.generating:
-                self.wait.reply_streaming()
-                self._end_failed_reply(ev.message)
-            if ev.message.startswith(("calibrat", "calibration")):
-                self.wait.calibration(False)
-                self.progress.hide()
-                self.cancel_btn.hide()
+        self.engine.dispatch(ev)
 
-    def _end_failed_reply(self, message: str) -> None:
-        """The reply in progress ended with an error: keep what streamed (marked), or drop the empty
-        row, and leave "generating"."""
-        if not self.generating:
-            return
-        if self.chat.streamed or self.chat.streamed_reasoning:
-            note = f"stopped by an error: {message.splitlines()[0]}"
-            self.store.update_message(self.reply_mid, self.chat.streamed, complete=True, meta=self.parts.meta(stats=note))
-            self.chat.end_stream(note)
-        else:
-            self.store.delete_messages_from(self.cid, self.reply_mid)
-        self.chat.show_messages(self.store.messages(self.cid))
-        self.generating = False
-        self.composer.set_generating(False)
+    def _on_loaded(self, ev) -> None:
+        self.count_tokens, self.ctx = ev.count_tokens, ev.ctx
+        self.model_info = ev
+        self.wait.calibration(False)  # a calibration that ends says so with a Loaded
+        if self.server.running:
+            self.server_box.show_server(self.server.server, ev.name)
+        self.loading = self.models.busy  # a Loaded of the model in use while another is being opened: still busy
+        self.send_btn.setEnabled(not self.generating and not self.loading)
+        self.log_line(f"loaded {ev.name}: {ev.description}")
+        self.models.loaded()
+
+    def _on_progress(self, ev) -> None:
+        if ev.stage == "calibrate" and not self.loading:
+            self.wait.calibration(ev.done < ev.total, ev.what)
+
+    def _on_error(self, ev) -> None:
+        self.log_line(f"error: {ev.message}")
+        self.statusBar().showMessage(ev.message.splitlines()[0], 15000)
+        if ev.message.startswith("calibrat"):
+            self.wait.calibration(False)
+
+    def _on_engine_stopped(self, ev) -> None:
+        self.log_line(f"error: {ev.message}")
+        self.send_btn.setEnabled(False)
+        self.model_label.setText(ev.message)
+        box = self.stopped_box = QMessageBox(QMessageBox.Icon.Critical, "Mixdesk", ev.message, parent=self)
+        box.setInformativeText("Restart the engine to reload the model." + (f"\nDetails: {ev.log}" if ev.log else ""))
+        restart = box.addButton("Restart engine", QMessageBox.ButtonRole.AcceptRole)
+        box.addButton(QMessageBox.StandardButton.Close)
+        restart.clicked.connect(self.restart_engine)
+        box.setWindowModality(Qt.WindowModality.NonModal)
+        box.open()
 
     def set_theme(self, name: str, remember: bool = True) -> None:
         """System, Light or Dark; remembered across starts (app/theme.py)."""
@@ -386,19 +283,12 @@ class MainWindow(QMainWindow):
             self.chat.show_messages(self.store.messages(self.cid))  # code blocks in the new style
 
     def model_bar(self) -> None:
-        """The model bar, for people: name and size, where it runs, and the current 16/4-bit mix."""
-        ev = self.model_info
-        if ev is None:
-            return
-        p = ev.params
-        size = (f"{p / 1e9:.1f}B" if p >= 1e9 else f"{p / 1e6:.0f}M" if p >= 1e6 else f"{p / 1e3:.0f}K") + " parameters"
-        where = "CPU only" if ev.cpu_only else "GPU + CPU"
-        n16 = sum(n for t, n in self.tiers_now.items() if t.endswith("16"))
-        n4 = sum(n for t, n in self.tiers_now.items() if t.endswith("-4"))
-        mix = f" · {n16} experts at 16-bit, {n4} at 4-bit" if n16 + n4 else ""
-        if ev.weights:  # a GGUF file: its own precision, and what the slider re-quantised
-            mix = f" · {ev.weights}" + (f" · {n4} experts re-quantised to 4-bit" if n4 and not ev.weights_4bit else "")
-        self.model_label.setText(f"<b>{ev.name}</b> · {size} · {where}{mix}")
+        """The model bar shows the local model again (app/model_bar.py)."""
+        self.model_label.show_model()
+
+    @property
+    def tiers_now(self) -> dict:
+        return self.model_label.tiers
 
     def _store_tick(self) -> None:
         if self.store.pending:
@@ -454,8 +344,7 @@ class MainWindow(QMainWindow):
         return dlg
 
     def closeEvent(self, e):
-        if self.generating and self.reply_mid is not None:
-            self.store.update_message(self.reply_mid, self.chat.streamed, complete=False, meta=self.parts.meta() or None)
+        self.reply.save_partial()
         self.server.stop()
         self.bridge.shutdown(timeout=10.0)
         self._store_timer.stop()

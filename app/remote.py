@@ -176,7 +176,7 @@ def connect(w, choice: tuple[str, str, str] | None = None) -> bool:
     if w.generating:
         w.stop()
     w.remote = RemoteChat(*choice, parent=w)
-    w.remote.events.connect(w.on_events)
+    w.engine.listen(w.remote)
     show_mode(w, True)
     w.statusBar().showMessage(f"the chat now goes to {w.remote.label}", 8000)
     w.log_line(f"chatting with {w.remote.label}")
@@ -197,6 +197,8 @@ def disconnect(w) -> None:
 def show_mode(w, on: bool) -> None:
     """Remote: the panel says where the chat goes, and the placement controls (which act on the
     local engine) are hidden; the local model stays loaded for when the chat comes back."""
+    w.engine.remote_active = on  # the local engine's Stats are not the chat's meanwhile
+    w.model_label.remote = on
     w.slider.setVisible(not on)
     w.panel.placement_box.setVisible(not on)
     w.panel.mode.setText(f"remote: {w.remote.label}" if on else "")

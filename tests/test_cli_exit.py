@@ -56,7 +56,7 @@ if sys.argv[1] == "window":  # the desktop app, closed as soon as its first cali
     w.show()
 
     def close_when_calibrating():
-        if w.progress.isVisible() and "calibrating" in w.progress.format():
+        if w.progress.isVisible() and "in the background" in w.progress.format():
             print("closing while calibrating", flush=True)
             w.close()
             app.quit()

@@ -158,7 +158,7 @@ def test_a_reply_held_back_by_a_calibration_step_says_what_it_waits_for(qtbot, t
     w = open_window(qtbot, tiny, tmp_path, calibrated=False)
     try:
         with no_uncaught_exceptions():
-            qtbot.waitUntil(lambda: w.progress.isVisible() and "calibrating" in w.progress.format(), timeout=30_000)
+            qtbot.waitUntil(lambda: w.progress.isVisible() and "in the background" in w.progress.format(), timeout=30_000)
             w.params = SamplingParams(max_new_tokens=4)
             w.input.setPlainText("hello while it measures")
             qtbot.mouseClick(w.send_btn, Qt.LeftButton)
