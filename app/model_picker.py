@@ -1,14 +1,21 @@
-"""The model picker: recent models, the built-in demo, a folder on disk, or a Hugging Face repo id
-(downloaded with progress and Cancel in the window). Recent models are remembered (QSettings)."""
+"""File > Open model…: the model browser. Recent models (with their size on disk and what the
+planner predicts for them here), the built-in demo, a folder or GGUF file on disk, and a search of
+the Hugging Face hub that lists each candidate's files and sizes and its fit on this machine before
+any download (app/model_browser.py). Non-blocking: `accepted` fires with `choice` set to the spec
+to open (a folder, a file, "demo", a repo id, or "owner/name/file.gguf"). Recent models are
+remembered (QSettings)."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QLabel, QLineEdit, QListWidget,
-                               QListWidgetItem, QPushButton, QVBoxLayout)
+from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QLabel, QListWidget,
+                               QListWidgetItem, QPushButton, QSplitter, QVBoxLayout, QWidget)
 
-from . import theme
+from . import hub_search, theme
+from .model_browser import HubBrowser, Jobs, Machine
+from .model_switch import ModelSwitch, check_model  # noqa: F401 (their home until the window imports model_switch)
 
 MAX_RECENT = 10
+DEMO_LABEL = "Built-in demo (SmolLM2-135M, 8 experts)"
 
 
 def recent() -> list[str]:
@@ -27,18 +34,27 @@ class ModelPicker(QDialog):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setWindowTitle("Open a model")
-        self.resize(560, 420)
+        self.resize(900, 640)
         self.choice: str | None = None
-        lay = QVBoxLayout(self)
-        lay.addWidget(QLabel("<b>Recent models</b>"))
+        self.jobs = Jobs()
+        self.machine = Machine(self.jobs, self)
+        self.jobs.done.connect(self._done)
+        self._last = "recent"  # which list the Open button takes its choice from
+
+        top = QWidget()
+        tl = QVBoxLayout(top)
+        tl.setContentsMargins(0, 0, 0, 0)
+        tl.addWidget(QLabel("<b>Recent models</b>"))
         self.list = QListWidget()
+        self.list.setWordWrap(True)
         for spec in ["demo"] + [r for r in recent() if r != "demo"]:
-            item = QListWidgetItem("Built-in demo (SmolLM2-135M, 8 experts)" if spec == "demo" else spec)
+            item = QListWidgetItem(DEMO_LABEL if spec == "demo" else spec)
             item.setData(Qt.UserRole, spec)
             self.list.addItem(item)
         self.list.setCurrentRow(0)
         self.list.itemDoubleClicked.connect(lambda item: self._pick(item.data(Qt.UserRole)))
-        lay.addWidget(self.list, 1)
+        self.list.currentItemChanged.connect(lambda *_: setattr(self, "_last", "recent"))
+        tl.addWidget(self.list, 1)
         files = QHBoxLayout()
         folder = QPushButton("Open a model folder…")
         folder.clicked.connect(self._folder)
@@ -46,27 +62,89 @@ class ModelPicker(QDialog):
         self.gguf = QPushButton("Open a GGUF file…")  # what LM Studio, Ollama, Jan and llama.cpp keep
         self.gguf.clicked.connect(self._gguf)
         files.addWidget(self.gguf)
-        lay.addLayout(files)
-        lay.addWidget(QLabel("<b>From the Hugging Face hub</b> (safetensors only; downloads resume)"))
-        row = QHBoxLayout()
-        self.hub = QLineEdit(placeholderText="owner/name, e.g. mistralai/Mixtral-8x7B-Instruct-v0.1")
+        files.addStretch(1)
+        tl.addLayout(files)
+
+        bottom = QWidget()
+        bl = QVBoxLayout(bottom)
+        bl.setContentsMargins(0, 0, 0, 0)
+        hub_title = QLabel("<b>From the Hugging Face hub</b> (safetensors or GGUF; nothing is downloaded "
+                           "until you open one; downloads resume)")
+        hub_title.setWordWrap(True)
+        bl.addWidget(hub_title)
+        self.browser = HubBrowser(self.machine, self.jobs, self)
+        self.hub = self.browser.field  # the search field; Enter opens the id typed in it
         self.hub.returnPressed.connect(self._download)
-        row.addWidget(self.hub, 1)
-        get = QPushButton("Download and open")
-        get.clicked.connect(self._download)
-        row.addWidget(get)
-        lay.addLayout(row)
+        self.browser.chosen.connect(self._pick)
+        self.browser.results.currentItemChanged.connect(lambda *_: setattr(self, "_last", "hub"))
+        bl.addWidget(self.browser, 1)
+        row = QHBoxLayout()
+        self.machine_line = QLabel()
+        self.machine_line.setWordWrap(True)
+        row.addWidget(self.machine_line, 1)
+        self.get = QPushButton("Download and open")
+        self.get.setToolTip("The model chosen below, or the owner/name typed above")
+        self.get.clicked.connect(self._download)
+        row.addWidget(self.get)
+        bl.addLayout(row)
+
+        split = QSplitter(Qt.Vertical)
+        split.addWidget(top)
+        split.addWidget(bottom)
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 2)
+        lay = QVBoxLayout(self)
+        lay.addWidget(split, 1)
         buttons = QDialogButtonBox(QDialogButtonBox.Open | QDialogButtonBox.Cancel)
-        buttons.accepted.connect(lambda: self.list.currentItem() and self._pick(self.list.currentItem().data(Qt.UserRole)))
+        buttons.accepted.connect(self._open)
         buttons.rejected.connect(self.reject)
         lay.addWidget(buttons)
+        self.machine.ready.connect(self._machine_ready)
+        if self.machine.measuring:
+            self.machine_line.setText("Measuring this machine… (once; the predictions follow)")
 
+    # ---- what this machine is, and the recent models' lines ----
+    def _machine_ready(self) -> None:
+        m = self.machine
+        if m.hw is None:
+            self.machine_line.setText(f"No predictions: this machine could not be measured ({m.error})")
+            return
+        b = m.budgets
+        has = f"{hub_search.size_text(b.ram)} of RAM" + (f" and {hub_search.size_text(b.vram)} of VRAM" if b.vram else "")
+        self.machine_line.setText(f"Predictions for this machine: {has} free for a model"
+                                  + ("" if b.vram else " (no GPU: CPU only)") + ".")
+        self.machine_line.setToolTip("Budgets: the available memory less the engine's margins; tier costs from "
+                                     "the hardware profile measured on this machine")
+        for i in range(self.list.count()):
+            spec = self.list.item(i).data(Qt.UserRole)
+            self.jobs.run(("recent", None, spec), hub_search.recent_line, spec, m.hw, m.budgets)
+
+    def _done(self, tag, result) -> None:
+        if tag[0] != "recent":
+            return
+        line, tip = result
+        for i in range(self.list.count()):
+            item = self.list.item(i)
+            if item.data(Qt.UserRole) == tag[2] and line:
+                label = DEMO_LABEL if tag[2] == "demo" else tag[2]
+                item.setText(f"{label}\n    {line}")
+                item.setToolTip(tip or line)
+
+    # ---- choosing ----
     def _pick(self, spec: str) -> None:
         self.choice = spec
         self.accept()
 
+    def _open(self) -> None:
+        spec = self.browser.current_spec() if self._last == "hub" else None
+        item = self.list.currentItem()
+        if spec:
+            self._pick(spec)
+        elif item is not None:
+            self._pick(item.data(Qt.UserRole))
+
     def _folder(self) -> None:
-        d = QFileDialog.getExistingDirectory(self, "Open a model folder (Mixtral, Qwen3-MoE, OLMoE or Qwen2-MoE)")
+        d = QFileDialog.getExistingDirectory(self, "Open a model folder (Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE or gpt-oss)")
         if d:
             self._pick(d)
 
@@ -78,164 +156,13 @@ class ModelPicker(QDialog):
             self._pick(path)
 
     def _download(self) -> None:
-        if self.hub.text().strip():
-            self._pick(self.hub.text().strip())
+        from engine.sources.hub import REPO_GGUF, REPO_ID
 
-
-# ---- opening a model without losing the one in use ----
-def check_model(session, spec: str) -> str:
-    """On the engine thread, while the model in use stays loaded: the new model's folder found
-    (the demo built, a hub id downloaded, with progress and the window's Cancel), opened, and its
-    tokenizer and chat template read, as load does before it builds anything. Returns the folder;
-    what is wrong with it is a MixdeskError, one line."""
-    from engine import errorlog
-    from engine.chat_template import ChatTemplate
-    from engine.errors import MixdeskError
-    from engine.load import open_checkpoint
-    from engine.protocol import Progress
-
-    def progress(stage):
-        return lambda d, t, w="": session.publish(Progress(stage=stage, done=d, total=t, what=w))
-    cancel = session.current_stop  # this task's own: the window's Cancel (Stop with no request id) sets it
-    try:
-        if spec == "demo":
-            from engine.sources import demo
-
-            folder = demo.ensure(progress=progress("build demo"), log=lambda s: None)
-        else:
-            from engine.sources.hub import resolve
-
-            folder = resolve(spec, progress=progress("download"), cancel=cancel)
-        ckpt = open_checkpoint(folder)
-        try:
-            ChatTemplate.of(ckpt.load_tokenizer(), ckpt.folder)
-        finally:
-            ckpt.close()
-        return str(folder)
-    except MixdeskError:
-        raise
-    except Exception as e:  # noqa: BLE001 - said in one line, the traceback in the log
-        log = errorlog.record(e, f"opening {spec}")
-        raise MixdeskError(f"{spec} could not be opened: {errorlog.one_line(e)}"
-                           + (f" (details in {log})" if log else "")) from None
-
-
-class ModelSwitch:
-    """File > Open model (and the picker, a folder, a hub id, the demo) for the window w. The model
-    in use stays loaded, and the chat usable, until the new one has been checked (check_model, a
-    Task on the engine thread); only then is it loaded. A new model that fails after that (the
-    engine lets the old one go before it loads: engine/session.py _load) brings the previous one
-    back, and the window says both: why the new one failed, and that the previous one is back.
-    (The engine now validates the folder before it releases the model in use, too; the check here
-    also reads the tokenizer and the chat template, which load reads only after the release.)"""
-
-    def __init__(self, w):
-        self.w = w
-        self.current: tuple | None = None  # (path, device, dtype) of the model in use
-        self.pending: tuple | None = None  # the one being opened
-        self.check_id = self.load_id = None  # the engine's ids of the check and the load in progress
-        self.building = False  # the engine began the load (its "load" progress): the next Loaded answers it
-        self.failed: tuple[str, str] | None = None  # (spec, why) of a new model given up for the previous one
-
-    @property
-    def spec(self) -> tuple | None:
-        return self.pending or self.current
-
-    @property
-    def busy(self) -> bool:
-        """A model is being opened (Send waits for it)."""
-        return self.pending is not None
-
-    def open(self, spec: tuple, check: bool = True) -> None:
-        w = self.w
-        self.pending, self.failed = spec, None
-        w.loading = True
-        w.send_btn.setEnabled(False)
-        if self.current is None or not check:  # nothing to keep: load it at once
-            w.model_label.setText(f"loading {spec[0]}…")
-            self._load(spec[0])
-            return
-        w.model_label.setText(f"opening {spec[0]}… (the chat goes on with {self.current[0]} until it is ready)")
-        from engine.protocol import Task
-
-        path = spec[0]
-        self.check_id = w.bridge.send(Task(fn=lambda s: check_model(s, path)))
-
-    def restart(self) -> None:
-        """A new engine thread holds no model: load the last one again."""
-        spec, self.current = self.spec, None
-        self.check_id = self.load_id = None
-        if spec is not None:
-            self.open(spec)
-
-    def _load(self, path: str) -> None:
-        from engine.protocol import Load
-
-        _, device, dtype = self.pending
-        self.building = False
-        self.load_id = self.w.bridge.send(Load(path=path, device=device, dtype=dtype))
-
-    def on_event(self, ev) -> bool:
-        """The window's engine events that answer a switch; True when handled here."""
-        from engine.protocol import ErrorEvent, Loaded, Progress, TaskDone
-
-        rid = getattr(ev, "request_id", None)
-        if isinstance(ev, TaskDone) and rid is not None and rid == self.check_id:
-            self.check_id = None
-            self.w.model_label.setText(f"loading {self.pending[0]}…")
-            self._load(ev.value)
-            return True
-        if isinstance(ev, ErrorEvent) and rid is not None and rid in (self.check_id, self.load_id):
-            # a Load that failed before the engine released the model in use leaves it announced
-            released = rid == self.load_id and self.w.bridge.session.last_loaded is None
-            self._failed(ev.message, after_unload=released)
-            return True
-        if isinstance(ev, Progress) and ev.stage == "load" and self.load_id is not None:
-            self.building = True
-            return False
-        # a Loaded before that re-announces the model in use (its background calibration ended)
-        if isinstance(ev, Loaded) and self.load_id is not None and self.building:
-            self.load_id = None
-            if self.failed is None:
-                remember(self.pending[0])
-            self.current, self.pending = self.pending, None
-            return False  # the window shows it as any Loaded
-        return False
-
-    def _failed(self, message: str, after_unload: bool) -> None:
-        w = self.w
-        spec, why = self.pending, message.splitlines()[0]
-        self.check_id = self.load_id = None
-        w.progress.hide()
-        w.cancel_btn.hide()
-        w.log_line(f"error: {spec[0]} could not be opened: {message}")
-        if not after_unload and self.current is not None:  # the model in use was never let go
-            self.pending, w.loading = None, False
-            w.model_bar()
-            w.send_btn.setEnabled(not w.generating)
-            self._say(f"{spec[0]} could not be opened: {why}. Still using {self.current[0]}.")
-            return
-        previous = self.current
-        self.current = None
-        if previous is not None and previous != spec and self.failed is None:
-            self.failed = (spec[0], why)
-            self.pending = previous
-            w.model_label.setText(f"{spec[0]} could not be loaded: {why}. Reopening {previous[0]}…")
-            self._load(previous[0])
-            return
-        self.pending, w.loading = None, False
-        if self.failed is not None:
-            why = f"{why} (after {self.failed[0]} could not be loaded: {self.failed[1]})"
-        w.model_label.setText(f"could not load: {why}")
-        self._say(f"{spec[0]} could not be loaded: {why}. Open another model (File > Open model…).")
-
-    def loaded(self) -> None:
-        """After the window showed a Loaded: say the outcome of a switch that fell back."""
-        if self.failed is not None and self.pending is None and self.current is not None:
-            spec, why = self.failed
-            self.failed = None
-            self._say(f"{spec} could not be loaded: {why}. {self.current[0]} is back.")
-
-    def _say(self, text: str) -> None:
-        self.w.statusBar().showMessage(text, 30000)
-        self.w.log_line(text)
+        text = self.hub.text().strip()
+        spec = self.browser.current_spec()
+        if spec and self._last == "hub":
+            self._pick(spec)
+        elif text and (REPO_ID.fullmatch(text) or REPO_GGUF.fullmatch(text) or not self.browser.searchable(text)):
+            self._pick(text)  # an id, or a path: opened as typed
+        elif text:
+            self.browser.status.setText(f"“{text}” is a search: choose one of the models below, or type owner/name.")

@@ -35,9 +35,18 @@ def machine_budgets(hw: HardwareProfile, ram_available: int | None = None, vram_
     return Budgets(vram=int(vram * (1 - VRAM_MARGIN)), ram=int(ram * (1 - RAM_MARGIN)))
 
 
-def _gb(n: float) -> str:
-    x = n / GB
-    return f"{x:.1f} GB" if x < 9.95 else f"{x:.0f} GB"
+def size_text(n: float | None) -> str:
+    """Bytes in plain words: "4.0 GB", "64 GB", "3.0 MB"."""
+    if n is None:
+        return ""
+    for unit, k in (("GB", GB), ("MB", 10**6), ("KB", 10**3)):
+        if n >= k * 0.995:
+            x = n / k
+            return f"{x:.1f} {unit}" if x < 9.95 else f"{x:.0f} {unit}"
+    return f"{int(n)} bytes"
+
+
+_gb = size_text
 
 
 def _rate(tok_s: float) -> str:

@@ -1,0 +1,164 @@
+"""Opening a model without losing the one in use: the new model is checked on the engine thread
+(check_model) while the chat goes on with the old one, then loaded; if it fails after the old one
+was let go, the old one comes back (ModelSwitch, the window's File > Open model and the browser's
+choice)."""
+from __future__ import annotations
+
+def check_model(session, spec: str) -> str:
+    """On the engine thread, while the model in use stays loaded: the new model's folder found
+    (the demo built, a hub id downloaded, with progress and the window's Cancel), opened, and its
+    tokenizer and chat template read, as load does before it builds anything. Returns the folder;
+    what is wrong with it is a MixdeskError, one line."""
+    from engine import errorlog
+    from engine.chat_template import ChatTemplate
+    from engine.errors import MixdeskError
+    from engine.load import open_checkpoint
+    from engine.protocol import Progress
+
+    def progress(stage):
+        return lambda d, t, w="": session.publish(Progress(stage=stage, done=d, total=t, what=w))
+    cancel = session.current_stop  # this task's own: the window's Cancel (Stop with no request id) sets it
+    try:
+        if spec == "demo":
+            from engine.sources import demo
+
+            folder = demo.ensure(progress=progress("build demo"), log=lambda s: None)
+        else:
+            from engine.sources.hub import resolve
+
+            folder = resolve(spec, progress=progress("download"), cancel=cancel)
+        ckpt = open_checkpoint(folder)
+        try:
+            ChatTemplate.of(ckpt.load_tokenizer(), ckpt.folder)
+        finally:
+            ckpt.close()
+        return str(folder)
+    except MixdeskError:
+        raise
+    except Exception as e:  # noqa: BLE001 - said in one line, the traceback in the log
+        log = errorlog.record(e, f"opening {spec}")
+        raise MixdeskError(f"{spec} could not be opened: {errorlog.one_line(e)}"
+                           + (f" (details in {log})" if log else "")) from None
+
+
+class ModelSwitch:
+    """File > Open model (and the picker, a folder, a hub id, the demo) for the window w. The model
+    in use stays loaded, and the chat usable, until the new one has been checked (check_model, a
+    Task on the engine thread); only then is it loaded. A new model that fails after that (the
+    engine lets the old one go before it loads: engine/session.py _load) brings the previous one
+    back, and the window says both: why the new one failed, and that the previous one is back.
+    (The engine now validates the folder before it releases the model in use, too; the check here
+    also reads the tokenizer and the chat template, which load reads only after the release.)"""
+
+    def __init__(self, w):
+        self.w = w
+        self.current: tuple | None = None  # (path, device, dtype) of the model in use
+        self.pending: tuple | None = None  # the one being opened
+        self.check_id = self.load_id = None  # the engine's ids of the check and the load in progress
+        self.building = False  # the engine began the load (its "load" progress): the next Loaded answers it
+        self.failed: tuple[str, str] | None = None  # (spec, why) of a new model given up for the previous one
+
+    @property
+    def spec(self) -> tuple | None:
+        return self.pending or self.current
+
+    @property
+    def busy(self) -> bool:
+        """A model is being opened (Send waits for it)."""
+        return self.pending is not None
+
+    def open(self, spec: tuple, check: bool = True) -> None:
+        w = self.w
+        self.pending, self.failed = spec, None
+        w.loading = True
+        w.send_btn.setEnabled(False)
+        if self.current is None or not check:  # nothing to keep: load it at once
+            w.model_label.setText(f"loading {spec[0]}…")
+            self._load(spec[0])
+            return
+        w.model_label.setText(f"opening {spec[0]}… (the chat goes on with {self.current[0]} until it is ready)")
+        from engine.protocol import Task
+
+        path = spec[0]
+        self.check_id = w.bridge.send(Task(fn=lambda s: check_model(s, path)))
+
+    def restart(self) -> None:
+        """A new engine thread holds no model: load the last one again."""
+        spec, self.current = self.spec, None
+        self.check_id = self.load_id = None
+        if spec is not None:
+            self.open(spec)
+
+    def _load(self, path: str) -> None:
+        from engine.protocol import Load
+
+        _, device, dtype = self.pending
+        self.building = False
+        self.load_id = self.w.bridge.send(Load(path=path, device=device, dtype=dtype))
+
+    def on_event(self, ev) -> bool:
+        """The window's engine events that answer a switch; True when handled here."""
+        from engine.protocol import ErrorEvent, Loaded, Progress, TaskDone
+
+        rid = getattr(ev, "request_id", None)
+        if isinstance(ev, TaskDone) and rid is not None and rid == self.check_id:
+            self.check_id = None
+            self.w.model_label.setText(f"loading {self.pending[0]}…")
+            self._load(ev.value)
+            return True
+        if isinstance(ev, ErrorEvent) and rid is not None and rid in (self.check_id, self.load_id):
+            # a Load that failed before the engine released the model in use leaves it announced
+            released = rid == self.load_id and self.w.bridge.session.last_loaded is None
+            self._failed(ev.message, after_unload=released)
+            return True
+        if isinstance(ev, Progress) and ev.stage == "load" and self.load_id is not None:
+            self.building = True
+            return False
+        # a Loaded before that re-announces the model in use (its background calibration ended)
+        if isinstance(ev, Loaded) and self.load_id is not None and self.building:
+            self.load_id = None
+            if self.failed is None:
+                from .model_picker import remember
+
+                remember(self.pending[0])
+            self.current, self.pending = self.pending, None
+            return False  # the window shows it as any Loaded
+        return False
+
+    def _failed(self, message: str, after_unload: bool) -> None:
+        w = self.w
+        spec, why = self.pending, message.splitlines()[0]
+        self.check_id = self.load_id = None
+        w.progress.hide()
+        w.cancel_btn.hide()
+        w.log_line(f"error: {spec[0]} could not be opened: {message}")
+        if not after_unload and self.current is not None:  # the model in use was never let go
+            self.pending, w.loading = None, False
+            w.model_bar()
+            w.send_btn.setEnabled(not w.generating)
+            self._say(f"{spec[0]} could not be opened: {why}. Still using {self.current[0]}.")
+            return
+        previous = self.current
+        self.current = None
+        if previous is not None and previous != spec and self.failed is None:
+            self.failed = (spec[0], why)
+            self.pending = previous
+            w.model_label.setText(f"{spec[0]} could not be loaded: {why}. Reopening {previous[0]}…")
+            self._load(previous[0])
+            return
+        self.pending, w.loading = None, False
+        if self.failed is not None:
+            why = f"{why} (after {self.failed[0]} could not be loaded: {self.failed[1]})"
+        w.model_label.setText(f"could not load: {why}")
+        self._say(f"{spec[0]} could not be loaded: {why}. Open another model (File > Open model…).")
+
+    def loaded(self) -> None:
+        """After the window showed a Loaded: say the outcome of a switch that fell back."""
+        if self.failed is not None and self.pending is None and self.current is not None:
+            spec, why = self.failed
+            self.failed = None
+            self._say(f"{spec} could not be loaded: {why}. {self.current[0]} is back.")
+
+    def _say(self, text: str) -> None:
+        self.w.statusBar().showMessage(text, 30000)
+        self.w.log_line(text)
