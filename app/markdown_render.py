@@ -136,6 +136,7 @@ class CodeBlock:
         self._lexer = _lexer(lang) if lang else None  # none named: plain while streaming, guessed at the end
         self._stream_lexer = self._lexer or _lexer("")
         self.tail = QTextCursor(self.frame.document())  # where the open line's block begins (its separator)
+        self.tail.setKeepPositionOnInsert(True)  # text inserted at it (the open line) stays after it
         self.tail.setPosition(self.frame.lastPosition())
 
     def _head_end(self) -> int:
@@ -180,6 +181,7 @@ class Answer:
         self.frame, self.hl, self.copy, self.text_colour = frame, Highlighter(style), copy, palette_text
         self.splitter = BlockSplitter()
         self.mark = QTextCursor(frame.document())  # where the open block's rendering begins
+        self.mark.setKeepPositionOnInsert(True)
         self.mark.setPosition(start)
         self.first = True  # nothing rendered yet: no separating line before the first block
         self.code: CodeBlock | None = None  # the open code block's frame
@@ -237,6 +239,8 @@ class Answer:
 
     def _show_open(self) -> None:
         block, partial = self.splitter.open, self.splitter.partial
+        if partial.lstrip().startswith(("``", "~~")):  # a fence being written: not shown as backticks
+            partial = ""
         if block.kind == "code":
             if self.code is None:
                 self._clear_open()

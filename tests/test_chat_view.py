@@ -106,3 +106,21 @@ def test_the_composer_works_without_a_model(qtbot, tmp_path):
     assert c.paste_files(mime)
     qtbot.waitUntil(lambda: len(c.attachments.chip_widgets()) == 1, timeout=10_000)
     assert c.attachments.docs[0].text == "pasted from a file manager"
+
+
+def test_a_streaming_code_block_shows_each_line_once_while_it_streams(qtbot, view):
+    code = 'def route(logits, k=2):\n    """Top-k experts."""\n    return logits.topk(k)\n'
+    reply = f"Here:\n\n```python\n{code}```\n\nDone."
+    view.show_messages([Message(1, "user", "code please", True, {})])
+    view.begin_stream()
+    for i in range(0, len(reply), 5):
+        view.add_text(reply[i:i + 5])
+        flushes = view.flushes
+        qtbot.waitUntil(lambda: view.flushes > flushes, timeout=5000)
+        shown = view.toPlainText()
+        assert "```" not in shown and shown.count("def route") <= 1 and shown.count("Top-k") <= 1, shown
+        if "return logits.topk(k)\n" in view.streamed and "Done" not in view.streamed:
+            assert "return logits.topk(k)" in shown and "Copy code" in shown
+    view.end_stream("1 tokens/s")
+    shown = view.toPlainText()
+    assert shown.count("def route") == 1 and "Done." in shown and view.copies.count(code) == 1

@@ -172,7 +172,7 @@ def test_the_window_opens_a_tiny_qwen3_moe_and_chats(qtbot, folders, tmp_path, m
     qtbot.waitUntil(lambda: not w.generating and w.cid is not None and len(w.store.messages(w.cid)) == 2,
                     timeout=60_000)
     reply = w.store.messages(w.cid)[1]
-    assert reply.complete and reply.content and "tok/s" in reply.meta["stats"]
+    assert reply.complete and reply.content and "tokens/s" in reply.meta["stats"]
     assert sum(w.tiers_now.values()) == 8  # 2 layers x 4 experts placed
     w.close()
 

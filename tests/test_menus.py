@@ -288,7 +288,7 @@ def attach(k: Walk):
 
 def send(k: Walk):
     reply = k.say("hello there", 8)
-    assert reply.role == "assistant" and reply.complete and "tok/s" in reply.meta["stats"]
+    assert reply.role == "assistant" and reply.complete and "tokens/s" in reply.meta["stats"]
 
 
 def stop(k: Walk):

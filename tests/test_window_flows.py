@@ -108,7 +108,7 @@ def test_a_failed_open_of_a_folder_that_is_not_a_model_keeps_the_old_model_chatt
         qtbot.waitUntil(lambda: f"{tmp_path / 'nowhere'} could not be opened" in window.statusBar().currentMessage(),
                         timeout=60_000)
         reply = say(qtbot, window, "and now?", 6)
-        assert reply.complete and "tok/s" in reply.meta["stats"]
+        assert reply.complete and "tokens/s" in reply.meta["stats"]
         assert session.loaded is loaded_before
 
 
