@@ -25,6 +25,9 @@ class ConversationList(QWidget):
         self.search = QLineEdit(placeholderText="Search chats")
         self.search.textChanged.connect(self.refresh)
         self.list = QListWidget()
+        self.list.setTextElideMode(Qt.ElideRight)  # a long title ends in "…" (its tooltip has it whole)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.list.setUniformItemSizes(True)
         self.list.itemSelectionChanged.connect(self._on_select)
         self.list.setContextMenuPolicy(Qt.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._menu)
@@ -38,9 +41,24 @@ class ConversationList(QWidget):
         for c in self.store.conversations(self.search.text()):
             it = QListWidgetItem(c.title)
             it.setData(Qt.UserRole, c.id)
+            it.setToolTip(c.title)
             self.list.addItem(it)
             if c.id == self.current:
+                self.list.setCurrentItem(it)
                 it.setSelected(True)
+        if self.current is None:
+            self.list.setCurrentItem(None)
+        self.list.blockSignals(False)
+
+    def highlight(self, cid: int | None) -> None:
+        """Select chat cid's row (no `selected` signal): the row shown is the chat shown."""
+        self.current = cid
+        self.list.blockSignals(True)
+        for i in range(self.list.count()):
+            it = self.list.item(i)
+            it.setSelected(it.data(Qt.UserRole) == cid)
+            if it.data(Qt.UserRole) == cid:
+                self.list.setCurrentItem(it)
         self.list.blockSignals(False)
 
     def _on_select(self) -> None:

@@ -148,7 +148,7 @@ class RuntimeDialog(QDialog):
         build = build_name(s["cuda_build"])
         rt = s["runtime"]
         lines = [f"<b>In use:</b> torch {s['torch']} ({build}) from {s['source']}<br><small>{s['torch_path']}</small>",
-                 f"<b>GPU:</b> {s['gpu']}",
+                 f"<b>GPU:</b> {s['gpu'] if s['has_gpu'] else 'no NVIDIA GPU found'}",
                  "<b>Installed runtime:</b> " + (f"torch {rt['torch']}, {gb(rt['bytes'])}, from {rt['index_url']}"
                                                  if rt else "none")]
         if s["state"] in ("fallback", "off"):
@@ -157,7 +157,13 @@ class RuntimeDialog(QDialog):
             lines.append("It is used from the next start of Mixdesk.")
         self.info.setText("<br>".join(lines))
         default, why = default_index(s["nvidia"])
-        self.index.setPlaceholderText(default or why)
+        # the engine's reasons name NVML and --index-url (the terminal's words); here, plain ones,
+        # with the engine's own in the tooltips
+        self.index.setPlaceholderText(default or ("no NVIDIA GPU found: type a package index address to fetch a "
+                                                  "GPU runtime anyway" if s["nvidia"] is None else why))
+        self.index.setToolTip("Where the GPU build of torch is downloaded from (a pip package index)"
+                              + (f"\n{why}" if why else ""))
+        self.info.setToolTip("" if s["has_gpu"] else s["gpu"])
         self.remove_btn.setEnabled(rt is not None)
 
     def _clear(self) -> None:

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox, QPushButto
 from engine.generate import SamplingParams
 from engine.protocol import SetSlider, Stop
 
-from . import documents, menus, remote, theme
+from . import documents, menus, remote, theme, window_state
 from .composer import Composer
 from .conversation_list import ConversationList
 from .gpu_runtime import GpuOfferBar, RuntimeDialog
@@ -69,11 +69,13 @@ class MainWindow(QMainWindow):
         self._store_timer.start()
         self._store_tick()
         self.gpu_offer.check()
+        window_state.restore(self)  # geometry, slider and the chat that was open
+        window_state.follow(self)
         self.load_model(model, device, dtype)
 
     # ---- layout ----
     def _build(self) -> None:
-        split = QSplitter(Qt.Horizontal)
+        split = self.splitter = QSplitter(Qt.Horizontal)
         self._undo_btn = QPushButton("Undo delete")
         self._undo_btn.hide()
         self.sidebar = ConversationList(self.store, self._undo_btn)
@@ -168,14 +170,23 @@ class MainWindow(QMainWindow):
         self.composer.show_context(None)
 
     def _on_select(self, cid: int) -> None:
-        if not self.generating:
+        if self.generating:  # the chat shown stays highlighted: its reply is still coming
             if cid != self.cid:
-                self.chat.unfolded.clear()  # a chat opened shows its reasoning folded
-            self.cid = cid
-            messages = self.store.messages(self.cid)
-            self.chat.show_messages(messages)
-            self.composer.set_think(self.parts.chat_thinks())
-            self.composer.show_context(self.reply.context_of(messages))
+                self.statusBar().showMessage("Another chat opens when this reply ends (or Stop it)", 8000)
+            self.refresh_conversations()
+            return
+        self.open_chat(cid)
+
+    def open_chat(self, cid: int) -> None:
+        """Show chat cid (and highlight it in the sidebar)."""
+        if cid != self.cid:
+            self.chat.unfolded.clear()  # a chat opened shows its reasoning folded
+        self.cid = self.sidebar.current = cid
+        messages = self.store.messages(self.cid)
+        self.chat.show_messages(messages)
+        self.composer.set_think(self.parts.chat_thinks())
+        self.composer.show_context(self.reply.context_of(messages))
+        self.sidebar.highlight(cid)
 
     def _on_deleted(self, cid: int) -> None:
         if cid == self.cid:
@@ -345,6 +356,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, e):
         self.reply.save_partial()
+        window_state.save(self)
         self.server.stop()
         self.bridge.shutdown(timeout=10.0)
         self._store_timer.stop()

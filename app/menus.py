@@ -1,5 +1,5 @@
-"""The main window's menu bar, its shortcuts, and the small dialogs the menus open (system prompt,
-sampling, export, log, about).
+"""The main window's menu bar, its shortcuts, and the small dialogs the menus open (export, log,
+about; Chat settings… is app/chat_settings.py).
 
 Every action's handler is called with no argument: QAction.triggered passes `checked` (a bool),
 which a handler with an optional first parameter took for its argument (File > Connect to a server
@@ -7,14 +7,13 @@ got `False` for its choice and opened no dialog). Only the Local server switch, 
 takes the state it is toggled to."""
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from PySide6.QtGui import QAction, QActionGroup, QKeySequence, QShortcut
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 
-from . import theme
+from . import chat_settings, theme
 
 
 def run_modal(dlg) -> int:
@@ -30,32 +29,53 @@ def run_modal(dlg) -> int:
         dlg.deleteLater()
 
 
-def action(window, text: str, fn: Callable[[], object], menu=None, tip: str = "") -> QAction:
-    """A menu action that calls fn() (never fn(checked))."""
+def action(window, text: str, fn: Callable[[], object], menu=None, tip: str = "", keys=()) -> QAction:
+    """A menu action that calls fn() (never fn(checked)); keys: its shortcuts, the first shown in
+    the menu beside it."""
     a = QAction(text, window)
     a.triggered.connect(lambda _checked=False: fn())
     if tip:
         a.setToolTip(tip)
+    if keys:
+        a.setShortcuts([QKeySequence(k) for k in ((keys,) if isinstance(keys, (str, QKeySequence.StandardKey)) else keys)])
     if menu is not None:
         menu.addAction(a)
     return a
 
 
-def menu(window, title: str, *items: tuple[str, Callable[[], object]]):
+def menu(window, title: str, *items):
+    """A menu of (text, fn) or (text, fn, keys) items; None: a separator."""
     m = window.menuBar().addMenu(title)
-    for text, fn in items:
-        action(window, text, fn, m)
+    for item in items:
+        if item is None:
+            m.addSeparator()
+            continue
+        text, fn, *keys = item
+        action(window, text, fn, m, keys=keys[0] if keys else ())
     return m
 
 
+def find_chats(w) -> None:
+    """Edit > Find chats (Ctrl+F): the sidebar's search field, its text selected."""
+    w.search.setFocus()
+    w.search.selectAll()
+
+
 def build(w) -> None:
-    """The menus and shortcuts of MainWindow w."""
-    menu(w, "&File", ("Open model…", w.pick_model), ("Open model folder…", lambda: open_folder(w)),
+    """The menus of MainWindow w; every shortcut belongs to a menu item, which shows it."""
+    menu(w, "&File", ("New chat", w.new_chat, QKeySequence.New), None,
+         ("Open model…", w.pick_model, QKeySequence.Open), ("Open model folder…", lambda: open_folder(w)),
          ("Open GGUF file…", lambda: open_gguf(w)),
-         ("Open demo model", lambda: w.load_model("demo")), ("Open Hugging Face model…", lambda: open_hub(w)),
-         ("Connect to a server…", w.connect_remote), ("Use the local model", w.disconnect_remote),
-         ("Export chat as Markdown…", lambda: export(w, "md")), ("Export chat as JSON…", lambda: export(w, "json")))
-    menu(w, "&Chat", ("System prompt…", lambda: edit_system_prompt(w)), ("Sampling settings…", lambda: edit_sampling(w)))
+         ("Open demo model", lambda: w.load_model("demo")), ("Open Hugging Face model…", lambda: open_hub(w)), None,
+         ("Connect to a server…", w.connect_remote), ("Use the local model", w.disconnect_remote), None,
+         ("Export chat as Markdown…", lambda: export(w, "md")), ("Export chat as JSON…", lambda: export(w, "json")),
+         None, ("Quit", w.close, ("Ctrl+Q",)))
+    menu(w, "&Edit", ("Find chats", lambda: find_chats(w), ("Ctrl+F",)),
+         ("Paste files as attachments", w.paste_files, ("Ctrl+Shift+V",)))
+    menu(w, "&Chat", ("Send", w.send, ("Ctrl+Return", "Ctrl+Enter")), ("Stop the reply", w.stop, ("Escape",)),
+         ("Regenerate the last reply", w.reply.regenerate, ("Ctrl+Shift+R",)),
+         ("Edit the last message", w.reply.edit_last, ("Ctrl+Shift+E",)), None,
+         ("Chat settings…", lambda: chat_settings.edit(w), ("Ctrl+,",)))
     tools = w.menuBar().addMenu("&Tools")
     action(w, "Re-measure this machine and model", lambda: remeasure(w), tools,
            tip="Measure each tier's speed and calibrate the model again, then re-plan (when the predictions look "
@@ -75,9 +95,6 @@ def build(w) -> None:
         theme_menu.addAction(a)
         w.theme_actions[name] = a
     menu(w, "&Help", ("Log", lambda: show_log(w)), ("About Mixdesk", lambda: about(w)))
-    for keys, fn in (("Ctrl+Return", w.send), ("Ctrl+Enter", w.send), ("Escape", w.stop), ("Ctrl+N", w.new_chat),
-                     ("Ctrl+O", w.pick_model), ("Ctrl+Shift+V", w.paste_files)):
-        QShortcut(QKeySequence(keys), w, activated=lambda fn=fn: fn())
 
 
 def remeasure(w) -> None:
@@ -111,23 +128,6 @@ def open_hub(w) -> None:
     repo, ok = QInputDialog.getText(w, "Hugging Face model", "Repo id (owner/name):")
     if ok and repo.strip():
         w.load_model(repo.strip())
-
-
-def edit_system_prompt(w) -> None:
-    if w.cid is None:
-        w.new_chat()
-    text, ok = QInputDialog.getMultiLineText(w, "System prompt", "System prompt for this chat:",
-                                             w.store.conversation(w.cid).system_prompt)
-    if ok:
-        w.store.set_system_prompt(w.cid, text)
-        w.statusBar().showMessage("system prompt set for this chat" if text.strip() else "system prompt cleared", 8000)
-
-
-def edit_sampling(w) -> None:
-    t, ok = QInputDialog.getDouble(w, "Sampling", "Temperature (0 = greedy):", w.params.temperature, 0, 2, 2)
-    if ok:
-        w.params = replace(w.params, temperature=t, top_p=0.95 if t > 0 else 1.0)
-        w.statusBar().showMessage(f"temperature {t:g}" + (" (greedy)" if t == 0 else ""), 8000)
 
 
 def export(w, kind: str) -> None:

@@ -35,6 +35,16 @@ def _pace(generator, per_token_s: float = 0.005) -> None:
     generator.retrying = paced
 
 
+@pytest.fixture(autouse=True)
+def _fresh_window_state():
+    """Each test's window starts as on a first start: no remembered slider, geometry or chat
+    (app/window_state.py); the settings folder is shared by the whole run."""
+    yield
+    from app import window_state
+
+    window_state.forget()
+
+
 @pytest.fixture
 def pace():
     return _pace

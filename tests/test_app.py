@@ -56,7 +56,7 @@ def test_send_streams_tokens_and_saves(qtbot, window, pace):
     msgs = window.store.messages(window.cid)
     assert [m.role for m in msgs] == ["user", "assistant"] and all(m.complete for m in msgs)
     assert msgs[1].content == window.chat.streamed
-    assert "tok/s" in msgs[1].meta["stats"] and "tok/s" in window.chat.toPlainText()
+    assert "tokens/s" in msgs[1].meta["stats"] and "tokens/s" in window.chat.toPlainText()
     assert window.conv_list.count() == 1 and "hello world" in window.conv_list.item(0).text()
 
 
@@ -284,7 +284,7 @@ def test_errors_in_a_step_and_in_the_template_leave_generating_and_the_engine_se
     send(qtbot, window, "and now a normal message", 8)
     qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
     last = window.store.messages(window.cid)[-1]
-    assert last.role == "assistant" and last.complete and "tok/s" in last.meta["stats"]
+    assert last.role == "assistant" and last.complete and "tokens/s" in last.meta["stats"]
     assert session.thread is thread and thread.is_alive()  # the same engine thread served all three
 
 
@@ -332,7 +332,7 @@ def test_a_never_calibrated_model_chats_before_its_calibration_ends(qtbot, tiny,
     qtbot.waitUntil(lambda: not w.generating, timeout=60_000)
     assert w.store.messages(w.cid)[-1].complete
     assert session.controller.calibrating  # the reply came while the calibration had not finished
-    assert "calibrating in the background" in w.progress.format()
+    assert "in the background (you can chat meanwhile)" in w.progress.format()
     qtbot.waitUntil(lambda: any(isinstance(e, PlacementChanged) and e.reason == "profile" for e in seen),
                     timeout=120_000)  # the planner switched to the measured profile
     assert any(isinstance(e, Loaded) for e in seen) and not w.progress.isVisible()
