@@ -130,7 +130,9 @@ def inputs_of(config: dict | str | Path, hw: HardwareProfile) -> tuple[PlanInput
 
     raw, path = _raw_config(config)
     if raw.get("model_type") not in FAMILIES:
-        raise ModelError(path, f"is a {raw.get('model_type')!r} model; Mixdesk runs {', '.join(FAMILIES)}")
+        names = [f.name for f in FAMILIES.values()]
+        raise ModelError(path, f"is a {raw.get('model_type')!r} model; Mixdesk runs {', '.join(names[:-1])} "
+                               f"and {names[-1]} models")
     check_config(raw, path)
     d = dims_from_config(hf_config(raw, path), path)
     inp = from_dims(d, hw, 2, ASSUMED_SENSITIVITY)
