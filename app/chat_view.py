@@ -22,7 +22,7 @@ from PySide6.QtCore import QEvent, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QPalette, QTextCursor
 from PySide6.QtWidgets import QTextBrowser, QToolTip
 
-from . import bubbles, none_refs
+from . import bubbles
 from . import reasoning_view as rv
 from .markdown_render import Answer
 
@@ -151,7 +151,6 @@ class ChatView(QTextBrowser):
 
     # ---- messages ----
     def show_messages(self, messages) -> None:
-        none_refs.guard()
         self.clear()
         self.copies, self.files, self.thoughts = [], [], []
         self._stream_start = self._live = self._answer = self._frame = None
@@ -255,7 +254,6 @@ class ChatView(QTextBrowser):
         """The new text rendered: completed blocks once, the open block again (app/markdown_render.py)."""
         if not self._dirty or self._stream_start is None:
             return
-        none_refs.guard()
         t0 = time.thread_time()
         self._dirty = False
         self.flushes += 1

@@ -139,4 +139,4 @@ if __name__ == "__main__":
     for name in ("Light", "Dark"):
         for p in shoot(target, name):
             print(p)
-    os._exit(0)  # PySide6 6.12 on Python 3.11 can abort at exit (app/none_refs.py)
+    app.quit()
