@@ -1,16 +1,24 @@
-"""The live panel: memory meters, a tok/s chart, migration progress and the placement map."""
+"""The live panel: memory meters, a tok/s chart, migration progress and the placement map.
+
+It follows the engine controller (`follow(engine)`): Stats fill the meters, the chart and the
+count of experts per tier in use now; PlacementChanged starts (or, re-planned mid-way, continues)
+a migration, shown as one progress per move and on the map as current and target together;
+each MigrationProgress lands one expert; calibration_finished is said once."""
 from __future__ import annotations
 
 import time
 
 from PySide6.QtCharts import QChart, QChartView, QLineSeries, QValueAxis
-from PySide6.QtCore import QMargins, Qt
+from PySide6.QtCore import QMargins, Qt, QTimer
 from PySide6.QtGui import QPainter
-from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QProgressBar, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFormLayout, QFrame, QGroupBox, QLabel, QProgressBar, QScrollArea, QVBoxLayout, QWidget
 
-from .placement_map import TIER_COLOURS, PlacementMap
+from . import plain_words
+from .placement_map import PlacementLegend, PlacementMap
 
 GIB = 2**30
+CALIBRATED = "Calibration finished: predictions now measured"
+NOTICE_MS = 30_000  # how long the calibration notice stays
 
 
 def _nice(v: float) -> float:
@@ -33,7 +41,16 @@ def _meter() -> QProgressBar:
 class LivePanel(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = QVBoxLayout(self)
+        outer = QVBoxLayout(self)  # the window inserts the Local server box at its top (above the scroll)
+        outer.setContentsMargins(0, 0, 0, 0)
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QFrame.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        body = QWidget()
+        self.scroll.setWidget(body)
+        outer.addWidget(self.scroll, 1)
+        lay = QVBoxLayout(body)
         mem = QGroupBox("Memory")
         form = QFormLayout(mem)
         self.vram_ours, self.vram_others, self.vram_free, self.ram = _meter(), _meter(), _meter(), _meter()
@@ -86,20 +103,40 @@ class LivePanel(QWidget):
 
         mig = self.placement_box = QGroupBox("Placement")
         ml = QVBoxLayout(mig)
-        self.migration = QProgressBar()
-        self.migration.setFormat("migration %v/%m")
-        self.migration.setRange(0, 1)
-        self.migration.setValue(1)
+        self.notice = QLabel("")  # "Calibration finished: predictions now measured", for a while
+        self.notice.setWordWrap(True)
+        self.notice.hide()
+        ml.addWidget(self.notice)
+        self.said: list[str] = []  # every notice shown (tests: said once)
+        self._notice_timer = QTimer(self, singleShot=True, interval=NOTICE_MS)
+        self._notice_timer.timeout.connect(self.notice.hide)
+        self.migration = QProgressBar()  # shown only while experts move
+        self.migration.setFormat("moving experts: %v of %m")
+        self.migration.setToolTip("Migration: the experts whose tier changes with the new placement, moved "
+                                  "between decode steps while the chat goes on.")
+        self.migration.hide()
         ml.addWidget(self.migration)
-        self.tiers = QLabel("")
+        self.tiers = QLabel("no model loaded")  # the placement in use (and, while moving, the target)
         self.tiers.setWordWrap(True)
         ml.addWidget(self.tiers)
         self.map = PlacementMap()
         ml.addWidget(self.map, 1)
-        legend = "  ".join(f"<span style='color:{c.name()}'>■</span> {t}" for t, c in TIER_COLOURS.items())
-        ml.addWidget(QLabel(legend))
+        self.legend = PlacementLegend()
+        ml.addWidget(self.legend)
         lay.addWidget(mig, 1)
         self._t0 = time.monotonic()
+        self.loaded = False  # a model is loaded (before: the placement rows say so and show no migration)
+        self.counts_now: dict = {}  # experts per tier in use, as the last Stats said
+        self.plan = None  # the last PlacementChanged
+        self.moving = (0, 0)  # (done, total) of the migration in flight; (0, 0): none
+
+    def follow(self, engine) -> None:
+        """Subscribe to the engine controller's signals (app/engine_controller.py)."""
+        engine.stats.connect(self.show_stats)
+        engine.loaded.connect(self.show_loaded)
+        engine.placement_changed.connect(self.show_plan)
+        engine.migration_progress.connect(self.show_progress)
+        engine.calibration_finished.connect(self.calibration_finished)
 
     def show_stats(self, s) -> None:
         total_vram = s.vram_held + s.vram_others + s.vram_free
@@ -119,7 +156,8 @@ class LivePanel(QWidget):
         self.rate.setText(f"decode {s.decode_tok_s:.1f} tok/s · prefill {s.prefill_tok_s:.0f} tok/s · "
                           f"context {s.ctx_used}/{s.ctx_max}")
         self.kernel.setText(f"CPU experts: {s.cpu_kernel}" if s.cpu_kernel else "")
-        self.tiers.setText(" · ".join(f"{n} {t}" for t, n in sorted(s.tiers.items())))
+        self.counts_now = dict(s.tiers)
+        self._say_tiers()
         t = time.monotonic() - self._t0
         if s.decode_tok_s:
             self._append(self.decode_series, t, s.decode_tok_s)
@@ -143,6 +181,76 @@ class LivePanel(QWidget):
         for series, colour in ((self.decode_series, "#3b82f6"), (self.prefill_series, "#22c55e")):
             series.setColor(colour)
 
+    # ---- placement and migration ----
+    def show_loaded(self, ev) -> None:
+        self.loaded = True
+        self.map.set_share(ev.share)
+        self._say_tiers()
+
+    def show_plan(self, ev) -> None:
+        """A new plan: the map shows where experts are and where they go; the bar starts a
+        migration of ev.moves, or (a re-plan mid-way) continues the one in flight from ev.moved."""
+        self.loaded = True
+        self.plan = ev
+        self.map.set_plan(ev.current, ev.placement)
+        self.show_migration(ev.moved, ev.moved + ev.moves)
+
+    def show_progress(self, ev) -> None:
+        """One expert landed (MigrationProgress)."""
+        if ev.layer >= 0 and ev.expert >= 0 and ev.last_tier:
+            self.map.moved(ev.layer, ev.expert, ev.last_tier)
+        self.show_migration(ev.done, ev.total)
+
     def show_migration(self, done: int, total: int) -> None:
-        self.migration.setRange(0, max(total, 1))
-        self.migration.setValue(done if total else 1)
+        """The bar shows while experts move (done < total), one total per migration."""
+        going = self.loaded and total > 0 and done < total
+        self.moving = (done, total) if going else (0, 0)
+        if going:
+            self.migration.setRange(0, total)
+            self.migration.setValue(done)
+        else:
+            self.map.settle()
+        self.migration.setVisible(going)
+        self.legend.set_modes(popularity=bool(self.map.share) and not self.map.aggregate, moving=going)
+        self._say_tiers()
+
+    def _say_tiers(self) -> None:
+        """The placement in use in plain words; while moving, where it goes too (tiers in the tooltip)."""
+        if not self.loaded:
+            self.tiers.setText("no model loaded")
+            self.tiers.setToolTip("")
+            return
+        now = _counts(self.map.current) if self.map.current else self.counts_now  # the map's is per move
+        text = plain_words.placement_words(now)
+        tip = "in use: " + plain_words.placement_tooltip(now)
+        if self.moving != (0, 0) and self.plan is not None:
+            target = self.plan.placement.counts()
+            text = f"now: {text}<br>moving to: {plain_words.placement_words(target)}"
+            tip += "\ntarget: " + plain_words.placement_tooltip(target)
+        self.tiers.setText(text)
+        self.tiers.setToolTip(tip)
+
+    def calibration_finished(self) -> None:
+        """Said once per calibration: the plan (and the predictions) now use measured figures."""
+        self.said.append(CALIBRATED)
+        self.notice.setText(f"<b>{CALIBRATED}</b>")
+        self.notice.setToolTip("The background calibration measured how often the router picks each expert "
+                               "and how much 4-bit costs each layer (KL divergence); the map's brightness and "
+                               "the slider's predictions come from these measurements now.")
+        self.notice.show()
+        self._notice_timer.start()
+
+    def clear(self) -> None:
+        """No model (the engine restarted): nothing to show until one is loaded."""
+        self.loaded, self.plan, self.counts_now, self.moving = False, None, {}, (0, 0)
+        self.map.clear()
+        self.migration.hide()
+        self._say_tiers()
+
+
+def _counts(grid) -> dict:
+    out: dict = {}
+    for row in grid:
+        for t in row:
+            out[t] = out.get(t, 0) + 1
+    return out

@@ -1,38 +1,32 @@
 """The quality <-> speed slider: 0 fastest, 1 best quality. Moving it re-plans live (no reload).
-The predicted tok/s and quality sit at the handle; the frontier is drawn beneath it."""
+Beneath it: the frontier drawn with labelled axes and the plan in use marked (app/frontier_chart.py),
+and the plan in plain words ("about the same answers, 1.6x faster than best quality"), with the
+technical figures in the tooltip."""
 from __future__ import annotations
 
-from PySide6.QtCore import QPointF, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QPainter, QPen
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
+from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
 
+from . import plain_words
+from .frontier_chart import FrontierChart
 
-class FrontierStrip(QWidget):
-    """Predicted tok/s along the slider's axis, one dot per frontier point."""
 
-    def __init__(self, parent=None):
-        super().__init__(parent)
-        self.points: list[tuple[float, float]] = []  # (slider position, tok/s)
-        self.setFixedHeight(36)
+def _mix(a: QColor, b: QColor, t: float) -> str:
+    """a blended towards b by t, as a style sheet colour."""
+    return QColor(round(a.red() + (b.red() - a.red()) * t), round(a.green() + (b.green() - a.green()) * t),
+                  round(a.blue() + (b.blue() - a.blue()) * t)).name()
 
-    def set_points(self, frontier, scale) -> None:
-        """frontier: ((loss, tok/s), ...); scale: the planner's SliderScale (None: all at 1)."""
-        self.points = [(scale.position(loss) if scale is not None else 1.0, t) for loss, t in frontier]
-        self.update()
 
-    def paintEvent(self, _):
-        if not self.points:
-            return
-        p = QPainter(self)
-        p.setRenderHint(QPainter.Antialiasing)
-        top = max(t for _, t in self.points) or 1.0
-        pen = QPen(QColor("#1565c0"))
-        pen.setWidth(3)
-        p.setPen(pen)
-        w, h = self.width() - 12, self.height() - 6
-        for x, t in self.points:
-            p.drawPoint(QPointF(6 + x * w, 3 + h * (1 - t / top)))
-        p.end()
+def groove_style(pal: QPalette) -> str:
+    """The slider drawn from the palette: a groove a third of the way from the window's colour to
+    its text's (visible on both themes), the part left of the handle in the highlight colour."""
+    window, text = pal.color(QPalette.Window), pal.color(QPalette.WindowText)
+    return (f"QSlider::groove:horizontal {{ height: 6px; border-radius: 3px; background: {_mix(window, text, 0.35)}; }}"
+            f"QSlider::sub-page:horizontal {{ height: 6px; border-radius: 3px; "
+            f"background: {pal.color(QPalette.Highlight).name()}; }}"
+            f"QSlider::handle:horizontal {{ width: 16px; margin: -6px 0; border-radius: 8px; "
+            f"background: {pal.color(QPalette.Button).name()}; border: 1px solid {_mix(window, text, 0.6)}; }}")
 
 
 class QualitySlider(QWidget):
@@ -47,18 +41,30 @@ class QualitySlider(QWidget):
         self.slider = QSlider(Qt.Horizontal)
         self.slider.setRange(0, 100)
         self.slider.setValue(50)
-        self.slider.setToolTip("Quality ↔ speed: where each expert lives and at what precision. Applies live.")
+        self.slider.setToolTip(plain_words.SLIDER_TIP)
         row.addWidget(self.slider, 1)
         row.addWidget(QLabel("Best quality"))
         lay.addLayout(row)
-        self.strip = FrontierStrip()
-        lay.addWidget(self.strip)
+        self.meaning = QLabel(plain_words.position_words(self.value()))  # what this position asks for
+        self.meaning.setAlignment(Qt.AlignCenter)
+        self.meaning.setWordWrap(True)
+        lay.addWidget(self.meaning)
+        self.chart = self.strip = FrontierChart()
+        lay.addWidget(self.chart)
         self.readout = QLabel("")
         self.readout.setAlignment(Qt.AlignCenter)
+        self.readout.setWordWrap(True)
         lay.addWidget(self.readout)
+        self._styled_for = None
+        self._style()
         self._debounce = QTimer(self, singleShot=True, interval=120)
         self._debounce.timeout.connect(lambda: self.changed.emit(self.value()))
         self.slider.valueChanged.connect(lambda _: self._debounce.start())
+        self.slider.valueChanged.connect(lambda _: self.meaning.setText(plain_words.position_words(self.value())))
+
+    def follow(self, engine) -> None:
+        """Subscribe to the engine controller (app/engine_controller.py): each plan's frontier and figures."""
+        engine.placement_changed.connect(self.show_plan)
 
     def value(self) -> float:
         return self.slider.value() / 100
@@ -67,9 +73,21 @@ class QualitySlider(QWidget):
         self.slider.setValue(round(v * 100))
 
     def show_plan(self, ev) -> None:
-        self.strip.set_points(ev.frontier, ev.slider_scale)
-        counts = " · ".join(f"{n} {t.value}" for t, n in ev.placement.counts().items() if n)
-        limit = "  — limited by memory budget, not by the slider" if ev.limited_by_budget else ""
+        self.chart.set_points(ev.frontier, ev.slider_scale, (ev.predicted_loss, ev.predicted_tok_s))
         together = f" ({ev.streams} requests together)" if ev.streams > 1 else ""
-        self.readout.setText(f"predicted {ev.predicted_tok_s:.1f} tok/s{together} · quality loss (KL) {ev.predicted_loss:.4f} · "
-                             f"{counts}{limit}")
+        limit = " — memory limits it, not the slider" if ev.limited_by_budget else ""
+        self.readout.setText(f"predicted {ev.predicted_tok_s:.1f} tok/s{together} · {plain_words.plan_words(ev)}"
+                             f"{limit}<br><small>{plain_words.placement_words(ev.placement.counts())}</small>")
+        self.readout.setToolTip(plain_words.plan_tooltip(ev))
+
+    # ---- the groove follows the theme ----
+    def _style(self) -> None:
+        key = (self.palette().color(QPalette.Window).rgb(), self.palette().color(QPalette.WindowText).rgb())
+        if key != self._styled_for:
+            self._styled_for = key
+            self.slider.setStyleSheet(groove_style(self.palette()))
+
+    def changeEvent(self, e) -> None:
+        if e.type() == QEvent.PaletteChange:
+            self._style()
+        super().changeEvent(e)

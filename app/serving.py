@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import QObject, QSettings, QTimer
-from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox, QLabel, QLineEdit,
-                               QListWidget, QPushButton, QSpinBox, QVBoxLayout)
+from PySide6.QtCore import QObject, QSettings, Qt, QTimer
+from PySide6.QtWidgets import (QApplication, QComboBox, QDialog, QDialogButtonBox, QFormLayout, QGroupBox,
+                               QHBoxLayout, QLabel, QLineEdit, QListWidget, QPushButton, QSizePolicy, QSpinBox,
+                               QVBoxLayout)
 
 from .remote import RemoteError, list_models
 
@@ -42,8 +43,32 @@ class LocalServer(QObject):
             self.server = None
 
 
+class ElidedLabel(QLabel):
+    """One line that never widens its column: elided at the right, the whole text in the tooltip
+    (and in `full`)."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.full = ""
+        self.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.setTextFormat(Qt.PlainText)
+
+    def set_full(self, text: str) -> None:
+        self.full = text
+        self.setToolTip(text)
+        self._elide()
+
+    def resizeEvent(self, e) -> None:
+        super().resizeEvent(e)
+        self._elide()
+
+    def _elide(self) -> None:
+        self.setText(self.fontMetrics().elidedText(self.full, Qt.ElideRight, max(self.width(), 1)))
+
+
 class ServerBox(QGroupBox):
-    """The panel's box while the local server runs: its URL and the last requests."""
+    """The panel's box while the local server runs: its URL (elided, with Copy), the model id, and
+    the last requests; it keeps to the panel's column whatever their length."""
 
     def __init__(self, parent=None):
         super().__init__("Local server", parent)
@@ -51,18 +76,31 @@ class ServerBox(QGroupBox):
         self.shown = 0  # its requests already listed
         self._timer = QTimer(self, interval=300)
         self._timer.timeout.connect(self.refresh)
+        self.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Maximum)  # the column's width, not its own
         lay = QVBoxLayout(self)
-        self.url = QLabel("")
-        self.url.setTextInteractionFlags(self.url.textInteractionFlags() | self.url.textInteractionFlags().TextSelectableByMouse)
-        self.url.setWordWrap(True)
-        lay.addWidget(self.url)
+        row = QHBoxLayout()
+        self.url = ElidedLabel()
+        self.url.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        row.addWidget(self.url, 1)
+        self.copy = QPushButton("Copy")
+        self.copy.setToolTip("Copy the server's address (its OpenAI-compatible base URL)")
+        self.copy.clicked.connect(lambda: QApplication.clipboard().setText(self.url.full))
+        row.addWidget(self.copy)
+        lay.addLayout(row)
+        self.model = ElidedLabel()  # "model id …": what clients put in "model"
+        lay.addWidget(self.model)
         self.log = QListWidget()
-        self.log.setMaximumHeight(110)
+        self.log.setMaximumHeight(80)
+        self.log.setWordWrap(True)
+        self.log.setTextElideMode(Qt.ElideRight)
+        self.log.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.log.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         lay.addWidget(self.log)
         self.hide()
 
     def show_server(self, server, model: str) -> None:
-        self.url.setText(f"{server.url} · model id <b>{model}</b>" + (" · API key required" if server.api_key else ""))
+        self.url.set_full(server.url)
+        self.model.set_full(f"model id {model}" + (" · API key required" if server.api_key else ""))
         if server is not self.source:
             self.source, self.shown = server, 0
             self.log.clear()

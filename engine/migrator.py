@@ -86,8 +86,12 @@ class Migrator:
     # ---- planning side (engine thread) ----
     def retarget(self, moves: list[Move]) -> None:
         """Replace the plan with `moves` (from the installed placement to the new target, in the
-        diff's order). Forms already built for the same target stay; the others are dropped."""
+        diff's order). Forms already built for the same target stay; the others are dropped.
+        A re-plan while moves are pending goes on counting the same migration (done stays, the
+        total is what is done plus what is left), so its progress never starts again at 0/N."""
         with self._cv:
+            c = self.counters
+            going = bool(self._queue or self._ready or self._building or self._current)
             self._want = {(m.layer, m.expert): m.new for m in moves}
             self._ready = deque(r for r in self._ready if self._want.get((r[0].layer, r[0].expert)) == r[0].new)
             have = {(r[0].layer, r[0].expert) for r in self._ready}
@@ -97,7 +101,8 @@ class Migrator:
             if self._current is not None and (self._current[0].layer, self._current[0].expert) not in have:
                 self._current = None  # a build for a target given up
             self._queue = deque(m for m in moves if (m.layer, m.expert) not in have)
-            self.counters = Counters(total=len(moves))
+            self.counters = (Counters(done=c.done, total=c.done + len(moves), bytes_moved=c.bytes_moved,
+                                      seconds=c.seconds) if going else Counters(total=len(moves)))
             self._cv.notify_all()
 
     # ---- engine thread: swaps ----

@@ -154,6 +154,12 @@ class PlacementChanged:
     slider_scale: Any = None  # what each slider position asks for (planner.SliderScale)
     limited_by_budget: bool = False  # the slider asks for more quality than the budget allows
     streams: int = 1  # requests decoding together that the plan is for; predicted_tok_s is all of theirs
+    # the placement installed when the plan was made (None: not known), which the migration turns
+    # into `placement` one MigrationProgress at a time
+    current: Placement | None = None
+    # moves of the migration in flight already made when a re-plan interrupts it: its progress goes
+    # on from moved / (moved + moves), one total per migration as a user sees it (0: a new migration)
+    moved: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,6 +171,8 @@ class MigrationProgress:
     last_tier: str = ""  # the tier the last moved expert went to
     last_bytes: int = 0
     last_seconds: float = 0.0
+    layer: int = -1  # the last moved expert (-1: not said)
+    expert: int = -1
 
 
 @dataclass(frozen=True, kw_only=True)

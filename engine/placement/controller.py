@@ -243,12 +243,14 @@ class PlacementController:
         scale = self.scale or slider_scale(self.inputs)
         p = choose(pts, self.slider, self.inputs, scale)
         limited = p.loss > scale.target(self.slider) + 1e-12 or not p.fits
-        moves = self.loaded.model.placement.diff(p.placement)
+        current = self.loaded.model.placement
+        moves = current.diff(p.placement)
         self.migrator.retarget(moves)
         self.target = p.placement
         self.emit(PlacementChanged(placement=p.placement, moves=len(moves), reason=reason, predicted_tok_s=p.tok_s,
                                    predicted_loss=p.loss, frontier=tuple((q.loss, q.tok_s) for q in pts),
-                                   slider_scale=scale, limited_by_budget=limited, streams=self.inputs.streams))
+                                   slider_scale=scale, limited_by_budget=limited, streams=self.inputs.streams,
+                                   current=current, moved=self.migrator.counters.done))
         self.enforce()
 
     def enforce(self) -> None:
@@ -260,7 +262,8 @@ class PlacementController:
     def _moved(self, m: Move, nbytes: int, seconds: float) -> None:
         c = self.migrator.counters
         self.emit(MigrationProgress(done=c.done, total=c.total, bytes_moved=c.bytes_moved, seconds=c.seconds,
-                                    last_tier=m.new.value, last_bytes=nbytes, last_seconds=seconds))
+                                    last_tier=m.new.value, last_bytes=nbytes, last_seconds=seconds,
+                                    layer=m.layer, expert=m.expert))
 
     # ---- safe points ----
     def safe_point(self, busy: bool, step_s: float) -> int:
