@@ -23,17 +23,19 @@ No Qt here: the store is plain sqlite3, used from the GUI thread.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import sqlite3
 import time
 from pathlib import Path
 
-from .store_errors import is_lock, is_storage, is_transient, kind, never_raises, waiting_notice, written_notice
+from . import store_export
+from .store_errors import (holding_notice, is_lock, is_storage, is_transient, kind, never_raises, waiting_notice,
+                           written_notice)
 from .store_journal import Journal, Pending, default_fallbacks
-from .store_overlay import (ADD_MSG, APPLIED, DELETE, NEW_CONV, PROMPT, PURGE_CONVS, PURGE_MSGS, RENAME, SCHEMA,
+from .store_overlay import (ADD_MSG, APPLIED, DELETE, NEW_CONV, PROMPT, PURGE_CONVS, PURGE_MSGS, RENAME, SETTINGS,
                             TOUCH, TRUNCATE, UNDELETE, UPDATE_MSG, UPDATE_MSG_META, Conversation, Message, Overlay,
-                            clean, dumps_meta, load_meta)
+                            clean, conversation_columns, create_schema, dumps_meta,
+                            load_meta)
 
 __all__ = ["Conversation", "Message", "Store"]
 
@@ -166,7 +168,7 @@ class Store:
             if check != "ok":
                 raise sqlite3.DatabaseError(f"quick check: {check}")
             try:
-                db.executescript(SCHEMA)
+                create_schema(db)
                 self._schema = True
             except sqlite3.Error as e:
                 if not (is_storage(e) or is_lock(e)):
@@ -177,6 +179,7 @@ class Store:
             raise
         self.db = db
         self._exclusive = exclusive
+        self._conv_cols = conversation_columns(self._read("PRAGMA table_info(conversations)"))
 
     def _move_aside(self, error: Exception) -> None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -204,12 +207,7 @@ class Store:
     @property
     def holding(self) -> str | None:
         """While writes wait: one line on why and where they are kept (for a lasting status); else None."""
-        if not self.pending:
-            return None
-        if self._told == "locked":
-            return "Chats wait for the database (locked by another program)."
-        until = "the disk has room" if self._told == "full" else "the chat database can be written"
-        return f"Unsaved chats are kept in {self._kept_in or 'memory only'} until {until}."
+        return holding_notice(self._told, self._kept_in) if self.pending else None
 
     def close(self) -> bool:
         """Write what waits, or keep it in the journal for the next start; False if some of it could be
@@ -312,8 +310,9 @@ class Store:
             return False
         if not self._schema:
             try:
-                self.db.executescript(SCHEMA)
+                create_schema(self.db)
                 self._schema = True
+                self._conv_cols = conversation_columns(self._read("PRAGMA table_info(conversations)"))
             except sqlite3.Error as e:
                 self._error = e
                 self._keep()
@@ -388,20 +387,20 @@ class Store:
 
     @never_raises(lambda self, *a, **k: [])
     def conversations(self, search: str = "") -> list[Conversation]:
-        q = "SELECT id, title, system_prompt, updated FROM conversations WHERE deleted IS NULL"
+        q = f"SELECT {self._conv_cols} FROM conversations WHERE deleted IS NULL"
         args: tuple = ()
         if search:
             q += (" AND (title LIKE ? OR id IN (SELECT conversation FROM messages WHERE content LIKE ?))")
             args = (f"%{search}%", f"%{search}%")
-        saved = {r[0]: Conversation(*r) for r in self._read(q + " ORDER BY updated DESC", args)}
+        saved = {r[0]: Conversation(*r[:4], load_meta(r[4])) for r in self._read(q + " ORDER BY updated DESC", args)}
         return self.overlay.over_conversations(saved, search)
 
     @never_raises(lambda self, cid, *a, **k: Conversation(cid, "New chat", "", time.time()))
     def conversation(self, cid: int) -> Conversation:
         if cid in self.overlay.convs:
             return self.overlay.convs[cid]
-        r = self._read("SELECT id, title, system_prompt, updated FROM conversations WHERE id=?", (cid,), one=True)
-        return Conversation(*r) if r else Conversation(cid, "New chat", "", time.time())
+        r = self._read(f"SELECT {self._conv_cols} FROM conversations WHERE id=?", (cid,), one=True)
+        return Conversation(*r[:4], load_meta(r[4])) if r else Conversation(cid, "New chat", "", time.time())
 
     @never_raises(lambda self, *a, **k: None)
     def rename(self, cid: int, title: str) -> None:
@@ -410,6 +409,11 @@ class Store:
     @never_raises(lambda self, *a, **k: None)
     def set_system_prompt(self, cid: int, text: str) -> None:
         self._write(PROMPT, (text, cid))
+
+    @never_raises(lambda self, *a, **k: None)
+    def set_settings(self, cid: int, settings: dict) -> None:
+        """The chat's own generation settings (app/chat_settings.py reads and checks them); {}: the defaults."""
+        self._write(SETTINGS, (dumps_meta(settings), cid))
 
     @never_raises(lambda self, *a, **k: None)
     def delete(self, cid: int) -> None:
@@ -457,20 +461,11 @@ class Store:
         return self.overlay.over_messages(cid, {i: Message(i, r, c, bool(done), load_meta(m))
                                                 for i, r, c, done, m in rows})
 
-    # ---- export ----
+    # ---- export (app/store_export.py) ----
     @never_raises(lambda self, *a, **k: "")
     def export_markdown(self, cid: int) -> str:
-        c = self.conversation(cid)
-        out = [f"# {c.title}\n"]
-        if c.system_prompt:
-            out.append(f"_System:_ {c.system_prompt}\n")
-        for m in self.messages(cid):
-            out.append(f"**{m.role}**\n\n{m.content}\n")
-        return "\n".join(out)
+        return store_export.markdown(self.conversation(cid), self.messages(cid))
 
     @never_raises(lambda self, *a, **k: "")
     def export_json(self, cid: int) -> str:
-        c = self.conversation(cid)
-        return json.dumps({"title": c.title, "system_prompt": c.system_prompt,
-                           "messages": [{"role": m.role, "content": m.content, "complete": m.complete, **m.meta}
-                                        for m in self.messages(cid)]}, indent=2, ensure_ascii=False)
+        return store_export.as_json(self.conversation(cid), self.messages(cid))

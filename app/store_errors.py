@@ -72,6 +72,14 @@ def waiting_notice(why: str, error, db: Path, kept_in: Path | None, why_not: str
             f"until {until} and they are written.")
 
 
+def holding_notice(why: str, kept_in: Path | None) -> str:
+    """The lasting status line while writes wait for `why`."""
+    if why == "locked":
+        return "Chats wait for the database (locked by another program)."
+    until = "the disk has room" if why == "full" else "the chat database can be written"
+    return f"Unsaved chats are kept in {kept_in or 'memory only'} until {until}."
+
+
 def written_notice(why: str) -> str:
     """The message when everything that waited for `why` has been written."""
     return {"locked": "The chat database is free again: everything was saved.",

@@ -11,13 +11,13 @@ No Qt here.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY, title TEXT NOT NULL, system_prompt TEXT NOT NULL DEFAULT '',
-    created REAL NOT NULL, updated REAL NOT NULL, deleted REAL
+    created REAL NOT NULL, updated REAL NOT NULL, deleted REAL, settings TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY, conversation INTEGER NOT NULL REFERENCES conversations(id),
@@ -27,12 +27,15 @@ CREATE TABLE IF NOT EXISTS messages (
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation, id);
 CREATE TABLE IF NOT EXISTS journal_applied (id INTEGER PRIMARY KEY CHECK (id = 0), seq INTEGER NOT NULL);
 """
+# a database made before per-chat settings (app/chat_settings.py) gets their column; its chats keep theirs
+ADD_SETTINGS = "ALTER TABLE conversations ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'"
 APPLIED = "INSERT OR REPLACE INTO journal_applied(id, seq) VALUES (0, ?)"  # the last journal write committed
 
 # Every write the store makes.
 NEW_CONV = "INSERT INTO conversations(id, title, system_prompt, created, updated) VALUES (?,?,?,?,?)"
 RENAME = "UPDATE conversations SET title=?, updated=? WHERE id=?"
 PROMPT = "UPDATE conversations SET system_prompt=? WHERE id=?"
+SETTINGS = "UPDATE conversations SET settings=? WHERE id=?"
 TOUCH = "UPDATE conversations SET updated=? WHERE id=?"
 DELETE = "UPDATE conversations SET deleted=? WHERE id=?"
 UNDELETE = "UPDATE conversations SET deleted=NULL WHERE id=?"
@@ -59,6 +62,7 @@ class Conversation:
     title: str
     system_prompt: str
     updated: float
+    settings: dict = field(default_factory=dict)  # the chat's own generation settings (app/chat_settings.py)
 
 
 class Overlay:
@@ -89,6 +93,8 @@ class Overlay:
             self.convs[cid] = replace(self.conversation(cid), title=title, updated=updated)
         elif sql == PROMPT:
             self.convs[args[1]] = replace(self.conversation(args[1]), system_prompt=args[0])
+        elif sql == SETTINGS:
+            self.convs[args[1]] = replace(self.conversation(args[1]), settings=load_meta(args[0]))
         elif sql == TOUCH:
             self.convs[args[1]] = replace(self.conversation(args[1]), updated=args[0])
         elif sql in (DELETE, UNDELETE):
@@ -127,6 +133,21 @@ class Overlay:
             elif cid not in saved and matches(self.conversation(cid)):
                 saved[cid] = self.conversation(cid)
         return sorted(saved.values(), key=lambda c: -c.updated)
+
+
+def create_schema(db) -> None:
+    """The tables, and the columns a database of an earlier version lacks (raises sqlite3.Error as
+    executescript does: a full disk or a lock leaves it for the store's flush to try again)."""
+    db.executescript(SCHEMA)
+    if "settings" not in {row[1] for row in db.execute("PRAGMA table_info(conversations)")}:
+        db.execute(ADD_SETTINGS)
+
+
+def conversation_columns(table_info: list) -> str:
+    """What the conversation reads select, from PRAGMA table_info(conversations): an old database
+    whose settings column could not be added yet (locked, disk full) reads as having none."""
+    has = any(row[1] == "settings" for row in table_info)
+    return "id, title, system_prompt, updated, " + ("settings" if has else "'{}'")
 
 
 def clean(value):

@@ -296,3 +296,80 @@ def test_full_disk_then_a_kill_keeps_what_the_timer_saw(small_disk, tmp_path, mo
     assert s2.flush()
     s2.close()
     assert in_file(db, cid) == expected
+
+
+# ---- per-chat settings (issue 29): a column on conversations, added to an older database ----
+OLD_SCHEMA = """
+CREATE TABLE conversations (
+    id INTEGER PRIMARY KEY, title TEXT NOT NULL, system_prompt TEXT NOT NULL DEFAULT '',
+    created REAL NOT NULL, updated REAL NOT NULL, deleted REAL
+);
+CREATE TABLE messages (
+    id INTEGER PRIMARY KEY, conversation INTEGER NOT NULL REFERENCES conversations(id),
+    role TEXT NOT NULL, content TEXT NOT NULL, complete INTEGER NOT NULL DEFAULT 1,
+    meta TEXT NOT NULL DEFAULT '{}', created REAL NOT NULL
+);
+INSERT INTO conversations VALUES (1, 'from before', 'Be brief.', 1.0, 2.0, NULL);
+INSERT INTO messages VALUES (1, 1, 'user', 'hello from before', 1, '{}', 1.0);
+"""
+
+
+def old_database(path: Path) -> Path:
+    """A database as Mixdesk wrote it before per-chat settings (the schema of 47415d3, no journal table)."""
+    db = sqlite3.connect(str(path))
+    db.executescript(OLD_SCHEMA)
+    db.commit()
+    db.close()
+    return path
+
+
+def test_an_old_database_opens_keeps_its_chats_and_gets_settings(tmp_path):
+    db = old_database(tmp_path / "chats.sqlite3")
+    s = Store(db, fallback_dirs=[tmp_path / "state"])
+    assert not s.notices, s.notices
+    [c] = s.conversations()
+    assert (c.id, c.title, c.system_prompt, c.settings) == (1, "from before", "Be brief.", {})
+    assert [m.content for m in s.messages(1)] == ["hello from before"]
+    s.set_settings(1, {"top_k": 3, "max_new_tokens": 5})
+    new = s.new_conversation("new")
+    assert s.conversation(new).settings == {} and not s.pending
+    s.close()
+    s2 = Store(db, fallback_dirs=[tmp_path / "state"])
+    assert s2.conversation(1).settings == {"top_k": 3, "max_new_tokens": 5}
+    assert [c.settings for c in s2.conversations()] == [{}, {"top_k": 3, "max_new_tokens": 5}]
+    assert json.loads(s2.export_json(1))["settings"] == {"top_k": 3, "max_new_tokens": 5}
+    assert "hello from before" in s2.export_markdown(1) and "Be brief." in s2.export_markdown(1)
+    s2.close()
+
+
+def test_an_old_database_locked_at_start_is_read_and_gets_its_settings_column_once_free(tmp_path):
+    """Another program holds the old database's write lock: the column cannot be added yet. Its chats
+    read as they are (no settings), a setting waits (the reads see it), and lands once the lock goes."""
+    db = old_database(tmp_path / "chats.sqlite3")
+    other = sqlite3.connect(str(db), isolation_level=None)
+    other.execute("PRAGMA journal_mode=WAL")
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        s = Store(db, fallback_dirs=[tmp_path / "state"])
+        assert [(c.title, c.settings) for c in s.conversations()] == [("from before", {})]
+        s.set_settings(1, {"temperature": 0.7})
+        assert s.pending and s.conversation(1).settings == {"temperature": 0.7}
+        assert [c.settings for c in s.conversations()] == [{"temperature": 0.7}]
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert s.flush() and not s.pending
+    assert s.conversation(1).settings == {"temperature": 0.7}
+    s.close()
+    fresh = sqlite3.connect(str(db))
+    assert fresh.execute("SELECT settings FROM conversations WHERE id=1").fetchone() == ('{"temperature": 0.7}',)
+    fresh.close()
+
+
+def test_a_damaged_settings_value_reads_as_none(tmp_path):
+    s = Store(tmp_path / "chats.sqlite3", fallback_dirs=[tmp_path / "state"])
+    cid = s.new_conversation("t")
+    s.db.execute("UPDATE conversations SET settings='{not json' WHERE id=?", (cid,))
+    assert s.conversation(cid).settings == {} and [c.settings for c in s.conversations()] == [{}]
+    assert not s.notices
+    s.close()
