@@ -168,20 +168,22 @@ def export(kind):
     return check
 
 
-def system_prompt(k: Walk):
-    seen = on_modal(lambda d: (d.setTextValue("Answer briefly."), d.accept()), QInputDialog)
-    k.trigger("Chat/System prompt…")
+def chat_settings(k: Walk):
+    """Chat > Chat settings… (app/chat_settings.py; tests/test_chat_settings.py walks it in full)."""
+    from app.chat_settings import ChatSettingsDialog, params_for
+
+    def fill(d):
+        d.fields["temperature"].setValue(0.7)
+        d.prompt.setPlainText("Answer briefly.")
+        d.accept()
+    seen = on_modal(fill, ChatSettingsDialog)
+    k.trigger("Chat/Chat settings…")
     assert seen and k.w.store.conversation(k.w.cid).system_prompt == "Answer briefly."
     assert k.w.history()[0] == {"role": "system", "content": "Answer briefly."}
-
-
-def sampling(k: Walk):
-    seen = on_modal(lambda d: (d.setDoubleValue(0.7), d.accept()), QInputDialog)
-    k.trigger("Chat/Sampling settings…")
-    assert seen and k.w.params.temperature == pytest.approx(0.7) and k.w.params.top_p == 0.95
-    seen = on_modal(lambda d: (d.setDoubleValue(0.0), d.accept()), QInputDialog)
-    k.trigger("Chat/Sampling settings…")
-    assert k.w.params.temperature == 0 and "greedy" in k.status()
+    assert params_for(k.w.store, k.w.cid, k.w.params).temperature == pytest.approx(0.7) and "saved" in k.status()
+    seen = on_modal(lambda d: (d.reset_btn.click(), d.accept()), ChatSettingsDialog)
+    k.trigger("Chat/Chat settings…")
+    assert seen and k.w.store.conversation(k.w.cid).settings == {}  # the window's defaults again
 
 
 def remeasure(k: Walk):
@@ -245,8 +247,7 @@ ACTIONS = {
     "File/Use the local model": use_local,
     "File/Export chat as Markdown…": export("md"),
     "File/Export chat as JSON…": export("json"),
-    "Chat/System prompt…": system_prompt,
-    "Chat/Sampling settings…": sampling,
+    "Chat/Chat settings…": chat_settings,
     "Tools/Re-measure this machine and model": remeasure,
     "Tools/Local server (OpenAI-compatible API)": local_server,
     "Settings/GPU runtime…": gpu_runtime,
