@@ -42,7 +42,6 @@ class LivePanel(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         outer = QVBoxLayout(self)  # the window inserts the Local server box at its top (above the scroll)
-        outer.setContentsMargins(0, 0, 0, 0)
         self.scroll = QScrollArea()
         self.scroll.setWidgetResizable(True)
         self.scroll.setFrameShape(QFrame.NoFrame)
@@ -51,6 +50,7 @@ class LivePanel(QWidget):
         self.scroll.setWidget(body)
         outer.addWidget(self.scroll, 1)
         lay = QVBoxLayout(body)
+        lay.setContentsMargins(0, 0, 0, 0)  # the outer layout's margins hold both the server box and this
         mem = QGroupBox("Memory")
         form = QFormLayout(mem)
         self.vram_ours, self.vram_others, self.vram_free, self.ram = _meter(), _meter(), _meter(), _meter()
@@ -124,6 +124,8 @@ class LivePanel(QWidget):
         self.legend = PlacementLegend()
         ml.addWidget(self.legend)
         lay.addWidget(mig, 1)
+        # the column is never narrower than what it holds (the scroll area scrolls only up and down)
+        self.scroll.setMinimumWidth(body.minimumSizeHint().width() + self.scroll.verticalScrollBar().sizeHint().width())
         self._t0 = time.monotonic()
         self.loaded = False  # a model is loaded (before: the placement rows say so and show no migration)
         self.counts_now: dict = {}  # experts per tier in use, as the last Stats said
