@@ -24,7 +24,7 @@ from .bridge import EngineBridge
 from .chat_view import ChatView
 from .engine_controller import EngineController
 from .model_bar import ModelBar
-from .model_picker import ModelSwitch
+from .model_switch import ModelSwitch
 from .panel import LivePanel
 from .quality_slider import QualitySlider
 from .progress_row import ProgressRow

@@ -9,13 +9,18 @@ slider towards speed and waits for the migration, then saves:
   database before the window opens (a question and a reply holding a Python code block), to show
   how code is rendered (the 135M demo rarely writes code); the second exchange is the demo's own.
 - panel-<theme>.png: the live panel (meters, the tok/s chart with its axes, the placement map).
-- picker-<theme>.png: the model picker (File → Open model…).
 - download-<theme>.png: the progress row during a hub download. The events are those the engine
   sends while huggingface_hub fetches files (stage "download"), fed to the window here: no network.
 - reasoning-folded-<theme>.png, reasoning-unfolded-<theme>.png: a chat with a reasoning model's
   replies, their reasoning folded above the answer ("Thought for N s"), then the first one unfolded
   (clicked open), and a tool call the model made shown as a call. The chat is seeded into the
   database as the window stores such replies (the demo model does not reason).
+
+Then each view's own script, for both themes (each says how it stages its view):
+- scripts/shots_chat.py: chat-streaming-code, chat-table-code, chat-attachments;
+- scripts/shots_browser.py: model-browser (a hub search with each candidate's fit on this machine);
+- scripts/shots_settings.py: chat-settings;
+- scripts/shots_panel.py: the panel mid-migration and the slider's frontier.
 """
 from __future__ import annotations
 
@@ -103,11 +108,6 @@ def shoot(app: QApplication, out: Path, theme_name: str) -> bool:
             w.cid = cid
             w.refresh_conversations()
             w.chat.show_messages(store.messages(cid))
-            w.pick_model()
-            state["step"], state["wait"] = 3, state["ticks"]
-        elif s == 3 and state["ticks"] - state["wait"] > 5:
-            w.picker.grab().save(str(out / f"picker-{theme_name.lower()}.png"))
-            w.picker.reject()
             w.loading = True
             w.on_event(Progress(stage="download", done=3, total=7, what="mistralai/Mixtral-8x7B-v0.1: files"))
             state["step"], state["wait"] = 4, state["ticks"]
@@ -130,11 +130,20 @@ def shoot(app: QApplication, out: Path, theme_name: str) -> bool:
 
 
 def main() -> int:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "screenshots")
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    out = Path(args[0] if args else "screenshots")
     out.mkdir(parents=True, exist_ok=True)
     app = QApplication(sys.argv)
     app.setApplicationName("Mixdesk")
     ok = all(shoot(app, out, name) for name in ("Light", "Dark"))
+    if ok and "--main-only" not in sys.argv:
+        import importlib
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        for view in ("shots_chat", "shots_browser", "shots_settings", "shots_panel"):
+            for name in ("Light", "Dark"):
+                for png in importlib.import_module(view).shoot(out, name):
+                    print(png)
     print(f"saved screenshots to {out}" if ok else "failed", file=sys.stderr if not ok else sys.stdout)
     return 0 if ok else 1
 

@@ -186,6 +186,79 @@ def chat_settings(k: Walk):
     assert seen and k.w.store.conversation(k.w.cid).settings == {}  # the window's defaults again
 
 
+def new_chat_action(k: Walk):
+    before = k.w.cid
+    k.trigger("File/New chat")
+    assert k.w.cid != before and k.w.store.messages(k.w.cid) == [] and k.w.context_label.text() == ""
+
+
+def find_chats(k: Walk):
+    k.w.search.setText("one more")
+    k.w.input.setFocus()
+    k.trigger("Edit/Find chats")
+    assert k.w.focusWidget() is k.w.search and k.w.search.selectedText() == "one more"
+    k.w.search.clear()
+
+
+def paste_files(k: Walk):
+    from PySide6.QtCore import QMimeData, QUrl
+
+    doc = k.tmp / "pasted.txt"
+    doc.write_text("pasted notes\n")
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(doc))])
+    QApplication.clipboard().setMimeData(mime)
+    k.trigger("Edit/Paste files as attachments")
+    k.wait(lambda: len(k.w.chip_widgets()) == 1, 30_000)
+    k.qtbot.mouseClick(k.w.chip_widgets()[0], Qt.LeftButton)  # taken off again
+    k.wait(lambda: not k.w.chip_widgets(), 10_000)
+
+
+def send_action(k: Walk):
+    k.w.params = SamplingParams(max_new_tokens=5)
+    k.w.input.setPlainText("sent from the menu")
+    k.trigger("Chat/Send")
+    k.wait(lambda: not k.w.generating)
+    assert [m.role for m in k.w.store.messages(k.w.cid)][-2:] == ["user", "assistant"]
+
+
+def stop_action(k: Walk):
+    from conftest import _pace
+
+    gen = k.w.bridge.session.loaded.generator
+    _pace(gen, 0.02)
+    k.w.params = SamplingParams(max_new_tokens=400)
+    k.w.input.setPlainText("a long answer, stopped from the menu")
+    k.trigger("Chat/Send")
+    k.wait(lambda: k.w.chat.streamed, 30_000)
+    k.trigger("Chat/Stop the reply")
+    k.wait(lambda: not k.w.generating, 30_000)
+    assert "cancelled" in k.w.store.messages(k.w.cid)[-1].meta["stats"]
+    del gen.retrying
+
+
+def regenerate_action(k: Walk):
+    k.w.params = SamplingParams(max_new_tokens=4)
+    k.trigger("Chat/Regenerate the last reply")
+    k.wait(lambda: not k.w.generating)
+    last = k.w.store.messages(k.w.cid)[-1]
+    assert last.role == "assistant" and last.complete and "cancelled" not in last.meta["stats"]
+
+
+def edit_last_action(k: Walk):
+    users = [m for m in k.w.store.messages(k.w.cid) if m.role == "user"]
+    k.trigger("Chat/Edit the last message")
+    assert k.w.input.toPlainText() == users[-1].content
+    k.w.input.clear()
+
+
+def quit_action(k: Walk):
+    """File > Quit: last, it closes the window (and its engine)."""
+    k.trigger("File/Quit")
+    k.wait(lambda: not k.w.isVisible(), 30_000)
+    assert not k.w.bridge.session.thread.is_alive()
+
+
 def remeasure(k: Walk):
     before = k.loads()
     k.trigger("Tools/Re-measure this machine and model")
@@ -204,6 +277,7 @@ def local_server(k: Walk):
     k.trigger("Tools/Local server (OpenAI-compatible API)")
     assert seen and k.w.server.running and k.w.server_box.isVisible()
     assert k.w.server.server.url == f"http://127.0.0.1:{port}/v1"
+    BUTTONS["Copy"](k)
     k.trigger("Tools/Local server (OpenAI-compatible API)")
     assert not k.w.server.running and not k.w.server_box.isVisible()
 
@@ -238,6 +312,7 @@ def about(k: Walk):
 
 
 ACTIONS = {
+    "File/New chat": new_chat_action,
     "File/Open model…": open_model,
     "File/Open model folder…": open_folder,
     "File/Open GGUF file…": open_gguf,
@@ -247,6 +322,12 @@ ACTIONS = {
     "File/Use the local model": use_local,
     "File/Export chat as Markdown…": export("md"),
     "File/Export chat as JSON…": export("json"),
+    "Edit/Find chats": find_chats,
+    "Edit/Paste files as attachments": paste_files,
+    "Chat/Send": send_action,
+    "Chat/Stop the reply": stop_action,
+    "Chat/Regenerate the last reply": regenerate_action,
+    "Chat/Edit the last message": edit_last_action,
     "Chat/Chat settings…": chat_settings,
     "Tools/Re-measure this machine and model": remeasure,
     "Tools/Local server (OpenAI-compatible API)": local_server,
@@ -256,6 +337,7 @@ ACTIONS = {
     "Settings/Theme/Dark": theme("Dark"),
     "Help/Log": show_log,
     "Help/About Mixdesk": about,
+    "File/Quit": quit_action,  # run last
 }
 
 
@@ -360,7 +442,14 @@ def offered_only_for_a_switchable_template(k: Walk):
     assert not k.w.composer.think_btn.isVisibleTo(k.w)
 
 
+def copy_server_url(k: Walk):
+    """The server box's Copy (shown while the local server runs: local_server clicks it)."""
+    k.click(k.w.server_box.copy)
+    assert QApplication.clipboard().text() == k.w.server.server.url
+
+
 BUTTONS = {
+    "Copy": copy_server_url,
     "Cancel": cancel_calibration,
     "Think": offered_only_for_a_switchable_template,
     "New chat": new_chat,
@@ -402,9 +491,11 @@ def test_every_menu_action_and_button_does_what_it_says(qtbot, tiny, tmp_path, m
                 BUTTONS[text](k)
             k.say("one more message")  # a chat to export, prompt and delete
             for path, check in ACTIONS.items():
-                check(k)
+                if path != "File/Quit":
+                    check(k)
             BUTTONS["Undo delete"](k)
             BUTTONS["New chat"](k)
             assert w.bridge.session.thread.is_alive()
+            ACTIONS["File/Quit"](k)
     finally:
         w.close()
