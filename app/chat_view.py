@@ -1,30 +1,34 @@
-"""The message view: one QTextBrowser whose document holds a frame per message, a bubble
-(app/bubbles.py): who wrote it and a Copy link, the named chips of the documents it carried, its
+"""The message view: one QTextBrowser whose document holds the messages (app/bubbles.py: the
+user's in a bubble, a reply across the view): who wrote it and a Copy link, the named chips of the documents it carried, its
 Markdown (lists, tables, headings, inline code) and fenced code highlighted by Pygments with a Copy
 code link each, and under a reply a quiet footer of its stats (the detail in its tooltip).
 
 A streaming reply is rendered as Markdown while it streams, incrementally (app/markdown_render.py):
 every 40 ms the new text is cut into blocks, each block that completed is rendered once, and only the
-open block is rendered again, so a flush costs what changed, not the reply. The view follows the end
+open block is rendered again, so a flush costs what changed, not the reply. A flush's edits are one
+edit block, laid out once (Qt lays out after every edit outside one), and a reply is not a nested
+frame (Qt lays a nested frame out whole). The view follows the end
 only while the reader is at the end (scrolling up to read is not fought). A reply's reasoning streams
 into a folded block above its answer and its tool calls show as blocks below it (app/reasoning_view.py).
 
 Why one document rather than a widget per message: text selection runs across messages, the
-reasoning blocks and the tests' clicks stay where they were, and measured, a flush's cost is flat
-in the reply's length (tests/test_app.py test_streaming_render...)."""
+reasoning blocks and the tests' clicks stay where they were, and measured, a flush's cost (its
+Python, the layout and the paint it causes) is flat in the reply's length (tests/test_app.py
+test_streaming_render..., scripts/profile_chat_stream.py)."""
 from __future__ import annotations
 
 import re
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QPalette, QTextCursor
 from PySide6.QtWidgets import QTextBrowser, QToolTip
 
-from . import bubbles
+from . import bubbles, gc_pauses
 from . import reasoning_view as rv
-from .markdown_render import Answer
+from .markdown_render import Answer, warm
 
 ROLE_LABEL = bubbles.ROLE_LABEL
 FLUSH_MS = 40
@@ -62,7 +66,7 @@ class ChatView(QTextBrowser):
         self.thoughts: list[rv.Thought] = []  # the reasoning blocks shown, by their link's number
         self.unfolded: set = set()  # the messages (ids) whose reasoning the reader unfolded
         self._stream_start: QTextCursor | None = None  # the streaming reply's first content block
-        self._frame = None  # the streaming reply's bubble
+        self._frame = None  # the frame the streaming reply ends in (the document's own)
         self._answer: Answer | None = None
         self._copy_index = 0  # the streaming reply's whole-message Copy link
         self._stream_text = ""
@@ -74,8 +78,10 @@ class ChatView(QTextBrowser):
         self._dirty = False
         self.flushes = 0
         self.flush_log: list[tuple[int, float]] = []  # per flush: characters of the reply shown, CPU seconds
+        # of the GUI thread in it and in the paint that follows it
         self._timer = QTimer(self, interval=FLUSH_MS)
         self._timer.timeout.connect(self._flush)
+        warm()  # the code lexers made off the GUI thread, before a reply needs one
 
     # ---- links and tooltips ----
     def _on_link(self, url: QUrl) -> None:
@@ -106,6 +112,13 @@ class ChatView(QTextBrowser):
         self.copies[index] = text
         return index
 
+    def paintEvent(self, e) -> None:
+        t0 = time.thread_time()
+        super().paintEvent(e)
+        if self._stream_start is not None and self.flush_log:  # the last flush's cost includes its paint
+            chars, s = self.flush_log[-1]
+            self.flush_log[-1] = (chars, s + time.thread_time() - t0)
+
     def viewportEvent(self, e) -> bool:
         if e.type() == QEvent.ToolTip:  # a chip's path, a footer's technical detail (QTextCharFormat.toolTip)
             tip = self.tooltip_at(e.pos())
@@ -124,6 +137,17 @@ class ChatView(QTextBrowser):
             tip = cur.charFormat().toolTip()
         return tip
 
+    @contextmanager
+    def one_edit(self):
+        """The edits inside laid out once, at the end (Qt lays out the document after each edit
+        outside an edit block: a flush makes ten or more)."""
+        cur = QTextCursor(self.document())
+        cur.beginEditBlock()
+        try:
+            yield
+        finally:
+            cur.endEditBlock()
+
     # ---- scrolling ----
     def _at_end(self) -> bool:
         bar = self.verticalScrollBar()
@@ -137,7 +161,8 @@ class ChatView(QTextBrowser):
     def toggle_thought(self, n: int) -> None:
         """Fold or unfold reasoning block n (its header's link)."""
         t = self.thoughts[n]
-        t.toggle()
+        with self.one_edit():
+            t.toggle()
         if t.key is not None:
             (self.unfolded.add if t.open else self.unfolded.discard)(t.key)
 
@@ -154,8 +179,9 @@ class ChatView(QTextBrowser):
         self.clear()
         self.copies, self.files, self.thoughts = [], [], []
         self._stream_start = self._live = self._answer = self._frame = None
-        for m in messages:
-            self._append(m.role, m.content, m.meta or {}, "" if m.complete else " _(interrupted)_", m.id)
+        with self.one_edit():
+            for m in messages:
+                self._append(m.role, m.content, m.meta or {}, "" if m.complete else " _(interrupted)_", m.id)
         self.moveCursor(QTextCursor.End)
 
     def _bubble(self, role: str, copy_text: str):
@@ -190,8 +216,11 @@ class ChatView(QTextBrowser):
     # ---- the streaming reply ----
     def begin_stream(self, key=None) -> None:
         """A reply starts streaming; key: its message id (the reader's unfolding is kept by it)."""
-        cur, self._frame, self._copy_index = self._bubble("assistant", "")
+        gc_pauses.before_reply()
+        with self.one_edit():
+            cur, self._frame, self._copy_index = self._bubble("assistant", "")
         self._stream_start = QTextCursor(cur)
+        self._stream_start.setKeepPositionOnInsert(True)  # the reply's first position, whatever goes in there
         self._answer = None
         self._stream_text = self._reasoning = ""
         self._shown = 0
@@ -258,8 +287,9 @@ class ChatView(QTextBrowser):
         self._dirty = False
         self.flushes += 1
         at_end = self._at_end()
-        self._flush_thought()
-        self._feed_answer()
+        with self.one_edit():
+            self._flush_thought()
+            self._feed_answer()
         self._follow(at_end)
         self.flush_log.append((self._shown, time.thread_time() - t0))
 
@@ -272,22 +302,23 @@ class ChatView(QTextBrowser):
         at_end = self._at_end()
         meta = meta or {}
         if self._stream_start is not None:
-            self._reasoning = meta.get("reasoning", self._reasoning)
-            self._live_seconds = meta.get("thought_s") or self._live_seconds or 0.0
-            self._flush_thought()
-            if self._live is not None:
-                self._live.render()  # the whole reasoning, trimmed, when unfolded
-            if content is not None and content != self._stream_text:  # the reply's own answer differs: anew
-                cur = QTextCursor(self.document())
-                cur.setPosition(self._answer_start())
-                cur.setPosition(self._frame.lastPosition(), QTextCursor.KeepAnchor)
-                cur.removeSelectedText()
-                self._stream_text, self._shown, self._answer = content, 0, None
-            self._feed_answer()
-            if self._answer is not None:
-                self._answer.close()
-            self._copy(self._stream_text.strip() and self._stream_text, self._copy_index)
-            self._extras(self._frame, meta)
-            bubbles.footer(self._frame, self.palette(), stats, meta.get("stats_detail", ""))
+            with self.one_edit():
+                self._reasoning = meta.get("reasoning", self._reasoning)
+                self._live_seconds = meta.get("thought_s") or self._live_seconds or 0.0
+                self._flush_thought()
+                if self._live is not None:
+                    self._live.render()  # the whole reasoning, trimmed, when unfolded
+                if content is not None and content != self._stream_text:  # the reply's own answer differs: anew
+                    cur = QTextCursor(self.document())
+                    cur.setPosition(self._answer_start())
+                    cur.setPosition(self._frame.lastPosition(), QTextCursor.KeepAnchor)
+                    cur.removeSelectedText()
+                    self._stream_text, self._shown, self._answer = content, 0, None
+                self._feed_answer()
+                if self._answer is not None:
+                    self._answer.close()
+                self._copy(self._stream_text.strip() and self._stream_text, self._copy_index)
+                self._extras(self._frame, meta)
+                bubbles.footer(self._frame, self.palette(), stats, meta.get("stats_detail", ""))
         self._stream_start = self._live = self._answer = None
         self._follow(at_end)

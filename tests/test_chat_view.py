@@ -59,8 +59,8 @@ def test_the_stream_follows_the_end_only_while_the_reader_is_there(qtbot, view):
     view.show_messages([Message(1, "user", "long please", True, {})])
     view.begin_stream()
     for i in range(200):
-        view.add_text(f"line {i}\n")
-    qtbot.waitUntil(lambda: view.streamed.count("\n") == 200 and view.flushes > 0 and not view._dirty, timeout=5000)
+        view.add_text(f"line {i}\n\n")  # 200 paragraphs: taller than the view
+    qtbot.waitUntil(lambda: view.streamed.count("\n") == 400 and view.flushes > 0 and not view._dirty, timeout=5000)
     bar = view.verticalScrollBar()
     assert bar.maximum() > 0 and bar.value() == bar.maximum()  # at the end: follows
     bar.setValue(0)  # the reader scrolls up to read
