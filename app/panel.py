@@ -65,12 +65,15 @@ class LivePanel(QWidget):
 
         speed = QGroupBox("Throughput")
         sl = QVBoxLayout(speed)
-        self.rate = QLabel("decode — tok/s · prefill — tok/s")
+        self.rate = QLabel("writing — tokens/s · reading the prompt — tokens/s")
+        self.rate.setToolTip("Writing: decode speed, the reply's tokens per second.\n"
+                             "Reading the prompt: prefill speed, the prompt's tokens per second.\n"
+                             "Context: tokens of the model's context window in use.")
         sl.addWidget(self.rate)
         self.kernel = QLabel("")  # which CPU expert kernel runs (native AVX-512 / AVX2 / C, or torch)
         self.kernel.setWordWrap(True)
         sl.addWidget(self.kernel)
-        self.decode_series, self.prefill_series = QLineSeries(name="decode"), QLineSeries(name="prefill")
+        self.decode_series, self.prefill_series = QLineSeries(name="writing"), QLineSeries(name="reading the prompt")
         chart = QChart()
         chart.addSeries(self.decode_series)
         chart.addSeries(self.prefill_series)
@@ -155,8 +158,8 @@ class LivePanel(QWidget):
                 bar.setFormat(f"{v / GIB:.2f} GiB")
         self.ram.setValue(int(1000 * s.ram_held / max(s.ram_budget, 1)))
         self.ram.setFormat(f"{s.ram_held / GIB:.2f} GiB of {s.ram_budget / GIB:.1f} GiB budget")
-        self.rate.setText(f"decode {s.decode_tok_s:.1f} tok/s · prefill {s.prefill_tok_s:.0f} tok/s · "
-                          f"context {s.ctx_used}/{s.ctx_max}")
+        self.rate.setText(f"writing {s.decode_tok_s:.1f} tokens/s · reading the prompt {s.prefill_tok_s:.0f} tokens/s · "
+                          f"context {s.ctx_used:,}/{s.ctx_max:,}")
         self.kernel.setText(f"CPU experts: {s.cpu_kernel}" if s.cpu_kernel else "")
         self.counts_now = dict(s.tiers)
         self._say_tiers()
