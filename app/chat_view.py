@@ -176,6 +176,9 @@ class ChatView(QTextBrowser):
 
     # ---- messages ----
     def show_messages(self, messages) -> None:
+        if self._stream_start is not None:  # a chat shown instead of the one streaming
+            self._timer.stop()
+            gc_pauses.after_reply()
         self.clear()
         self.copies, self.files, self.thoughts = [], [], []
         self._stream_start = self._live = self._answer = self._frame = None
@@ -320,5 +323,6 @@ class ChatView(QTextBrowser):
                 self._copy(self._stream_text.strip() and self._stream_text, self._copy_index)
                 self._extras(self._frame, meta)
                 bubbles.footer(self._frame, self.palette(), stats, meta.get("stats_detail", ""))
+            gc_pauses.after_reply()
         self._stream_start = self._live = self._answer = None
         self._follow(at_end)

@@ -124,3 +124,29 @@ def test_a_streaming_code_block_shows_each_line_once_while_it_streams(qtbot, vie
     view.end_stream("1 tokens/s")
     shown = view.toPlainText()
     assert shown.count("def route") == 1 and "Done." in shown and view.copies.count(code) == 1
+
+
+def test_a_streaming_reply_keeps_old_objects_out_of_the_collector_until_it_ends(view):
+    """Full garbage collections walk every object the process holds (torch's, transformers'): while
+    a reply streams the objects alive at its start are frozen (app/gc_pauses.py), and when it ends
+    they are handed back, so that what was dropped meanwhile (a model unloaded) is freed."""
+    import gc
+    import weakref
+
+    class Held:
+        pass
+
+    held = Held()
+    held.me = held  # a cycle: only the collector frees it
+    ref = weakref.ref(held)
+    view.show_messages([Message(1, "user", "hi", True, {})])
+    view.begin_stream()
+    assert gc.get_freeze_count() > 0
+    del held
+    view.add_text("Hello")
+    gc.collect()
+    assert ref() is not None  # frozen while the reply streams
+    view.end_stream("1 tokens/s")
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert ref() is None
