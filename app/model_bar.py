@@ -42,7 +42,7 @@ class ModelBar(QLabel):
         where = "CPU only" if ev.cpu_only else "GPU + CPU"
         n16 = sum(n for t, n in self.tiers.items() if t.endswith("16"))
         n4 = sum(n for t, n in self.tiers.items() if t.endswith("-4"))
-        mix = f" · {n16} experts at 16-bit, {n4} at 4-bit" if n16 + n4 else ""
+        mix = f" · {n16} {'expert' if n16 == 1 else 'experts'} at 16-bit, {n4} at 4-bit" if n16 + n4 else ""
         if ev.weights:  # a GGUF file: its own precision, and what the slider re-quantised
             mix = f" · {ev.weights}" + (f" · {n4} experts re-quantised to 4-bit" if n4 and not ev.weights_4bit else "")
         self.setText(f"<b>{ev.name}</b> · {size_words(ev.params)} · {where}{mix}")

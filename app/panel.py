@@ -66,6 +66,7 @@ class LivePanel(QWidget):
         speed = QGroupBox("Throughput")
         sl = QVBoxLayout(speed)
         self.rate = QLabel("writing — tokens/s · reading the prompt — tokens/s")
+        self.rate.setWordWrap(True)  # a longer line must not widen the column past what the scroll area shows
         self.rate.setToolTip("Writing: decode speed, the reply's tokens per second.\n"
                              "Reading the prompt: prefill speed, the prompt's tokens per second.\n"
                              "Context: tokens of the model's context window in use.")
