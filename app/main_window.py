@@ -142,7 +142,7 @@ class MainWindow(QMainWindow):
     # ---- models ----
     def load_model(self, path: str, device: str | None = None, dtype: str | None = None) -> None:
         """Open a model (device and dtype: the window's unless given); the one in use stays until the
-        new one is ready, and comes back if the new one fails (app/model_picker.py ModelSwitch)."""
+        new one is ready, and comes back if the new one fails (app/model_switch.py)."""
         self.models.open((path, device or self.device, dtype or self.dtype))
 
     @property

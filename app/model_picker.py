@@ -12,7 +12,6 @@ from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QHBoxLayo
 
 from . import hub_search, theme
 from .model_browser import HubBrowser, Jobs, Machine
-from .model_switch import ModelSwitch, check_model  # noqa: F401 (their home until the window imports model_switch)
 
 MAX_RECENT = 10
 DEMO_LABEL = "Built-in demo (SmolLM2-135M, 8 experts)"
