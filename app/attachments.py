@@ -41,6 +41,7 @@ class Attachments(QWidget):
         self.count_tokens = None
         self.too_long_box: QMessageBox | None = None
         self._timers: dict[str, QTimer] = {}
+        self._order: dict[str, int] = {}  # each path's place in the order the user attached them
         self._parsed = _Parsed()
         self._parsed.done.connect(self._on_parsed)
 
@@ -59,6 +60,7 @@ class Attachments(QWidget):
 
     def attach(self, path: str) -> None:
         """Parse off the GUI thread with a time limit; the result comes back through a queued signal."""
+        self._order.setdefault(str(path), len(self._order))
         timer = QTimer(self, singleShot=True)
         timer.timeout.connect(lambda: self._parsed.done.emit(
             path, None, f"{Path(path).name}: took longer than {documents.TIME_LIMIT_S:.0f} s to read"))
@@ -99,12 +101,15 @@ class Attachments(QWidget):
     def add(self, doc: documents.Document, tokens: int | None = None) -> None:
         if tokens is None:
             tokens = self.count_tokens(doc.text) if self.count_tokens else 0
-        self.docs.append(doc)
+        # in the order attached, whichever parse finished first (the model reads them numbered so)
+        place = self._order.get(str(doc.path), len(self._order))
+        at = sum(self._order.get(str(d.path), len(self._order)) <= place for d in self.docs)
+        self.docs.insert(at, doc)
         label = f"{doc.name} · {human_size(doc.size)}" + (f" · {tokens:,} tokens" if self.count_tokens else "")
         chip = QToolButton(text=f"{label}  ✕")
         chip.setProperty("tokens", tokens)
         chip.clicked.connect(lambda: self._remove(chip, doc))
-        self.row.insertWidget(self.row.count() - 1, chip)
+        self.row.insertWidget(at, chip)
 
     def chip_widgets(self) -> list[QToolButton]:
         return [self.row.itemAt(i).widget() for i in range(self.row.count()) if self.row.itemAt(i).widget()]
@@ -117,3 +122,4 @@ class Attachments(QWidget):
         for w in self.chip_widgets():
             w.deleteLater()
         self.docs = []
+        self._order = {}

@@ -112,6 +112,7 @@ def test_two_attached_documents_are_named_chips_in_the_sent_message_and_reach_th
     small.write_text("n" * 311 + "\n")  # 312 bytes
     big = tmp_path / "report.md"
     big.write_text("The quarterly report says revenue grew.\n" * 40)  # 1,600 bytes (the tiny model's context holds it)
+    wait(lambda: not w.generating)  # the module's window: a reply an earlier test stopped has ended
     with no_uncaught_exceptions():
         mime = QMimeData()
         mime.setUrls([QUrl.fromLocalFile(str(small)), QUrl.fromLocalFile(str(big))])

@@ -31,6 +31,7 @@ class StandIn(QMainWindow):
         self.generating, self.remote, self.lines = False, None, []
         self.slider, self.model_label, self.send_btn = QWidget(self), QLabel(self), QPushButton(self)
         self.panel = SimpleNamespace(placement_box=QWidget(self), mode=QLabel(self))
+        self.engine = SimpleNamespace(listen=lambda source: None, remote_active=False)  # app/engine_controller.py
         self.server_action = QAction(self)
         self.server_action.setCheckable(True)
         self.log_lines = ["12:00:00 loaded tiny"]

@@ -63,9 +63,12 @@ def test_the_window_offers_the_gpu_and_installs_the_runtime(qtbot, tiny, tmp_pat
         assert "Use your GPU (NVIDIA GeForce RTX 4090, 24 GB)" in text and "download the CUDA runtime (" in text
         assert "MB)" in text and "runs on the CPU meanwhile" in text
         seen = []
+        # the dialog's worker is the offer bar's: heard from before the click, so that a fast
+        # download's first reports are not missed
+        w.gpu_offer.worker.progress.connect(lambda d, t, what: seen.append((d, t, what)))
         qtbot.mouseClick(w.gpu_offer.action, Qt.LeftButton)  # Download…: the dialog opens and starts at once
         dlg = w.runtime_dialog
-        dlg.worker.progress.connect(lambda d, t, what: seen.append((d, t, what)))
+        assert dlg.worker is w.gpu_offer.worker
         assert chats(qtbot, w)  # the chat goes on during the download
         qtbot.waitUntil(lambda: dlg.restart_btn.isVisible() or dlg.error.isVisible(), timeout=60_000)
         assert not dlg.error.isVisible(), dlg.error.text()
