@@ -12,7 +12,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,14 +50,7 @@ def _repos() -> dict:
     }
 
 
-def _wait(app, until, timeout_s: float) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        app.processEvents()
-        if until():
-            return True
-        time.sleep(0.02)
-    return False
+from shot_wait import wait as _wait  # noqa: E402
 
 
 def shoot(out: Path, theme_name: str) -> list[Path]:

@@ -22,14 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _wait(app, until, timeout_s: float) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        app.processEvents()
-        if until():
-            return True
-        time.sleep(0.02)
-    return False
+from shot_wait import wait as _wait  # noqa: E402
 
 
 def _model() -> str:

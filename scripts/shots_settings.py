@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,14 +27,7 @@ SETTINGS = {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "repetition_penalty":
             "context": 2048}
 
 
-def _wait(app, until, timeout_s: float) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        app.processEvents()
-        if until():
-            return True
-        time.sleep(0.02)
-    return False
+from shot_wait import wait as _wait  # noqa: E402
 
 
 def shoot(out: Path, theme_name: str) -> list[Path]:
