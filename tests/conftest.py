@@ -35,14 +35,6 @@ def _pace(generator, per_token_s: float = 0.005) -> None:
     generator.retrying = paced
 
 
-@pytest.fixture(scope="session")
-def shared_cache(tmp_path_factory):
-    """One cache folder (the hardware profile, the tiny model's calibration) for the window tests
-    that do not test a first start: each measured once per run, not once per test. A test of a
-    first start sets an XDG_CACHE_HOME of its own."""
-    return tmp_path_factory.mktemp("shared-cache")
-
-
 @pytest.fixture(autouse=True)
 def _fresh_window_state():
     """Each test's window starts as on a first start: no remembered slider, geometry or chat

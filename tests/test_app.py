@@ -31,8 +31,8 @@ def open_window(qtbot, tiny, tmp_path, calibrated=True, **session):
 
 
 @pytest.fixture
-def window(qtbot, tiny, tmp_path, monkeypatch, shared_cache):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(shared_cache))  # profiles measured once per run (conftest.py)
+def window(qtbot, tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     w = open_window(qtbot, tiny, tmp_path)
     yield w
     w.close()
