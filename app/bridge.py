@@ -11,6 +11,8 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from engine.session import Session
 
+from . import gui_gc
+
 BATCH_MS = 30
 SWITCH_INTERVAL_S = 0.0005
 
@@ -29,6 +31,8 @@ class EngineBridge(QObject):
         self._timer.timeout.connect(self._drain)
         self._timer.start()
         self._kwargs = dict(session_kwargs or {})
+        gui_gc.install()  # cyclic garbage (Qt objects among it) collected on the GUI thread only
+        self._gc_installed = True
         self.session = self._new_session()
 
     def _new_session(self) -> Session:
@@ -37,7 +41,7 @@ class EngineBridge(QObject):
         def emit(ev) -> None:
             if self.session is session:
                 self._pending.append(ev)
-        self.session = session = Session(emit, **self._kwargs)
+        self.session = session = Session(emit, collect=gui_gc.collect, **self._kwargs)
         return session.start()
 
     def _drain(self) -> None:
@@ -70,4 +74,7 @@ class EngineBridge(QObject):
         end_session(self.session)
         self._timer.stop()
         self._drain()
+        if self._gc_installed:
+            self._gc_installed = False
+            gui_gc.uninstall()
         return ok

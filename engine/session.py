@@ -28,10 +28,14 @@ from .telemetry import Telemetry
 
 
 class Session:
-    def __init__(self, emit: Callable[[object], None], max_streams: int = 4, **placement):
+    def __init__(self, emit: Callable[[object], None], max_streams: int = 4,
+                 collect: Callable[[], object] = gc.collect, **placement):
         """emit: where events go (and, unless a request names its own, that request's events).
+        collect: a full garbage collection, run as a model is unloaded (a window runs it on its GUI
+        thread: Qt objects in cyclic garbage must not be destroyed on the engine thread; app/gui_gc.py).
         placement: the placement controller's options and test seams (PlacementController)."""
         self.emit = emit
+        self.collect = collect
         self.listeners: list[Callable[[object], None]] = []  # more consumers of every broadcast event
         self.telemetry = Telemetry()
         self.scheduler = Scheduler(max_streams, on_decode=self.telemetry.decode_step, on_done=self.telemetry.request_done)
@@ -164,7 +168,7 @@ class Session:
             self.loaded.ckpt.close()
             self.loaded = None
         self.last_loaded = None
-        gc.collect()
+        self.collect()  # the old model's cycles freed before the next one is read
 
     def _load(self, req: Request) -> None:
         from .load import find, load, open_checkpoint

@@ -40,9 +40,13 @@ def _fresh_window_state():
     """Each test's window starts as on a first start: no remembered slider, geometry or chat
     (app/window_state.py); the settings folder is shared by the whole run."""
     yield
+    import sys
+
     from app import window_state
 
     window_state.forget()
+    if "app.gui_gc" in sys.modules:  # a window left open keeps Python's collector off: hand it back
+        sys.modules["app.gui_gc"].reset()
 
 
 @pytest.fixture
