@@ -18,6 +18,8 @@ from engine.tools.runtime.gpu import default_index, find_nvidia
 from engine.tools.runtime.index import RuntimeProblem
 from engine.tools.runtime.install import build_name, gb, install, prepare, remove, status
 
+from . import gui_threads
+
 DISMISSED = "gpu_runtime/offer_dismissed"
 
 
@@ -54,7 +56,7 @@ class RuntimeWorker(QObject):
             finally:
                 self.busy = False
                 self.busy_changed.emit(False)
-        threading.Thread(target=work, name="mixdesk-runtime", daemon=True).start()
+        gui_threads.start(work, "mixdesk-runtime")  # this object let go of on the GUI thread
 
     def plan(self, index_url: str | None = None) -> None:
         def go():

@@ -8,12 +8,11 @@ debounced, a newer search drops the results of an older one, and a hub that does
 `deadline_s` is said to in one line (huggingface_hub's own retries go on behind it, unseen)."""
 from __future__ import annotations
 
-import threading
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import QHeaderView, QLabel, QLineEdit, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget
 
-from . import hub_search
+from . import gui_threads, hub_search
 
 SPEC = Qt.UserRole  # an item's model spec: a repo id, or "owner/name/file.gguf"
 
@@ -35,7 +34,7 @@ class Jobs(QObject):
                                  f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
                 return
             self.done.emit(tag, result)
-        threading.Thread(target=work, daemon=True, name=f"model-browser-{tag[0]}").start()
+        gui_threads.start(work, f"model-browser-{tag[0]}")  # Jobs let go of on the GUI thread, even if last
 
 
 def machine_profile():

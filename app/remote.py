@@ -26,6 +26,8 @@ from engine.formats import Delta
 from engine.generate import SamplingParams
 from engine.protocol import Done, ErrorEvent, Token
 
+from . import gui_threads
+
 
 _IDS = itertools.count(-1, -1)  # the replies' request ids, for every RemoteChat (see the docstring)
 
@@ -97,8 +99,7 @@ class RemoteChat(QObject):
         """Start a reply; its request id (its events carry it; Stop it with stop(id))."""
         request_id = next(_IDS)
         stop = self._stops[request_id] = threading.Event()
-        threading.Thread(target=self._run, args=(request_id, messages, params, stop), daemon=True,
-                         name="mixdesk-remote").start()
+        gui_threads.start(lambda: self._run(request_id, messages, params, stop), "mixdesk-remote")
         return request_id
 
     def stop(self, request_id: int) -> None:
