@@ -32,7 +32,7 @@ class EngineBridge(QObject):
         self._timer.start()
         self._kwargs = dict(session_kwargs or {})
         gui_gc.install()  # cyclic garbage (Qt objects among it) collected on the GUI thread only
-        self._gc_installed = True
+        self._gc_installed, self._closing = True, False
         self.session = self._new_session()
 
     def _new_session(self) -> Session:
@@ -41,8 +41,14 @@ class EngineBridge(QObject):
         def emit(ev) -> None:
             if self.session is session:
                 self._pending.append(ev)
-        self.session = session = Session(emit, collect=gui_gc.collect, **self._kwargs)
+        self.session = session = Session(emit, collect=self._collect, **self._kwargs)
         return session.start()
+
+    def _collect(self) -> None:
+        """The engine's collection (a model unloaded), on the GUI thread; none while the bridge shuts
+        down: the GUI thread then waits for the engine, and collects itself once it has ended."""
+        if not self._closing:
+            gui_gc.collect()
 
     def _drain(self) -> None:
         # One signal per batch, not per event: each crossing into Qt and back costs a GIL
@@ -60,7 +66,10 @@ class EngineBridge(QObject):
 
     def restart(self) -> None:
         """A new engine thread, after the old one stopped (it should never need this)."""
+        self._closing = True
+        gui_gc.release_waiters()
         self.session.shutdown(timeout=2.0)
+        self._closing = False
         self._new_session()
 
     def shutdown(self, timeout: float = 10.0) -> bool:
@@ -70,6 +79,8 @@ class EngineBridge(QObject):
         end_session). True if the engine ended within `timeout`."""
         from engine.client import end_session
 
+        self._closing = True
+        gui_gc.release_waiters()  # an engine waiting for the GUI thread to collect goes on
         ok = self.session.shutdown(timeout)
         end_session(self.session)
         self._timer.stop()

@@ -90,6 +90,13 @@ def uninstall() -> None:
         gc.enable()
 
 
+def release_waiters() -> None:
+    """Let every thread waiting for a collection go on without it (the GUI thread is about to
+    wait for them: a bridge shutting down)."""
+    if _collector is not None:
+        _collector.release_waiters()
+
+
 def collect() -> None:
     """A full collection, from any thread: done here on the GUI thread, else asked of it and waited
     for (at most WAIT_S). Without an installed collector (no window), done where it is called."""
