@@ -14,6 +14,10 @@ if "XDG_CONFIG_HOME" not in os.environ:  # the window's settings (theme) stay ou
     import tempfile
 
     os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="mixdesk-test-config-")
+if "XDG_CACHE_HOME" not in os.environ:  # the hardware profile and calibrations stay out of $HOME; tests
+    import tempfile  # that need their own set one (window_cache below: a copy of a measured one)
+
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="mixdesk-test-cache-")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 # bitsandbytes' first import logs a failed optional import with the exception as the message's
 # argument; pytest's log capture keeps the record, so the traceback kept the frames of whatever
@@ -60,6 +64,56 @@ def tiny(tmp_path_factory):
     from engine.sources.tiny_model import write_tiny_mixtral
 
     return write_tiny_mixtral(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def cache_seed(tiny, tmp_path_factory):
+    """A cache folder as the window leaves it after its first start on the tiny model (cpu, fp32):
+    this machine's hardware profile and the model's calibration, measured once per run. Tests copy
+    it (`window_cache`), so none measures them again and none sees another's changes."""
+    import threading
+
+    from engine.protocol import ErrorEvent, Load, Loaded
+    from engine.session import Session
+
+    seed = tmp_path_factory.mktemp("cache-seed")
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(seed)
+    ready, errors = threading.Event(), []
+
+    def emit(ev):
+        if isinstance(ev, ErrorEvent):
+            errors.append(ev.message)
+        if isinstance(ev, (Loaded, ErrorEvent)):
+            ready.set()
+
+    s = Session(emit, poll_s=0.1).start()
+    try:
+        s.submit(Load(path=str(tiny), device="cpu", dtype="fp32"))
+        assert ready.wait(300) and not errors, errors
+        deadline, profiles = time.monotonic() + 300, seed / "mixdesk" / "profiles"
+        while (s.controller.calibrating or not any(profiles.glob("*.json"))) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not s.controller.calibrating and any(profiles.glob("*.json")), "the tiny model was not calibrated"
+    finally:
+        s.shutdown()
+        if before is None:
+            os.environ.pop("XDG_CACHE_HOME", None)
+        else:
+            os.environ["XDG_CACHE_HOME"] = before
+    return seed
+
+
+@pytest.fixture
+def window_cache(cache_seed, tmp_path, monkeypatch):
+    """This test's own cache folder, a copy of the run's seed (hardware and calibration measured):
+    a window on the tiny model starts as on any start after the first."""
+    import shutil
+
+    folder = tmp_path / "cache"
+    shutil.copytree(cache_seed, folder)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(folder))
+    return folder
 
 
 @pytest.fixture(scope="session")

@@ -31,8 +31,7 @@ def open_window(qtbot, tiny, tmp_path, calibrated=True, **session):
 
 
 @pytest.fixture
-def window(qtbot, tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def window(qtbot, tiny, tmp_path, monkeypatch, window_cache):
     w = open_window(qtbot, tiny, tmp_path)
     yield w
     w.close()
@@ -368,8 +367,7 @@ def test_a_locked_database_during_a_reply_keeps_the_reply_and_writes_it_later(qt
     assert content == reply and complete == 1
 
 
-def test_a_corrupt_database_is_moved_aside_and_the_window_starts(qtbot, tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def test_a_corrupt_database_is_moved_aside_and_the_window_starts(qtbot, tiny, tmp_path, monkeypatch, window_cache):
     db = tmp_path / "chats.sqlite3"
     db.write_bytes(b"this is not a database, just damaged bytes " * 200)
     w = open_window(qtbot, tiny, tmp_path)

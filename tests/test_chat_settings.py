@@ -204,8 +204,7 @@ def send_and_wait(qtbot, w, text: str):
     return w.store.messages(w.cid)[-1]
 
 
-def test_chat_settings_reach_the_engine_stay_with_the_chat_and_survive_a_restart(qtbot, tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def test_chat_settings_reach_the_engine_stay_with_the_chat_and_survive_a_restart(qtbot, tiny, tmp_path, monkeypatch, window_cache):
     theme.settings().remove(cs.PRESETS_KEY)
     w = open_window(qtbot, tiny, tmp_path)
     w.bridge.session.loaded.generator.eos_ids.clear()  # the reply runs to its longest
@@ -273,8 +272,7 @@ def test_chat_settings_reach_the_engine_stay_with_the_chat_and_survive_a_restart
         theme.settings().remove(cs.PRESETS_KEY)
 
 
-def test_reset_to_defaults_and_cancel(qtbot, tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def test_reset_to_defaults_and_cancel(qtbot, tiny, tmp_path, monkeypatch, window_cache):
     w = open_window(qtbot, tiny, tmp_path, calibrated=False)
     try:
         with no_uncaught_exceptions():
@@ -314,8 +312,7 @@ def test_reset_to_defaults_and_cancel(qtbot, tiny, tmp_path, monkeypatch):
 
 
 def test_a_chat_longer_than_its_memory_is_sent_without_its_oldest_turns_and_the_window_says_so(
-        qtbot, tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+        qtbot, tiny, tmp_path, monkeypatch, window_cache):
     s = Store(tmp_path / "chats.sqlite3")
     cid = chat_of(s, 6, size=60)
     s.close()
@@ -355,8 +352,7 @@ def test_a_chat_longer_than_its_memory_is_sent_without_its_oldest_turns_and_the_
         w.close()
 
 
-def test_a_damaged_settings_value_opens_with_the_defaults(qtbot, tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def test_a_damaged_settings_value_opens_with_the_defaults(qtbot, tiny, tmp_path, monkeypatch, window_cache):
     s = Store(tmp_path / "chats.sqlite3")
     cid = s.new_conversation("hand-edited")
     s.close()

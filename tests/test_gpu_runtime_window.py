@@ -23,12 +23,11 @@ RTX = NvidiaGpu("NVIDIA GeForce RTX 4090", 24 << 30, "570.86.10", (12, 8))
 
 
 @pytest.fixture
-def nvidia(monkeypatch, tmp_path):
+def nvidia(monkeypatch, tmp_path, window_cache):
     """NVML says: an RTX 4090. The runtime folder and the default index are this test's."""
     for mod in (app.gpu_runtime, engine.tools.runtime.install):
         monkeypatch.setattr(mod, "find_nvidia", lambda: (RTX, ""))
     monkeypatch.setenv("MIXDESK_RUNTIME_DIR", str(tmp_path / "runtime"))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(act, "CURRENT", act.Activation("none", "no GPU runtime installed"))
     return tmp_path / "runtime"
 

@@ -27,8 +27,7 @@ class Cycle:
         self._note()
 
 
-def test_qt_garbage_in_cycles_dies_on_the_gui_thread_across_model_loads(qtbot, tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def test_qt_garbage_in_cycles_dies_on_the_gui_thread_across_model_loads(qtbot, tiny, tmp_path, monkeypatch, window_cache):
     w = open_window(qtbot, tiny, tmp_path)
     assert gui_gc.active() and not gc.isenabled()  # no thread but the GUI's collects automatically
     loads = []
@@ -45,7 +44,7 @@ def test_qt_garbage_in_cycles_dies_on_the_gui_thread_across_model_loads(qtbot, t
     assert gc.isenabled() and not gui_gc.active()  # the last window hands collection back
 
 
-def test_the_engine_collects_through_the_hook_it_is_given(tiny):
+def test_the_engine_collects_through_the_hook_it_is_given(tiny, window_cache):
     collected, ready = [], threading.Event()
 
     def emit(ev):

@@ -36,12 +36,11 @@ def repos(tiny: Path, gguf: Path | None = None) -> dict:
 
 
 @pytest.fixture
-def env(qtbot, tiny, tmp_path, monkeypatch):
+def env(qtbot, tiny, tmp_path, monkeypatch, window_cache):
     """A window on the tiny model whose hub is the loopback server (HF_ENDPOINT), with its own HF
     cache, and predictions for a 20 GB CPU-only machine."""
     import huggingface_hub.constants as hf
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(hf, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     monkeypatch.setattr(fit, "machine_budgets", lambda hw, **kw: BUDGETS)
     state = {"hub": None}

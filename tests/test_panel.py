@@ -51,8 +51,7 @@ def settle(qtbot, w):
 
 
 @pytest.fixture
-def window(qtbot, tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def window(qtbot, tiny, tmp_path, monkeypatch, window_cache):
     w = open_window(qtbot, tiny, tmp_path)
     yield w
     w.close()
@@ -216,8 +215,7 @@ def test_the_engine_counts_one_migration_across_a_replan(tiny):
 
 
 # ---- glitch: "migration 1/1" before any model was loaded ---------------------------------------
-def test_nothing_about_migrations_shows_before_a_model_is_loaded(qtbot, tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def test_nothing_about_migrations_shows_before_a_model_is_loaded(qtbot, tiny, tmp_path, monkeypatch, window_cache):
     w = open_window(qtbot, tiny, tmp_path, wait=False)
     try:
         panel = w.panel
@@ -280,9 +278,11 @@ def test_the_frontier_is_drawn_with_labelled_axes_and_the_plan_in_use_marked(qtb
 
 
 # ---- glitch: calibration ended and nothing said so ---------------------------------------------
-def test_calibration_finished_is_said_once(qtbot, window):
+def test_calibration_finished_is_said_once(qtbot, tiny, tmp_path, monkeypatch):
     from app.panel import CALIBRATED
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # a first start: the model is calibrated
+    window = open_window(qtbot, tiny, tmp_path)
     panel = window.panel
     qtbot.waitUntil(lambda: panel.notice.isVisible(), timeout=10_000)
     assert CALIBRATED in panel.notice.text() and CALIBRATED == "Calibration finished: predictions now measured"
@@ -290,6 +290,7 @@ def test_calibration_finished_is_said_once(qtbot, window):
     qtbot.waitUntil(lambda: panel.plan.reason == "slider", timeout=30_000)
     settle(qtbot, window)
     assert panel.said.count(CALIBRATED) == 1
+    window.close()
 
 
 # ---- glitch: the Local server box widened the column and drew the legend over the map ----------

@@ -174,7 +174,7 @@ def test_a_reply_held_back_by_a_calibration_step_says_what_it_waits_for(qtbot, t
         w.close()
 
 
-def test_closing_with_chats_that_can_be_kept_nowhere_says_so(qtbot, tiny, small_disk, tmp_path, monkeypatch):
+def test_closing_with_chats_that_can_be_kept_nowhere_says_so(qtbot, tiny, small_disk, tmp_path, monkeypatch, window_cache):
     """The disk holding the chats fills, and the copy's folder is on it too: the window's close
     says plainly that the waiting messages are lost (the store's notice), never silently."""
     from PySide6.QtWidgets import QMessageBox
@@ -183,7 +183,6 @@ def test_closing_with_chats_that_can_be_kept_nowhere_says_so(qtbot, tiny, small_
     from app.store import Store
     from test_store import fill
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     store = Store(small_disk / "chats.sqlite3", fallback_dirs=[small_disk / "state"])
     w = MainWindow(store, model=str(tiny), session_kwargs={"poll_s": 0.1}, device="cpu", dtype="fp32")
     qtbot.addWidget(w)

@@ -22,8 +22,7 @@ def start(qtbot, tiny, folder) -> MainWindow:
 
 
 @pytest.fixture
-def window(qtbot, tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def window(qtbot, tiny, tmp_path, monkeypatch, window_cache):
     w = start(qtbot, tiny, tmp_path)
     yield w
     w.close()
@@ -40,8 +39,7 @@ def highlighted(w) -> list[int]:
     return [it.data(Qt.UserRole) for it in w.sidebar.list.selectedItems()]
 
 
-def test_slider_geometry_and_last_chat_are_remembered_across_starts(qtbot, tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def test_slider_geometry_and_last_chat_are_remembered_across_starts(qtbot, tiny, tmp_path, monkeypatch, window_cache):
     w = start(qtbot, tiny, tmp_path)
     store = w.store
     a = store.new_conversation("first chat")
