@@ -1,260 +1,276 @@
-"""The GPU validation run (issue 9), prepared to run in one go on a lent device:
+"""The GPU validation run (issues 9 and 30), one command on a lent device:
 
     python benchmarks/gpu_check.py --out "$OUT"            # on the device (scripts/device_check.sh)
-    python benchmarks/gpu_check.py --out /tmp/g --small    # a CPU rehearsal of every stage (minutes)
+    python benchmarks/gpu_check.py --out /tmp/g --small    # the CPU rehearsal of every stage (tests/test_gpu_check.py)
 
-Stages, each recorded as it finishes in OUT/gpu_check.json (a crash keeps what came before):
-1. the gpu-marked tests (tests/test_gpu.py: CUDA parity for every 16-bit tier against transformers,
-   the copy path, bf16 generation, the VRAM hog);
-2. a Mixtral-8x7B-shaped model with seeded random weights made on demand (engine/synthetic.py: no
-   file, no download), the GPU capped at --vram-cap GB: across slider settings, decode tok/s and
-   prefill time next to the cost model's prediction, and the fraction of the bandwidth bound
-   (bytes each tier reads per token / that tier's measured read bandwidth, summed);
-3. a live budget drop from --vram-cap to --drop-to GB in the middle of a generation, through the
-   engine thread (the same path as a game taking VRAM): the placement follows, no token is lost.
-Plus OUT/gpu_check.png (predicted vs measured tok/s; VRAM held over the drop).
+Stages, most telling first, each in benchmarks/gpu_check_<concept>.py:
+  machine       the CPU (model, AVX-512/AMX), the native kernels' path, the GPU, the hardware profile
+  native        CUDA experts beside native CPU experts in one decode step: parity, routes
+  gpu_tests     pytest -m gpu tests/test_gpu.py
+  mixtral_24gb  Mixtral-8x7B shape on a 24 GB card: slider sweep, predictions, bandwidth bound, peaks
+  budget_drop   the VRAM budget falls from 24 to 12 GB mid-reply, through the engine thread
+  qwen3_24gb    Qwen3-30B-A3B shape (48 x 128 small experts, top-8) on the 24 GB card: the sweep
+  batched       1 and 4 streams decoding together on that model, with GPU experts
+  gguf          a Q4_K_M GGUF (the Qwen3 shape cut to 2 layers) with experts on both sides
+  mixtral_12gb, qwen3_12gb   both shapes on a 12 GB card
+Every model is synthetic (engine/sources/synthetic.py): weights made on demand by name, never written.
+
+How it runs: this process only plans and records. Consecutive stages on the same card run in one
+child process (`--child`), which emulates the card (gpu_check_memory.emulate_card: a per-process
+setting) and lets a stage hand its loaded model to the next (the Qwen3 sweep to batched decode).
+The child reports each result as it comes (a status file this process polls); the report in OUT is
+rewritten on each (gpu_check_report.py). Each stage has a time budget: the child stops a sweep
+early as its budget nears, this process kills a child whose stage overruns it, or that crashes,
+and starts the group's remaining stages in a new child. The run as a whole stops at --budget-s,
+skipping the stages it no longer has time for, so a kill from outside still finds every result
+that was reached.
 """
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+# run as a script, this folder would come first on the path, and its kernels.py would then stand in
+# for the `kernels` package that bitsandbytes looks for: only the repository root goes on it
+if sys.path and Path(sys.path[0]).resolve() == HERE:
+    sys.path.pop(0)
 sys.path.insert(0, str(ROOT))
-from benchmarks.common import machine, read_bandwidth  # noqa: E402
+from benchmarks.gpu_check_context import Context, Skip
+from benchmarks.gpu_check_report import Report
 
-GB = 10**9
-SMALL = {"model_type": "mixtral", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 1024,
-         "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4, "num_local_experts": 8,
-         "num_experts_per_tok": 2, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
-         "rope_theta": 1e6, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
-
-
-class Report:
-    def __init__(self, out: Path):
-        self.out, self.data = out, {"machine": machine(), "command": " ".join(sys.argv),
-                                    "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-
-    def add(self, key, value) -> None:
-        self.data[key] = value
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "gpu_check.json").write_text(json.dumps(self.data, indent=1, default=str))
-        shown = value[-1] if isinstance(value, list) and value else value
-        print(f"[{key}] {json.dumps(shown, default=str)[:600]}", flush=True)
+RESERVE_S = 8   # the end of the run kept for the last report
+GRACE_S = 10    # past a stage's budget before its child is killed (it stops itself at the budget)...
+KILL_AT_S = 3   # ...or this long before the run's end, whichever comes first
+MIN_START_S = 15  # a stage with less time than this left (or its budget, if smaller) is skipped
 
 
-def gpu_tests(rep: Report, timeout: int) -> None:
-    t0 = time.time()
+def _sweep(key: str, model: str, card: str, settings: str, keep: bool = False):
+    def run(ctx):
+        from benchmarks import gpu_check_sweep
+
+        return gpu_check_sweep.run(ctx, key, model, getattr(ctx.opts, card), getattr(ctx.opts, settings), keep)
+    return run
+
+
+def _module(name: str):
+    def run(ctx):
+        import importlib
+
+        return importlib.import_module(f"benchmarks.gpu_check_{name}").run(ctx)
+    return run
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    card: str | None  # the option holding its card's size ("card_gb", "drop_to_gb"), or None: the whole device
+    budget_s: int     # its limit on the device
+    small_s: int      # its limit in the rehearsal
+    estimate: str     # expected on the H200 (16 cores, 128 GB RAM), and what it is made of
+    run: Callable = field(compare=False)
+
+
+# The estimates assume what such hosts show (the first device run replaces them with its figures):
+# pageable copies GPU<->host ~15 GB/s; the native cpu-4 quantiser ~0.4 s per Mixtral expert on 16
+# threads (3.2 s measured on 2 cores); synthetic weights made on the GPU at well under 1 ms a matrix.
+STAGES = [
+    Stage("machine", None, 60, 60, "25 s: start and CUDA ~5 s; the hardware profile (4 tiers, 2 sizes, batch "
+          "scaling to 256 tokens; 9 s for the CPU tiers alone on 2 cores) ~15 s", _module("machine")),
+    Stage("native", None, 30, 30, "10 s: a 4-layer 256-wide model built 3 times, 40 forwards", _module("native")),
+    Stage("gpu_tests", None, 120, 60, "60 s: pytest start ~10 s; tiny-model parity; the VRAM-hog test loads a "
+          "4-layer 1024-wide model through the session and waits up to 15 s", _module("tests")),
+    Stage("mixtral_24gb", "card_gb", 180, 60, "150 s: load at slider 0 ~45 s (256 experts made on the GPU, 90 GB "
+          "through the host ~6 s, ~75 cpu-4 experts quantised ~30 s, ~180 gpu-4); inputs ~10 s (256-token "
+          "capture, 128 timed steps); 4 settings x (migration <= 20 s, 128-token prefill ~3 s, 24 tokens at "
+          "2-10 tok/s)", _sweep("mixtral_24gb", "mixtral", "card_gb", "settings")),
+    Stage("budget_drop", "card_gb", 100, 60, "60 s: load at slider 1 from the sweep's profile (16-bit only, "
+          "nothing quantised; ~72 GB through the host ~15 s); 40 tokens at ~2 tok/s; ~10 GB of experts moved "
+          "off the GPU at the drop", _module("drop")),
+    Stage("qwen3_24gb", "card_gb", 110, 60, "80 s: 6,144 experts of 9.4 MB at ~3 ms each ~20 s; inputs ~10 s; 3 "
+          "settings, each migrating up to ~4,000 experts ~15 s", _sweep("qwen3_24gb", "qwen3", "card_gb",
+                                                                          "settings_other", keep=True)),
+    Stage("batched", "card_gb", 40, 30, "20 s: 1 and 4 streams x 24 tokens at 10-20 tok/s a stream", _module("batched")),
+    Stage("gguf", "card_gb", 75, 60, "45 s: 1.9 G parameters written as bf16 safetensors ~10 s, quantised to "
+          "Q4_K_M ~10 s (1 GB); loading dequantises the GPU tiers in numpy (~60 M params/s) ~15 s",
+          _module("gguf")),
+    Stage("mixtral_12gb", "drop_to_gb", 120, 60, "100 s: as at 24 GB, but ~175 cpu-4 experts to quantise "
+          "(~70 s); 2 settings", _sweep("mixtral_12gb", "mixtral", "drop_to_gb", "settings_12gb")),
+    Stage("qwen3_12gb", "drop_to_gb", 80, 60, "60 s: as at 24 GB, 2 settings",
+          _sweep("qwen3_12gb", "qwen3", "drop_to_gb", "settings_12gb")),
+]
+BY_NAME = {s.name: s for s in STAGES}
+
+
+def options(a) -> argparse.Namespace:
+    """The run's sizes: the device's, or the rehearsal's (--small) where not given."""
+    small = a.small
+    return argparse.Namespace(
+        card_gb=a.vram_cap, drop_to_gb=a.drop_to, settings=a.settings, settings_other=3, settings_12gb=2,
+        prompt_tokens=a.prompt_tokens or (32 if small else 128), new_tokens=a.new_tokens or (16 if small else 24),
+        calib_tokens=64 if small else 256, drop_at=16, drop_tokens=48 if small else 40,
+        bandwidth_mib=256 if small else 1024)  # read-bandwidth buffers: past the caches either way
+
+
+def limit_s(stage: Stage, small: bool) -> int:
+    return stage.small_s if small else stage.budget_s
+
+
+# ---- the child: one group's stages, in order ----------------------------------------------------
+
+def child(a) -> None:
+    faulthandler.enable()  # a crash in native code still leaves a Python traceback in the log
+    from benchmarks.gpu_check_memory import emulate_card
+
+    ctx = Context(a.small, Path(a.work), options(a), Path(a.status), (a.run_stages or "").split(","))
+    names = a.stages.split(",")
+    card = BY_NAME[names[0]].card
+    ctx.card = emulate_card(getattr(ctx.opts, card) if card else None)
+    for name in names:
+        stage, now = BY_NAME[name], time.time()
+        ends = min(now + limit_s(stage, a.small), a.deadline - RESERVE_S)
+        if ends - now < min(MIN_START_S, limit_s(stage, a.small)):
+            ctx.mark(name, status="skipped", why=f"{a.deadline - now:.0f} s left of the run")
+            continue
+        ctx.deadline = ends
+        ctx.mark(name, status="running", started=now)
+        try:
+            stage.run(ctx)
+            ctx.mark(name, status="ok", seconds=round(time.time() - now, 1))
+        except Skip as e:
+            ctx.mark(name, status="skipped", why=str(e), seconds=round(time.time() - now, 1))
+        except Exception as e:  # noqa: BLE001 - one stage's failure is its result; the next one runs
+            ctx.results[name] = {**(ctx.results.get(name) or {}), "error": f"{type(e).__name__}: {e}",
+                                 "traceback": traceback.format_exc()[-3000:]}
+            ctx.mark(name, status="error", seconds=round(time.time() - now, 1))
+            print(traceback.format_exc(), file=sys.stderr, flush=True)
+
+
+# ---- the parent -----------------------------------------------------------------------------------
+
+def groups(stages: list[Stage]) -> list[list[Stage]]:
+    out: list[list[Stage]] = []
+    for s in stages:
+        if out and out[-1][-1].card == s.card:
+            out[-1].append(s)
+        else:
+            out.append([s])
+    return out
+
+
+def read_status(path: Path) -> dict:
     try:
-        r = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
-                            str(ROOT / "tests" / "test_gpu.py")], capture_output=True, text=True,
-                           timeout=timeout, cwd=ROOT)
-        rep.add("gpu_tests", {"rc": r.returncode, "tail": r.stdout[-3000:] + r.stderr[-1500:],
-                              "seconds": round(time.time() - t0, 1)})
-    except subprocess.TimeoutExpired:
-        rep.add("gpu_tests", {"rc": None, "tail": f"timed out after {timeout} s"})
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
-def accel_bandwidth(dev: torch.device) -> float:
-    if dev.type != "cuda":
-        return read_bandwidth()
-    x = torch.ones(2 * GB // 4, dtype=torch.float32, device=dev)
-    best = float("inf")
-    for _ in range(5):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        x.sum()
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return x.numel() * 4 / best
+def run_child(group: list[Stage], a, report: Report, work: Path, deadline: float) -> list[Stage]:
+    """Run the group's stages in one child; returns those it did not reach (after a kill or a crash)."""
+    status = work / f"status-{group[0].name}.json"
+    status.unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--stages", ",".join(s.name for s in group),
+           "--status", str(status), "--work", str(work), "--deadline", str(deadline), "--out", a.out,
+           "--run-stages", ",".join(s.name for s in wanted(a)),
+           "--vram-cap", str(a.vram_cap), "--drop-to", str(a.drop_to), "--settings", str(a.settings)]
+    cmd += ["--small"] * a.small + [f"--{k}={v}" for k, v in (("prompt-tokens", a.prompt_tokens),
+                                                               ("new-tokens", a.new_tokens)) if v]
+    p = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)  # its own group: a kill ends all it started
+    killed = None
+    while True:
+        rc = p.poll()
+        st = read_status(status)
+        report.update(st.get("results"), st.get("stages"))
+        running = [n for n, s in st.get("stages", {}).items() if s.get("status") == "running"]
+        if rc is not None:
+            break
+        if running:
+            started = st["stages"][running[0]]["started"]
+            ends = min(started + limit_s(BY_NAME[running[0]], a.small), deadline - RESERVE_S)
+            if time.time() > min(ends + GRACE_S, deadline - KILL_AT_S):
+                killed = running[0]
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+                break
+        time.sleep(0.5)
+    st = read_status(status)
+    report.update(st.get("results"), st.get("stages"))
+    ended = {n for n, s in st.get("stages", {}).items() if s.get("status") in ("ok", "error", "skipped")}
+    for n in [n for n, s in st.get("stages", {}).items() if s.get("status") == "running"]:
+        why = "timed out: killed past its budget" if n == killed else f"crashed: the child ended with {p.returncode}"
+        report.update(stages={n: {"status": why, "seconds": round(time.time() - st["stages"][n]["started"], 1)}})
+        ended.add(n)
+    remaining = [s for s in group if s.name not in ended]
+    if not ended and remaining:  # it ended before its first stage began: that stage is not retried
+        report.update(stages={remaining[0].name: {"status": f"not started: the child ended with {p.returncode}"}})
+        remaining = remaining[1:]
+    return remaining
 
 
-def sweep(rep: Report, folder: Path, cap: int, settings: int, new_tokens: int, prompt: int) -> list:
-    from engine.generate import SamplingParams
-    from engine.planning.hardware import load_or_measure
-    from engine.load import load
-    from engine.planning.inputs import default_budgets, from_dims, measure_dense_s
-    from engine.planning.planner import Budgets, choose, frontier
-    from engine.planning.profile import capture
-    from dataclasses import replace
-
-    t0 = time.time()
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    hw = load_or_measure(dev)
-    free = default_budgets(dev.type != "cuda", dev)
-    budgets = Budgets(vram=min(free.vram, cap) if dev.type == "cuda" else 0, ram=free.ram)
-    loaded = load(folder, "auto", None if dev.type == "cuda" else "cpu", budgets=budgets, slider=0.0)
-    m, d, gen = loaded.model, loaded.ckpt.dims, loaded.generator
-    rep.add("load", {"seconds": round(time.time() - t0, 1), "placement": m.placement.summary(),
-                     "budgets_gb": [budgets.vram / GB, budgets.ram / GB]})
-    ids = torch.randint(3, min(d.vocab, 4000), (256,), generator=torch.Generator().manual_seed(0)).tolist()
-    records = capture(m, ids)  # popularity of the random router on random tokens
-    share = tuple(tuple((torch.bincount(idx.reshape(-1).cpu(), minlength=d.experts).float() / idx.numel()).tolist())
-                  for _, idx, _, _ in records)
-    del records
-    inp = replace(from_dims(d, hw, m.dtype.itemsize), share=share,
-                  dense_s=measure_dense_s(m, hw))
-    if dev.type != "cuda":
-        inp = replace(inp, cpu_only=True)
-    bw = {"accelerator": accel_bandwidth(dev), "host": read_bandwidth()}
-    rep.add("bandwidth_gb_s", {k: round(v / 1e9, 1) for k, v in bw.items()})
-    pts = frontier(inp, budgets)
-    gen.eos_ids.clear()
-    rows = []
-    for k in range(settings):
-        s = 1.0 - k / max(settings - 1, 1)  # best quality first, so the sweep ends on the fastest
-        p = choose(pts, s, inp)
-        t1 = time.time()
-        m.apply(p.placement)
-        moved_s = time.time() - t1
-        fin = list(gen.stream(ids[:prompt], SamplingParams(max_new_tokens=new_tokens)))[-1]
-        bytes_tier = {"accelerator": inp.dense_bytes if not inp.cpu_only else 0, "host": inp.dense_bytes if inp.cpu_only else 0}
-        for l, e, t in p.placement.items():
-            bytes_tier["accelerator" if t.on_accelerator and dev.type == "cuda" else "host"] += \
-                inp.share[l][e] * d.top_k * inp.expert_bytes[t.value]
-        bound_s = sum(b / bw[k_] for k_, b in bytes_tier.items())
-        row = {"slider": round(s, 3), "tiers": {t: n for t, n in sorted(p.counts().items())},
-               "predicted_tok_s": round(p.tok_s, 2), "decode_tok_s": round(fin.decode_tok_s, 2),
-               "prompt_tokens": prompt, "prefill_s": round(fin.prefill_s, 3),
-               "bound_tok_s": round(1 / bound_s, 2), "of_bound": round(fin.decode_tok_s * bound_s, 3),
-               "migration_s": round(moved_s, 1)}
-        rows.append(row)
-        rep.add("sweep", rows)
-    loaded.ckpt.close()
-    return rows
+def wanted(a) -> list[Stage]:
+    return [s for s in STAGES if (not a.only or s.name in a.only.split(",")) and not (a.skip_tests and s.name == "gpu_tests")]
 
 
-def budget_drop(rep: Report, folder: Path, cap: int, drop_to: int, new_tokens: int) -> dict:
-    """Through the engine thread: the cap falls from `cap` to `drop_to` bytes after 20 tokens."""
-    from types import SimpleNamespace
-
-    from engine.generate import SamplingParams
-    from engine.planning.profile import profile_path, uniform_profile
-    from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded, SetBudgets
-    from engine.session import Session
-    from engine.sources.synthetic import SyntheticCheckpoint
-
-    cuda = torch.cuda.is_available()
-    ck = SyntheticCheckpoint(folder)
-    # a uniform profile stands in for calibration (minutes at this size, and not what is checked here)
-    uniform_profile(SimpleNamespace(dims=ck.dims, ckpt=ck, dtype=torch.bfloat16)).save(profile_path(folder))
-    events, tokens, held = [], [], []
-    ready, done = threading.Event(), threading.Event()
-
-    def on_event(ev):
-        events.append(ev)
-        if type(ev).__name__ == "Token":
-            tokens.append(time.perf_counter())
-        if isinstance(ev, (Loaded, ErrorEvent)):
-            ready.set()
-        if isinstance(ev, (Done, ErrorEvent)) and ready.is_set():
-            done.set()
-
-    pool = 0 if cuda else 1
-    first = SetBudgets(vram=cap) if cuda else SetBudgets(ram=cap)
-    s = Session(on_event, poll_s=0.1, slider=1.0).start()
-    s.submit(first)
-    s.submit(Load(path=str(folder), device=None if cuda else "cpu"))
-    ready.wait(1800)
-    errors = [str(e.message) for e in events if isinstance(e, ErrorEvent)]
-    if errors:
-        s.shutdown()
-        result = {"error": errors}
-        rep.add("budget_drop", result)
-        return result
-    t0 = time.perf_counter()
-    s.submit(Generate(prompt_ids=list(range(3, 40)), params=SamplingParams(max_new_tokens=new_tokens)))
-    dropped_at = None
-    while not done.wait(0.05):
-        held.append((time.perf_counter() - t0, s.controller.held[pool]))
-        if dropped_at is None and len(tokens) >= 20:
-            s.submit(SetBudgets(vram=drop_to) if cuda else SetBudgets(ram=drop_to))
-            dropped_at = time.perf_counter() - t0
-    held.append((time.perf_counter() - t0, s.controller.held[pool]))
-    fin = [e for e in events if isinstance(e, Done)]
-    gaps = [b - a for a, b in zip(tokens, tokens[1:])]
-    result = {"pool": "vram" if cuda else "ram", "cap_gb": cap / GB, "drop_to_gb": drop_to / GB,
-              "dropped_at_s": dropped_at, "tokens": len(tokens),
-              "finished_tokens": len(fin[-1].token_ids) if fin else None,
-              "held_before_gb": held[0][1] / GB, "held_after_gb": held[-1][1] / GB,
-              "within_new_budget": held[-1][1] <= drop_to,
-              "max_gap_s": round(max(gaps), 3) if gaps else None,
-              "errors": [str(e.message) for e in events if isinstance(e, ErrorEvent)],
-              "held_timeline": [(round(t, 2), round(h / GB, 3)) for t, h in held[:: max(len(held) // 200, 1)]]}
-    s.shutdown()
-    rep.add("budget_drop", result)
-    return result
+def header(a) -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True, cwd=ROOT,
+                                timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "command": "python " + " ".join(sys.argv), "small": a.small,
+            "budget_s": a.budget_s, "commit": commit}
 
 
-def plot(out: Path, rows: list, drop: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4), dpi=110)
-    a.plot([r["slider"] for r in rows], [r["predicted_tok_s"] for r in rows], "o--", label="predicted")
-    a.plot([r["slider"] for r in rows], [r["decode_tok_s"] for r in rows], "o-", label="measured")
-    a.plot([r["slider"] for r in rows], [r["bound_tok_s"] for r in rows], ":", label="bandwidth bound")
-    a.set_xlabel("slider (0 fastest, 1 best quality)")
-    a.set_ylabel("decode tok/s")
-    a.legend()
-    if drop.get("held_timeline"):
-        t, h = zip(*drop["held_timeline"])
-        b.plot(t, h)
-        b.axhline(drop["drop_to_gb"], color="red", ls=":", label="new budget")
-        if drop.get("dropped_at_s"):
-            b.axvline(drop["dropped_at_s"], color="gray", ls="--", label="budget drops")
-        b.set_xlabel("seconds into the generation")
-        b.set_ylabel(f"{drop['pool'].upper()} held by experts + dense, GB")
-        b.legend()
-    fig.tight_layout()
-    fig.savefig(out / "gpu_check.png")
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--small", action="store_true", help="a 4-layer, 256-wide model: a rehearsal on any machine")
-    ap.add_argument("--vram-cap", type=float, default=24.0)
-    ap.add_argument("--drop-to", type=float, default=12.0)
-    ap.add_argument("--settings", type=int, default=5)
-    ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--prompt-tokens", type=int, default=128)
-    ap.add_argument("--skip-tests", action="store_true")
-    ap.add_argument("--tests-timeout", type=int, default=240)
-    a = ap.parse_args()
-    out = Path(a.out)
-    rep = Report(out)
-    if not a.skip_tests:
-        gpu_tests(rep, a.tests_timeout)
-    from engine.sources.synthetic import write_synthetic
-
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = ROOT / "resources" / "mixtral-8x7b-config.json"
-        if a.small:
-            cfg = Path(tmp) / "config.json"
-            cfg.write_text(json.dumps(SMALL))
-        folder = write_synthetic(Path(tmp) / "model", cfg)
-        cap, drop_to = int(a.vram_cap * GB), int(a.drop_to * GB)
-        if a.small and not torch.cuda.is_available():  # rehearse the drop on RAM: half of what the model holds
-            from engine.sources.synthetic import SyntheticCheckpoint
-
-            ck = SyntheticCheckpoint(folder)
-            cap = 4 * (ck.dense_nbytes() + ck.dims.layers * ck.dims.experts * ck.expert_nbytes())
-            drop_to = ck.dense_nbytes() + ck.dims.layers * ck.dims.experts * ck.expert_nbytes() // 2
-        rows = sweep(rep, folder, cap, a.settings, a.new_tokens, a.prompt_tokens)
-        drop = budget_drop(rep, folder, cap, drop_to, max(a.new_tokens * 4, 80))
-    plot(out, rows, drop)
-    print(f"report: {out / 'gpu_check.json'}, {out / 'gpu_check.png'}")
+    ap.add_argument("--small", action="store_true", help="rehearse every stage on tiny shapes (any machine)")
+    ap.add_argument("--budget-s", type=float, default=None, help="the whole run's time (default 525 s; 300 with --small)")
+    ap.add_argument("--only", default="", help="comma-separated stages to run (default: all)")
+    ap.add_argument("--skip-tests", action="store_true", help="leave out the gpu_tests stage")
+    ap.add_argument("--vram-cap", type=float, default=24.0, help="the card of the 24 GB stages, GB")
+    ap.add_argument("--drop-to", type=float, default=12.0, help="the card the budget drops to, and of the 12 GB stages")
+    ap.add_argument("--settings", type=int, default=4, help="slider settings of the Mixtral 24 GB sweep")
+    ap.add_argument("--new-tokens", type=int, default=0)
+    ap.add_argument("--prompt-tokens", type=int, default=0)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--stages", help=argparse.SUPPRESS)
+    ap.add_argument("--status", help=argparse.SUPPRESS)
+    ap.add_argument("--work", help=argparse.SUPPRESS)
+    ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--run-stages", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        return child(a)
+    a.budget_s = a.budget_s or (300.0 if a.small else 525.0)
+    deadline = time.time() + a.budget_s
+    report = Report(Path(a.out), header(a))
+    report.update(stages={s.name: {"status": "waiting", "budget_s": limit_s(s, a.small), "estimate": s.estimate}
+                          for s in wanted(a)})
+    work = Path(tempfile.mkdtemp(prefix="mixdesk-gpu-check-"))
+    try:
+        for group in groups(wanted(a)):
+            while group and deadline - time.time() > RESERVE_S + MIN_START_S:
+                group = run_child(group, a, report, work, deadline)
+            report.update(stages={s.name: {"status": "skipped", "why": "the run's budget was spent"} for s in group})
+            report.plot()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        report.update()
+    print(f"report: {report.json_path}, {report.md_path}", flush=True)
 
 
 if __name__ == "__main__":
