@@ -26,11 +26,13 @@ class Context:
         """Seconds left of the running stage's budget."""
         return self.deadline - time.time()
 
-    def emit(self, key: str, value) -> None:
+    def emit(self, key: str, value, show=None) -> None:
+        """value is key's whole result so far; the log gets `show` (default: its newest row, or all of it)."""
         self.results[key] = value
         self._write()
-        shown = value.get("rows", [value])[-1] if isinstance(value, dict) and value.get("rows") else value
-        print(f"[{key}] {json.dumps(shown, default=str)[:400]}", flush=True)
+        if show is None:
+            show = value["rows"][-1] if isinstance(value, dict) and value.get("rows") else value
+        print(f"[{key}] {json.dumps(show, default=str)[:400]}", flush=True)
 
     def mark(self, name: str, **status) -> None:
         self.stages[name] = {**self.stages.get(name, {}), **status}

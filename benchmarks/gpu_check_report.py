@@ -70,15 +70,19 @@ class Report:
         self._written = text
 
     def plot(self) -> None:
-        """Predicted and measured tok/s of each sweep; the budget drop's held bytes per token."""
+        """The plot, or why there is none: a report without its picture is still the report."""
         try:
-            import matplotlib
+            self._plot()
+        except Exception as e:  # noqa: BLE001 - matplotlib missing or failing must not end the run
+            self.update({"plot": f"not drawn: {type(e).__name__}: {e}"})
 
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError as e:
-            self.update({"plot": f"skipped: {e}"})
-            return
+    def _plot(self) -> None:
+        """Predicted and measured tok/s of each sweep; the budget drop's held bytes per token."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
         sweeps = [(k, [r for r in self.data[k]["rows"] if "error" not in r]) for k in SWEEPS
                   if (self.data.get(k) or {}).get("rows")]
         drop = (self.data.get("budget_drop") or {}).get("timeline")
@@ -200,7 +204,7 @@ def _section(key: str, v) -> list[str]:
     """The key's section; where a partial result lacks what its layout shows, its JSON instead."""
     try:
         out = _layout(key, v)
-    except (KeyError, TypeError, IndexError, AttributeError):
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError):
         out = ["```json", json.dumps(v, indent=1, default=str)[:3000], "```"]
     if isinstance(v, dict) and v.get("error") and key != "budget_drop":
         out += ["", f"**Error:** {v['error']}", "", "```", str(v.get("traceback", ""))[-1500:], "```"]

@@ -85,7 +85,7 @@ class LoadProgress:
         self.res["load"] = {"seconds": round(now - self.t0, 1), "done": done, "total": total, "at": what}
         if now - self.last >= self.every_s:
             self.last = now
-            self.ctx.emit(self.key, self.res)
+            self.ctx.emit(self.key, self.res, show={"load": self.res["load"]})
 
 
 def measured_inputs(loaded, prompt: int, calib_tokens: int):

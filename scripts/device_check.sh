@@ -7,8 +7,12 @@
 #       timeout_s=590)
 #
 # then copy the report into the repository:  cp <files_at>/gpu_check-*.{json,md,png} benchmarks/results/
-# A second run of some stages only (what is left of the 15 device minutes): arguments pass through, e.g.
-#   run(command="bash scripts/device_check.sh --only mixtral_24gb,budget_drop --budget-s 240", carry=[...], timeout_s=300)
+# The stages' estimates add up to ~600 s (benchmarks/gpu_check.py), so a first run leaves out the last
+# ones, the 12 GB cards. Run them (or any stage that failed) at once after, while the machine is warm
+# (it goes back after 30 s idle); arguments pass through to gpu_check.py:
+#   run(command="bash scripts/device_check.sh --only mixtral_12gb,qwen3_12gb --budget-s 200",
+#       carry=[".whl", "engine/native/_mdk.cpython-311-x86_64-linux-gnu.so"], timeout_s=260)
+# A second run writes the same file names in its own $OUT: keep the first run's files before it.
 #
 # What travels. The image has torch 2.11 (CUDA 13), transformers 5.17, safetensors, tokenizers, accelerate,
 # nvidia-ml-py, psutil, jinja2, packaging, numpy, pyyaml, requests, tqdm, pytest and matplotlib. Of

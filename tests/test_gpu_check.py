@@ -19,7 +19,7 @@ SWEEPS = {"mixtral_24gb": 4, "qwen3_24gb": 3, "mixtral_12gb": 2, "qwen3_12gb": 2
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gpu_check")
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp / "cache")}
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp / "cache")}  # the machine stage measures the hardware afresh
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(tmp / "out"), "--small"],
                        check=False, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -38,6 +38,7 @@ def test_every_stage_ran_within_its_budget(run):
 def test_the_machine_names_the_cpu_the_native_path_and_the_tier_costs(run):
     m = run[0]["machine"]
     assert m["cpu"]["model"] and m["cpu"]["cores"] >= 1 and isinstance(m["cpu"]["amx"], bool)
+    assert m["gpu"]["name"] and m["gpu"]["torch"]
     assert m["native"]["status"].startswith("native" if m["native"]["on"] else "torch")
     assert {"cpu-16", "cpu-4"} <= set(m["hardware_profile"]["tiers"])
     assert m["bandwidth_gb_s"]["host"] > 0
