@@ -194,9 +194,9 @@ KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_kill_and_restart_keeps_every_completed_message(tiny, tmp_path):
+def test_kill_and_restart_keeps_every_completed_message(tiny, tmp_path, window_cache):
     db = tmp_path / "chats.sqlite3"
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {**os.environ, "XDG_CACHE_HOME": str(window_cache)}  # measured: the child chats at once
     r = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(db), str(tiny)], capture_output=True, text=True,
                        timeout=300, env=env)
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]

@@ -32,13 +32,16 @@ def test_bench_prints_figures(tiny_sharded):
 
 
 def _cached(tmp_path):
+    """The environment with this test's own cache (window_cache, in the test's arguments: a copy of
+    the run's measured one, so the child does not measure the machine again)."""
     import os
 
-    return {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    assert os.environ["XDG_CACHE_HOME"] == str(tmp_path / "cache"), "the test needs the window_cache fixture"
+    return dict(os.environ)
 
 
 @pytest.mark.slow  # 28 s (measures the machine twice); test_cli_exit runs plan in the default run
-def test_plan_prints_the_frontier_and_writes_a_plot(tiny, tmp_path):
+def test_plan_prints_the_frontier_and_writes_a_plot(tiny, tmp_path, window_cache):
     png = tmp_path / "f.png"
     args = [sys.executable, "-m", "engine.tools.cli", "plan", "--model", str(tiny), "--dtype", "fp32", "--png", str(png)]
     r = subprocess.run(args, capture_output=True, text=True, timeout=300, env=_cached(tmp_path))
@@ -52,7 +55,7 @@ def test_plan_prints_the_frontier_and_writes_a_plot(tiny, tmp_path):
     assert hw.stat().st_mtime_ns > before  # measured anew
 
 
-def test_plan_from_mixtral_config_alone(tmp_path):
+def test_plan_from_mixtral_config_alone(tmp_path, window_cache):
     from pathlib import Path
 
     cfg = Path(__file__).resolve().parents[1] / "resources" / "mixtral-8x7b-config.json"
@@ -75,7 +78,7 @@ def test_plan_from_mixtral_config_alone(tmp_path):
 
 
 @pytest.mark.slow  # 14 s; eval's numbers are checked directly in test_families and test_gguf_model
-def test_eval_measures_quality_and_speed(tiny, tmp_path):
+def test_eval_measures_quality_and_speed(tiny, tmp_path, window_cache):
     r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "eval", "--model", str(tiny), "--dtype", "fp32",
                         "--slider", "0", "--tokens", "64", "--new-tokens", "8"],
                        capture_output=True, text=True, timeout=300, env=_cached(tmp_path))

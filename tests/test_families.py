@@ -99,13 +99,13 @@ def greedy(model, prompt: torch.Tensor, n: int) -> list[int]:
     return got
 
 
-def test_eval_gives_transformers_perplexity(folders, tmp_path):
+def test_eval_gives_transformers_perplexity(folders, tmp_path, window_cache):
     eval_matches_transformers(folders("qwen3_moe"), tmp_path)
 
 
 def eval_matches_transformers(folder, tmp_path):
     """`mixdesk eval --dtype fp32 --placement cpu` gives transformers' perplexity on the same tokens."""
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = dict(os.environ)  # the caller's cache (window_cache: this machine measured once per run)
     r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "eval", "--model", str(folder), "--dtype", "fp32",
                         "--placement", "cpu", "--tokens", "96", "--new-tokens", "4"],
                        capture_output=True, text=True, timeout=300, env=env)
@@ -135,13 +135,13 @@ def test_unsupported_layouts_are_refused_by_name(tmp_path):
 
 
 @pytest.mark.slow  # 20 s; test_plan_from_mixtral_config_alone covers --config-only in the default run
-def test_plan_from_the_shipped_qwen3_config(tmp_path):
+def test_plan_from_the_shipped_qwen3_config(tmp_path, window_cache):
     from pathlib import Path
 
     cfg = Path(__file__).resolve().parents[1] / "resources" / "qwen3-30b-a3b-config.json"
     r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "plan", "--config-only", "--model", str(cfg),
                         "--gpu-budget", "24", "--ram-budget", "64", "--png", ""], capture_output=True, text=True,
-                       timeout=600, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+                       timeout=600, env=dict(os.environ))  # window_cache
     assert r.returncode == 0, r.stderr
     assert "frontier computed in" in r.stdout and "NOTHING FITS" not in r.stdout
     rows = [line for line in r.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
@@ -151,7 +151,7 @@ def test_plan_from_the_shipped_qwen3_config(tmp_path):
     assert "gpu-4" in rows[-1] and "gpu-4" not in rows[0]  # fastest: 4-bit on the GPU; best: all 16-bit
 
 
-def test_the_window_opens_a_tiny_qwen3_moe_and_chats(qtbot, folders, tmp_path, monkeypatch):
+def test_the_window_opens_a_tiny_qwen3_moe_and_chats(qtbot, folders, tmp_path, monkeypatch, window_cache):
     pytest.importorskip("PySide6")
     from PySide6.QtCore import Qt
 
@@ -159,7 +159,6 @@ def test_the_window_opens_a_tiny_qwen3_moe_and_chats(qtbot, folders, tmp_path, m
     from app.store import Store
     from engine.generate import SamplingParams
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     w = MainWindow(Store(tmp_path / "chats.sqlite3"), model=str(folders("qwen3_moe")), session_kwargs={"poll_s": 0.1},
                    device="cpu", dtype="fp32")
     qtbot.addWidget(w)
@@ -177,7 +176,7 @@ def test_the_window_opens_a_tiny_qwen3_moe_and_chats(qtbot, folders, tmp_path, m
     w.close()
 
 
-def test_gpt_oss_is_planned_from_its_config_and_its_release_config_accepted(tmp_path):
+def test_gpt_oss_is_planned_from_its_config_and_its_release_config_accepted(tmp_path, window_cache):
     import json
     import shutil
     from pathlib import Path
@@ -185,7 +184,7 @@ def test_gpt_oss_is_planned_from_its_config_and_its_release_config_accepted(tmp_
     cfg = Path(__file__).resolve().parents[1] / "resources" / "gpt-oss-20b-config.json"
     r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "plan", "--config-only", "--model", str(cfg),
                         "--gpu-budget", "24", "--ram-budget", "64", "--png", ""], capture_output=True, text=True,
-                       timeout=600, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")})
+                       timeout=600, env=dict(os.environ))  # window_cache
     assert r.returncode == 0 and "gpu-4" in r.stdout, r.stderr
     folder = tmp_path / "gpt-oss"
     folder.mkdir()

@@ -131,13 +131,13 @@ def test_split_files_give_the_same_logits(sources, files, tmp_path):
     assert torch.equal(out[0], out[1])
 
 
-def test_mixtral_gguf_made_by_the_tests_writer_chats_from_the_cli(files, tmp_path):
+def test_mixtral_gguf_made_by_the_tests_writer_chats_from_the_cli(files, tmp_path, window_cache):
     """`mixdesk chat --model tiny-q4km.gguf --prompt hi`: one process, as a user runs it."""
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "XDG_DATA_HOME": str(tmp_path / "data")}
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data")}
     r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "chat", "--model", str(files["mixtral"]),
                         "--prompt", "hi", "--max-new-tokens", "6"], capture_output=True, text=True, timeout=300,
                        env=env)

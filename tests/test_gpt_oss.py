@@ -136,7 +136,7 @@ def test_4bit_tiers_run_the_mxfp4_release(folders):
         assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.5
 
 
-def test_eval_gives_transformers_perplexity(folders, tmp_path):
+def test_eval_gives_transformers_perplexity(folders, tmp_path, window_cache):
     eval_matches_transformers(folders("mxfp4"), tmp_path)
 
 

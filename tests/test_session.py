@@ -18,8 +18,10 @@ GB = 10**9
 
 
 @pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def private_cache(window_cache):
+    """Each test's own cache, a copy of the run's measured one (tests/conftest.py): the tiny model
+    starts calibrated, as on any start after its first (Reprofile measures anew where tested)."""
+    return window_cache
 
 
 class Recorder:
