@@ -29,22 +29,20 @@ import time
 from pathlib import Path
 
 from . import store_export
-from .store_errors import (holding_notice, is_lock, is_storage, is_transient, kind, never_raises, waiting_notice,
-                           written_notice)
+from .store_pending import PendingWrites
+from .store_errors import holding_notice, is_lock, is_storage, never_raises
 from .store_journal import Journal, Pending, default_fallbacks
-from .store_overlay import (ADD_MSG, APPLIED, DELETE, NEW_CONV, PROMPT, PURGE_CONVS, PURGE_MSGS, RENAME, SETTINGS,
+from .store_overlay import (ADD_MSG, DELETE, NEW_CONV, PROMPT, PURGE_CONVS, PURGE_MSGS, RENAME, SETTINGS,
                             TOUCH, TRUNCATE, UNDELETE, UPDATE_MSG, UPDATE_MSG_META, Conversation, Message, Overlay,
                             clean, conversation_columns, create_schema, dumps_meta,
                             load_meta)
 
 __all__ = ["Conversation", "Message", "Store"]
 
-RETRY_S = (0.02, 0.05, 0.1, 0.2)  # backoff while locked: at most ~0.4 s on the GUI thread per write
-KEEP_EVERY_S = 1.0  # while writes wait, the journal is rewritten at most this often: a kill loses at most that
-CHUNK = 200  # waiting writes per transaction in flush: few fsyncs, and a full disk refuses a chunk whole
-QUIET_S = 0.5  # after a flush failed, writes queue without trying again for this long (the timer's flush still
-# tries): on a full disk each try runs a chunk only to fail at COMMIT, once per streamed token otherwise
-class Store:
+
+class Store(PendingWrites):
+    """The chats (see the module's docstring); its waiting writes' methods are app/store_pending.py's."""
+
     def __init__(self, path: str | Path, fallback_dirs: list[str | Path] | None = None):
         """`fallback_dirs`: where waiting writes go when the data folder's disk is full (default:
         the user's state, then cache folder; tests pass their own)."""
@@ -58,7 +56,7 @@ class Store:
         self._seq = 0  # the last sequence number given to a waiting write (continues the journal's)
         self._changes = self._kept = 0  # changes to `pending`, and how many of them the journal holds
         self._kept_at = 0.0
-        self._quiet_until = 0.0  # see QUIET_S
+        self._quiet_until = 0.0  # see store_pending.QUIET_S
         self._kept_in: Path | None = None  # where the journal's complete copy is, None if nowhere
         self._on_disk = False  # a journal copy may exist (to remove once everything landed)
         self._why_not = ""  # why the last journal save found no place
@@ -228,140 +226,6 @@ class Store:
                 self.db.close()
             except Exception:
                 pass
-
-    # ---- writes that survive a lock or a full disk ----
-    def _write(self, sql: str, args: tuple = ()) -> bool:
-        """Run one write; True if it landed, False if it waits in the pending queue."""
-        args = tuple(clean(a) for a in args)
-        waiting = self.pending or not self._schema or self._unopened
-        if waiting and (time.monotonic() < self._quiet_until or not self.flush()):
-            self._queue(sql, args)
-            self._hold(self._error)
-            return False
-        error: Exception | None = None
-        for delay in (0.0, *RETRY_S):
-            if delay:
-                time.sleep(delay)
-            try:
-                self.db.execute(sql, args)
-                return True
-            except Exception as e:
-                error = e
-                if not is_lock(e):
-                    break  # disk full, I/O error: no use retrying now; the queue tries again later
-        if not is_transient(error):  # it would fail the same way each time (a value sqlite3 cannot take)
-            self.notices.append(f"A change could not be saved ({type(error).__name__}: {error}) and was dropped.")
-            return False
-        self._queue(sql, args)
-        self._hold(error)
-        return False
-
-    def _queue(self, sql: str, args: tuple) -> None:
-        self._seq += 1
-        last = self.pending[-1] if self.pending else None
-        if (last and sql in (UPDATE_MSG, UPDATE_MSG_META) and last.sql in (UPDATE_MSG, UPDATE_MSG_META)
-                and last.args[-1] == args[-1]):
-            # a streamed reply: each update holds all the text so far, so only the newest is kept (it
-            # takes a new number: a journal copy holding the older one then replays both, in order)
-            if sql == UPDATE_MSG and last.sql == UPDATE_MSG_META:
-                sql, args = UPDATE_MSG_META, (args[0], args[1], last.args[2], args[2])
-            self.pending[-1] = Pending(self._seq, sql, args)
-        else:
-            self.pending.append(Pending(self._seq, sql, args))
-        self._changes += 1
-        self.overlay.apply(sql, args)
-
-    def _hold(self, error: Exception | None) -> None:
-        """Writes wait: keep them on disk at once (unless only locked), and say why and where, once."""
-        why = kind(error, self.path.parent)
-        if why == self._told:
-            return
-        if why != "locked":  # a lock passes in seconds; a full disk may outlast the session
-            self._keep(force=True)
-        self._told = why
-        self.notices.append(waiting_notice(why, error, self.path, self._kept_in, self._why_not))
-
-    def _keep(self, force: bool = False) -> None:
-        """Write the waiting writes to the journal, if they changed since (at most every KEEP_EVERY_S)."""
-        if self.in_memory or not self.pending or self._kept == self._changes:
-            return
-        if not force and time.monotonic() - self._kept_at < KEEP_EVERY_S:
-            return
-        self._kept_at = time.monotonic()
-        before = self._kept_in
-        where, reasons = self.journal.save(self.pending)
-        self._why_not = "; ".join(reasons)
-        if where is None:
-            if before is not None and self._told not in ("", "locked"):
-                self.say("kept-nowhere", f"New messages could not be copied to any folder ({self._why_not}): "
-                         "they are in memory only, so keep Mixdesk open until space is freed. The earlier "
-                         f"ones are safe in {before}.")
-            return
-        self._said.discard("kept-nowhere")
-        self._kept, self._kept_in, self._on_disk = self._changes, where, True
-        if before not in (None, where) and self._told not in ("", "locked"):
-            self.notices.append(f"Unsaved messages are now kept in {where}.")
-
-    @never_raises(lambda self: False)
-    def flush(self) -> bool:
-        """Write what waits (in order); True when nothing is left."""
-        if self._unopened and not self._reopen():
-            self._keep()
-            return False
-        if not self._schema:
-            try:
-                create_schema(self.db)
-                self._schema = True
-                self._conv_cols = conversation_columns(self._read("PRAGMA table_info(conversations)"))
-            except sqlite3.Error as e:
-                self._error = e
-                self._keep()
-                return False
-        while self.pending:
-            chunk = self.pending[:CHUNK]
-            dropped = []
-            try:
-                self.db.execute("BEGIN IMMEDIATE")
-                for w in chunk:
-                    try:
-                        self.db.execute(w.sql, w.args)
-                    except sqlite3.Error as e:
-                        if is_transient(e):
-                            raise
-                        dropped.append(e)  # it can never land (an id taken since): dropped, said below
-                    except Exception as e:  # a value sqlite3 cannot bind
-                        dropped.append(e)
-                self.db.execute(APPLIED, (chunk[-1].seq,))
-                self.db.execute("COMMIT")
-            except sqlite3.Error as e:
-                if self.db.in_transaction:  # SQLite may have rolled back already (SQLITE_FULL)
-                    try:
-                        self.db.execute("ROLLBACK")
-                    except sqlite3.Error:
-                        pass
-                self._error = e
-                self._quiet_until = time.monotonic() + QUIET_S
-                self._keep()
-                return False
-            del self.pending[:len(chunk)]
-            self._changes += 1
-            for e in dropped:
-                self.notices.append(f"A saved change could not be applied ({e}) and was dropped.")
-        self._landed()
-        return True
-
-    def _landed(self) -> None:
-        """Everything waiting is committed: the overlay and the journal have served."""
-        self.overlay.clear()
-        if self._on_disk:
-            self.journal.remove()
-            self._on_disk, self._kept_in = False, None
-        self._kept = self._changes
-        if self._told:
-            self.notices.append(written_notice(self._told))
-            self._told = ""
-        if self._exclusive:  # opened on a full disk: shared again, so other programs can read it
-            self._reopen()
 
     def _next_id(self, table: str, overlay: dict) -> int:
         top = self._read(f"SELECT max(id) FROM {table}", (), one=True)

@@ -277,9 +277,9 @@ def test_nothing_raises_into_the_window(tmp_path):
 def test_full_disk_then_a_kill_keeps_what_the_timer_saw(small_disk, tmp_path, monkeypatch):
     """While writes wait, flush (the window's one-second timer) keeps the journal current, so a kill
     loses at most the last second, as with a database that can be written."""
-    import app.store
+    import app.store_pending
 
-    monkeypatch.setattr(app.store, "KEEP_EVERY_S", 0.0)  # the test's "second" passes at once
+    monkeypatch.setattr(app.store_pending, "KEEP_EVERY_S", 0.0)  # the test's "second" passes at once
     fallback = tmp_path / "state"
     db = small_disk / "chats.sqlite3"
     s = Store(db, fallback_dirs=[fallback])
