@@ -215,7 +215,7 @@ def run_child(group: list[Stage], a, report: Report, work: Path, deadline: float
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
                 break
-        time.sleep(0.5)
+        time.sleep(0.2)
     st = read_status(status)
     report.update(st.get("results"), st.get("stages"))
     ended = {n for n, s in st.get("stages", {}).items() if s.get("status") in ("ok", "error", "skipped")}

@@ -2,9 +2,10 @@
 
 The CPU (model, cores, the AVX-512 and AMX features it reports), whether the native CPU kernels
 loaded and which code path they chose (engine/native: AVX-512 VNNI, AVX2 or portable C, from
-CPUID at load), the GPU and its driver, and the hardware profile the planner predicts from (each
-tier's measured cost, host<->device copy bandwidth; measured once here and cached for the stages
-after, as at the app's first start), with the read bandwidth of GPU memory and of RAM.
+CPUID at load), the GPU and its driver, whether bitsandbytes' NF4 runs there, and the hardware
+profile the planner predicts from (each tier's measured cost, host<->device copy bandwidth;
+measured once here and cached for the stages after, as at the app's first start), with the read
+bandwidth of GPU memory and of RAM.
 """
 from __future__ import annotations
 
@@ -58,6 +59,22 @@ def gpu() -> dict:
     return out
 
 
+def nf4() -> dict:
+    """bitsandbytes' NF4 on the accelerator, once: every gpu-4 expert needs it, and so does the
+    hardware profile (it times that tier), so where it fails every load fails, and this says why."""
+    from engine.quant import NF4
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        import bitsandbytes
+
+        q = NF4.quantize(torch.randn(256, 512), dev, torch.bfloat16)
+        y = q.matmul(torch.randn(1, 512, device=dev, dtype=torch.bfloat16))
+        return {"bitsandbytes": bitsandbytes.__version__, "ok": bool(torch.isfinite(y).all())}
+    except Exception as e:  # noqa: BLE001 - the failure is the finding
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+
+
 def accelerator_bandwidth(mib: int = 1024) -> float | None:
     """Bytes/s a sum reads from GPU memory (best of 5), or None without CUDA."""
     if not torch.cuda.is_available():
@@ -96,7 +113,7 @@ def hardware_profile() -> dict:
 
 
 def run(ctx) -> dict:
-    out = {"cpu": cpu(), "native": native_kernels(), "gpu": gpu(), "python": platform.python_version()}
+    out = {"cpu": cpu(), "native": native_kernels(), "gpu": gpu(), "python": platform.python_version(), "nf4": nf4()}
     ctx.emit("machine", out)
     out["hardware_profile"] = hardware_profile()
     out["bandwidth_gb_s"] = {k: None if v is None else round(v / GB, 1) for k, v in bandwidths(ctx.opts.bandwidth_mib).items()}

@@ -78,17 +78,17 @@ class Report:
 
     def _plot(self) -> None:
         """Predicted and measured tok/s of each sweep; the budget drop's held bytes per token."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
         sweeps = [(k, [r for r in self.data[k]["rows"] if "error" not in r]) for k in SWEEPS
                   if (self.data.get(k) or {}).get("rows")]
         drop = (self.data.get("budget_drop") or {}).get("timeline")
         if (not sweeps and not drop) or self._plotted == (sweeps, drop):
             return
         self._plotted = (sweeps, drop)
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
         fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=110)
         for k, rows in sweeps:
             line = a.plot([r["slider"] for r in rows], [r["decode_tok_s"] for r in rows], "o-", label=f"{k} measured")
@@ -137,6 +137,8 @@ def _machine(m: dict) -> list[str]:
            f"- native CPU kernels: {'on' if n.get('on') else 'OFF'} ({n.get('status')}, {n.get('threads')} threads)",
            (f"- GPU: {g.get('name')}, {g.get('total_gb', '-')} GB, driver {g.get('driver', '-')}; torch {g.get('torch')}, "
            f"CUDA {g.get('cuda', '-')}; Python {m.get('python')}")]
+    if m.get("nf4"):
+        out += [f"- NF4 (gpu-4): {'runs' if m['nf4'].get('ok') else 'FAILS'} ({m['nf4'].get('bitsandbytes') or m['nf4'].get('error')})"]
     hp = m.get("hardware_profile")
     if hp:
         out += [f"- hardware profile ({hp['seconds']} s): " + "; ".join(

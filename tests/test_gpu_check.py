@@ -38,7 +38,7 @@ def test_every_stage_ran_within_its_budget(run):
 def test_the_machine_names_the_cpu_the_native_path_and_the_tier_costs(run):
     m = run[0]["machine"]
     assert m["cpu"]["model"] and m["cpu"]["cores"] >= 1 and isinstance(m["cpu"]["amx"], bool)
-    assert m["gpu"]["name"] and m["gpu"]["torch"]
+    assert m["gpu"]["name"] and m["gpu"]["torch"] and m["nf4"]["ok"]
     assert m["native"]["status"].startswith("native" if m["native"]["on"] else "torch")
     assert {"cpu-16", "cpu-4"} <= set(m["hardware_profile"]["tiers"])
     assert m["bandwidth_gb_s"]["host"] > 0
