@@ -47,7 +47,7 @@ def run(ctx) -> dict:
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rfEs", "-p", "no:cacheprovider",
            "-p", "benchmarks.gpu_check_tests", str(ROOT / "tests" / "test_gpu.py")]
     t0 = time.time()
-    out = {"command": " ".join(cmd[1:]), "window_state_stand_in": pyside_missing()}
+    out = {"command": "python " + " ".join(cmd[1:]), "window_state_stand_in": pyside_missing()}
     # its own process group, so that a timeout ends the tests' own children too (the VRAM hog)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                          start_new_session=True)
