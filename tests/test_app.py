@@ -70,8 +70,7 @@ def test_stop(qtbot, window, pace):
     assert last.complete and "cancelled" in last.meta["stats"]
 
 
-def test_slider_replans_and_map_repaints(qtbot, tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def test_slider_replans_and_map_repaints(qtbot, tiny, tmp_path, window_cache):
     # the tiny model's experts are so small that call overhead hides the 4-bit speed-up on this
     # CPU; give the planner costs where 4-bit pays, so the frontier has more than one point
     window = open_window(qtbot, tiny, tmp_path, tier_costs={"cpu-16": (1e-4, 1e-9), "cpu-4": (1e-5, 1e-10)})
