@@ -9,21 +9,21 @@ def mixdesk(*args, timeout=300):
                           timeout=timeout)
 
 
-def test_chat_non_interactive(tiny):
+def test_chat_non_interactive(tiny, window_cache):  # the cache a first start left: no measuring
     r = mixdesk("chat", "--model", str(tiny), "--prompt", "hello", "--max-new-tokens", "8", "--dtype", "fp32")
     assert r.returncode == 0, r.stderr
     assert "CPU-only" in r.stderr  # says how it runs
     assert "decode" in r.stderr and "tok/s" in r.stderr
 
 
-def test_chat_interactive_two_turns(tiny):
+def test_chat_interactive_two_turns(tiny, window_cache):
     p = subprocess.run([sys.executable, "-m", "engine.tools.cli", "chat", "--model", str(tiny), "--max-new-tokens", "5"],
                        input="hello\nworld\n/quit\n", capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("mixdesk> ") == 2
 
 
-def test_bench_prints_figures(tiny_sharded):
+def test_bench_prints_figures(tiny_sharded, window_cache):
     r = mixdesk("bench", "--model", str(tiny_sharded), "--new-tokens", "8", "--prompt-tokens", "8",
                 "--repeats", "1")
     assert r.returncode == 0, r.stderr
@@ -87,7 +87,7 @@ def test_eval_measures_quality_and_speed(tiny, tmp_path, window_cache):
     assert "perplexity" in out and "kl" in out and "tok/s" in out
 
 
-def test_terminal_chat_is_a_client_of_the_engine_thread(tiny, tmp_path, monkeypatch, capsys):
+def test_terminal_chat_is_a_client_of_the_engine_thread(tiny, capsys, window_cache):
     """Issue 14, must show 3: `mixdesk chat` runs through Session. The terminal chat receives the
     engine thread's events (placement, tokens, done), sent from that thread."""
     import threading
@@ -95,7 +95,6 @@ def test_terminal_chat_is_a_client_of_the_engine_thread(tiny, tmp_path, monkeypa
     from engine.tools.cli import build_parser, cmd_chat
     from engine.protocol import Done, Loaded, PlacementChanged, Stats, Token
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     seen = []
     a = build_parser().parse_args(["chat", "--model", str(tiny), "--prompt", "hello", "--max-new-tokens", "6",
                                    "--dtype", "fp32", "--device", "cpu"])
@@ -106,10 +105,9 @@ def test_terminal_chat_is_a_client_of_the_engine_thread(tiny, tmp_path, monkeypa
     assert capsys.readouterr().out.strip()  # the reply was printed
 
 
-def test_interactive_chat_that_outgrows_the_context_says_so_and_carries_on(tiny, tmp_path, monkeypatch, capsys):
+def test_interactive_chat_that_outgrows_the_context_says_so_and_carries_on(tiny, monkeypatch, capsys, window_cache):
     from engine.tools.cli import build_parser, cmd_chat
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     lines = iter(["a" * 40, "b" * 40, "c" * 300, "hi"])
 
     def fake_input(prompt=""):
@@ -129,11 +127,10 @@ def test_interactive_chat_that_outgrows_the_context_says_so_and_carries_on(tiny,
     assert out.err.count("decode") == 3  # three replies: before, after the drop, and after the refusal
 
 
-def test_mixdesk_without_a_display_starts_the_terminal_chat_on_the_same_engine(tiny, tmp_path):
+def test_mixdesk_without_a_display_starts_the_terminal_chat_on_the_same_engine(tiny, window_cache):
     import os
 
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM")}
-    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
     p = subprocess.run([sys.executable, "-m", "app.entry", "--model", str(tiny), "--device", "cpu"],
                        input="hello\n", capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr
