@@ -354,3 +354,5 @@ def edit(w) -> None:
         if dlg.system_prompt() != c.system_prompt:
             w.store.set_system_prompt(cid, dlg.system_prompt())
         w.statusBar().showMessage("settings saved for this chat", 8000)
+        if cid == w.cid:  # the context indicator counts against the chat's memory
+            w.composer.show_context(w.composer.used, limit=context_for(w.store, cid, w.ctx))

@@ -23,6 +23,7 @@ class Composer(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.ctx = 0  # the model's context, in tokens
+        self.used: int | None = None  # what the chat shown took of it, as last shown
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         self.attachments = Attachments(self)
@@ -68,11 +69,18 @@ class Composer(QWidget):
         self.attachments.set_context(ev.ctx, ev.count_tokens)
         self.ctx = ev.ctx
 
-    def show_context(self, used: int | None, ctx: int | None = None) -> None:
-        """The context indicator: tokens the chat shown takes of the model's (None: not known yet)."""
+    def show_context(self, used: int | None, ctx: int | None = None, limit: int | None = None) -> None:
+        """The context indicator: tokens the chat shown takes (None: not known yet) of its memory
+        (`limit`: the chat's own context length, Chat > Chat settings…), else of the model's context."""
         self.ctx = ctx or self.ctx
-        self.context_label.setText(f"context {used:,}/{self.ctx:,} tokens" if used is not None and self.ctx else "")
-        self.context_label.setToolTip("How much of the model's context window this chat's last reply used")
+        self.used = used
+        cap = min(limit, self.ctx) if limit and self.ctx else (limit or self.ctx)
+        self.context_label.setText(f"context {used:,}/{cap:,} tokens" if used is not None and cap else "")
+        if cap and self.ctx and cap < self.ctx:
+            self.context_label.setToolTip(f"How much of this chat's memory ({cap:,} of the model's {self.ctx:,} "
+                                          "tokens; Chat > Chat settings…) its last reply used")
+        else:
+            self.context_label.setToolTip("How much of the model's context window this chat's last reply used")
 
     def set_think(self, on: bool) -> None:
         """The Think switch as the chat shown remembers it (no think_toggled)."""

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox, QPushButto
 from engine.generate import SamplingParams
 from engine.protocol import SetSlider, Stop
 
-from . import documents, menus, remote, theme, window_state
+from . import chat_settings, documents, menus, remote, theme, window_state
 from .composer import Composer
 from .conversation_list import ConversationList
 from .gpu_runtime import GpuOfferBar, RuntimeDialog
@@ -185,7 +185,8 @@ class MainWindow(QMainWindow):
         messages = self.store.messages(self.cid)
         self.chat.show_messages(messages)
         self.composer.set_think(self.parts.chat_thinks())
-        self.composer.show_context(self.reply.context_of(messages))
+        self.composer.show_context(self.reply.context_of(messages),
+                                   limit=chat_settings.context_for(self.store, cid, self.ctx))  # the chat's memory
         self.sidebar.highlight(cid)
 
     def _on_deleted(self, cid: int) -> None:

@@ -124,7 +124,7 @@ class ReplyFlow:
         w.store.update_message(self.mid, ev.content, complete=True, meta=meta)
         w.chat.end_stream(stats, ev.content, meta)
         self._ended()
-        w.composer.show_context(used, w.ctx)
+        w.composer.show_context(used, w.ctx, limit=chat_settings.context_for(w.store, w.cid, w.ctx))
 
     def context_of(self, messages) -> int | None:
         """The context the chat's last reply used, as its message keeps it (None: not known)."""

@@ -369,3 +369,33 @@ def test_a_damaged_settings_value_opens_with_the_defaults(qtbot, tiny, tmp_path,
             assert send_and_wait(qtbot, w, "hi").complete
     finally:
         w.close()
+
+
+def test_the_context_indicator_counts_against_the_chats_memory(qtbot, tiny, tmp_path, window_cache):
+    """A chat whose memory (Chat settings…) is shorter than the model's context shows what it takes
+    of that memory, not of the model's 512 tokens; another chat keeps the model's."""
+    w = open_window(qtbot, tiny, tmp_path)
+    label = w.composer.context_label
+    try:
+        with no_uncaught_exceptions():
+            w.params = SamplingParams(max_new_tokens=6)
+            send_and_wait(qtbot, w, "hello there")
+            first = w.cid
+            assert label.text().endswith("/512 tokens"), label.text()
+
+            def memory(dlg):
+                type_into(qtbot, dlg.fields["context"], "256")
+                click(qtbot, save_button(dlg))
+            open_settings(qtbot, w, memory)
+            assert w.store.conversation(first).settings.get("context") == 256
+            assert label.text().endswith("/256 tokens") and "this chat's memory (256" in label.toolTip()
+            send_and_wait(qtbot, w, "and again")
+            assert label.text().endswith("/256 tokens"), label.text()  # after a reply too
+
+            menu_actions(w)["File/New chat"].trigger()
+            send_and_wait(qtbot, w, "a new chat")
+            assert label.text().endswith("/512 tokens") and "memory" not in label.toolTip()
+            select_chat(qtbot, w, first)  # opened again from the sidebar
+            assert label.text().endswith("/256 tokens"), label.text()
+    finally:
+        w.close()
