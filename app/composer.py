@@ -71,10 +71,10 @@ class Composer(QWidget):
 
     def show_context(self, used: int | None, ctx: int | None = None, limit: int | None = None) -> None:
         """The context indicator: tokens the chat shown takes (None: not known yet) of its memory
-        (`limit`: the chat's own context length, Chat > Chat settings…), else of the model's context."""
+        (`limit`: chat_settings.context_for, never above the model's), else of the model's context."""
         self.ctx = ctx or self.ctx
         self.used = used
-        cap = min(limit, self.ctx) if limit and self.ctx else (limit or self.ctx)
+        cap = limit or self.ctx
         self.context_label.setText(f"context {used:,}/{cap:,} tokens" if used is not None and cap else "")
         if cap and self.ctx and cap < self.ctx:
             self.context_label.setToolTip(f"How much of this chat's memory ({cap:,} of the model's {self.ctx:,} "

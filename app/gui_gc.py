@@ -49,16 +49,14 @@ class _GuiCollector(QObject):
             gc.collect(2 if (c1 > t1 and c2 > t2) else 1 if c1 > t1 else 0)
 
     def answer(self) -> None:
-        with self.lock:
-            waiting, self.waiting = self.waiting, []
-        if waiting:
-            gc.collect()
-        for ev in waiting:
-            ev.set()
+        """The threads' requests (queued on the GUI thread): one collection for all of them."""
+        self.release_waiters(collect_first=True)
 
-    def release_waiters(self) -> None:
+    def release_waiters(self, collect_first: bool = False) -> None:
         with self.lock:
             waiting, self.waiting = self.waiting, []
+        if waiting and collect_first:
+            gc.collect()
         for ev in waiting:
             ev.set()
 

@@ -17,11 +17,9 @@ from engine.session import Session
 GB = 10**9
 
 
-@pytest.fixture(autouse=True)
-def private_cache(window_cache):
-    """Each test's own cache, a copy of the run's measured one (tests/conftest.py): the tiny model
-    starts calibrated, as on any start after its first (Reprofile measures anew where tested)."""
-    return window_cache
+# Each test's own cache, a copy of the run's measured one (tests/conftest.py): the tiny model starts
+# calibrated, as on any start after its first (Reprofile measures anew where tested).
+pytestmark = pytest.mark.usefixtures("window_cache")
 
 
 class Recorder:
