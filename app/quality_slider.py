@@ -76,6 +76,8 @@ class QualitySlider(QWidget):
         self.chart.set_points(ev.frontier, ev.slider_scale, (ev.predicted_loss, ev.predicted_tok_s))
         together = f" ({ev.streams} requests together)" if ev.streams > 1 else ""
         limit = " — memory limits it, not the slider" if ev.limited_by_budget else ""
+        if getattr(ev, "provisional", False):  # no quality traded before the calibration has measured it
+            limit = " — full precision until this model's 4-bit sensitivity is measured (about a minute)"
         self.readout.setText(f"predicted {ev.predicted_tok_s:.1f} tok/s{together} · {plain_words.plan_words(ev)}"
                              f"{limit}<br><small>{plain_words.placement_words(ev.placement.counts())}</small>")
         self.readout.setToolTip(plain_words.plan_tooltip(ev))

@@ -79,7 +79,8 @@ def auto_placement(ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype, bud
                    slider: float = 1.0) -> Placement:
     """The first placement, before this model has a profile: the planner on the model's shape
     (uniform popularity, an assumed 4-bit sensitivity) with this machine's measured tier costs and
-    its free memory, at the given slider. A model bigger than RAM + VRAM at 16 bits therefore loads
+    its free memory. Provisional: the least loss that memory allows, whatever the slider (planner.choose),
+    until the calibration has measured which experts 4 bits would hurt. A model bigger than RAM + VRAM at 16 bits therefore loads
     straight into 4-bit where it must, instead of materialising every expert at 16 bits first; one
     that cannot fit even at 4 bits is refused with the figures, before anything is read."""
     from .planning.hardware import load_or_measure
@@ -94,10 +95,9 @@ def auto_placement(ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype, bud
     dense = ckpt.dense_nbytes() if getattr(ckpt, "is_gguf", False) and accel.cpu_only else None
     inp = from_dims(ckpt.dims, hw, itemsize, sizes=tier_bytes(ckpt, itemsize), dense_bytes=dense,
                     cpu4_share=cpu4_share(ckpt))
-    if accel.cpu_only and not inp.cpu_only:
-        from dataclasses import replace
+    from dataclasses import replace
 
-        inp = replace(inp, cpu_only=True)
+    inp = replace(inp, cpu_only=inp.cpu_only or accel.cpu_only, provisional=True)
     budgets = budgets or default_budgets(inp.cpu_only, accel.device)
     p = plan(inp, budgets, slider)
     if not p.fits:

@@ -160,6 +160,9 @@ class PlacementChanged:
     # moves of the migration in flight already made when a re-plan interrupts it: its progress goes
     # on from moved / (moved + moves), one total per migration as a user sees it (0: a new migration)
     moved: int = 0
+    # the plan is the least loss memory allows while this model's calibration measures its 4-bit
+    # sensitivity (the slider applies once it has: planner.choose)
+    provisional: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -158,3 +158,17 @@ def test_demo_4bit_error_and_perplexity_bounds():
         p4 = perplexity(m, ev)
         print(tier, p16, p4)
         assert p4 / p16 < PPL_BOUND[tier]
+
+
+@pytest.mark.slow
+@gguf_installed
+def test_a_fresh_start_of_the_demo_answers_paris_at_once(tmp_path):
+    """Issue 37: with nothing measured, the first answer is the 16-bit model's (it was a French loop
+    while the calibration ran: the first plan put 133 of 240 experts at cpu-4 on a guess)."""
+    import os
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "chat", "--prompt", "What is the capital of France?",
+                        "--max-new-tokens", "24"], capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "The capital of France is Paris." in r.stdout

@@ -175,7 +175,13 @@ class PlacementController:
     def calibrate_slice(self) -> None:
         """A slice of the background measurements (between requests); when they end, plan from the
         measured profile, moving only what changes."""
-        mp = self.profiling.step(self.loaded)
+        try:
+            mp = self.profiling.step(self.loaded)
+        finally:
+            if not self.calibrating and self.inputs is not None and self.inputs.provisional:
+                # cancelled or failed: the assumed figures stand, and the slider now trades on them
+                self._use_inputs(replace(self.inputs, provisional=False))
+                self._replan("profile")
         if mp is not None:
             try:
                 self._use_profile(mp)
@@ -250,7 +256,8 @@ class PlacementController:
         self.emit(PlacementChanged(placement=p.placement, moves=len(moves), reason=reason, predicted_tok_s=p.tok_s,
                                    predicted_loss=p.loss, frontier=tuple((q.loss, q.tok_s) for q in pts),
                                    slider_scale=scale, limited_by_budget=limited, streams=self.inputs.streams,
-                                   current=current, moved=self.migrator.counters.done))
+                                   current=current, moved=self.migrator.counters.done,
+                                   provisional=self.inputs.provisional))
         self.enforce()
 
     def enforce(self) -> None:

@@ -50,6 +50,8 @@ class Profiling:
                 **inp.tier_costs, **tier_costs([Tier.GPU16, Tier.GPU4], torch.device("cpu"))})
         if self.tier_costs is not None:
             inp = replace(inp, tier_costs={**inp.tier_costs, **self.tier_costs})
+        if self.calibrating and not mp.calibration_tokens:  # a stand-in while the calibration runs
+            inp = replace(inp, provisional=True)
         if self.tiers is not None:
             inp = replace(inp, tier_costs={t: c for t, c in inp.tier_costs.items() if Tier(t) in self.tiers})
         return replace(inp, streams=streams)
