@@ -54,6 +54,9 @@ def attached(meta: dict) -> list[dict]:
 
 class ChatView(QTextBrowser):
     notice = Signal(str)  # one line for the status bar: an attached file that cannot be opened
+    # the theme changed: the messages shown were drawn in the old palette's colours (bubbles, chips,
+    # footers take theirs when drawn); the window draws them again (at once, or when a reply ends)
+    restyle = Signal()
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -76,6 +79,7 @@ class ChatView(QTextBrowser):
         self._live_seconds: float | None = None
         self._reasoning = ""
         self._dirty = False
+        self.stale_colours = False  # drawn in a palette the view no longer has (see `restyle`)
         self.flushes = 0
         self.flush_log: list[tuple[int, float]] = []  # per flush: characters of the reply shown, CPU seconds
         # of the GUI thread in it and in the paint that follows it
@@ -118,6 +122,12 @@ class ChatView(QTextBrowser):
         if self._stream_start is not None and self.flush_log:  # the last flush's cost includes its paint
             chars, s = self.flush_log[-1]
             self.flush_log[-1] = (chars, s + time.thread_time() - t0)
+
+    def changeEvent(self, e) -> None:
+        super().changeEvent(e)
+        if e.type() == QEvent.PaletteChange:
+            self.stale_colours = True
+            self.restyle.emit()
 
     def viewportEvent(self, e) -> bool:
         if e.type() == QEvent.ToolTip:  # a chip's path, a footer's technical detail (QTextCharFormat.toolTip)
@@ -180,6 +190,7 @@ class ChatView(QTextBrowser):
             self._timer.stop()
             gc_pauses.after_reply()
         self.clear()
+        self.stale_colours = False
         self.copies, self.files, self.thoughts = [], [], []
         self._stream_start = self._live = self._answer = self._frame = None
         with self.one_edit():

@@ -97,6 +97,7 @@ class MainWindow(QMainWindow):
         cl.addWidget(self.slider)
         self.chat = ChatView()
         self.chat.notice.connect(lambda m: self.statusBar().showMessage(m, 15000))  # a chip's file that cannot open
+        self.chat.restyle.connect(lambda: QTimer.singleShot(0, self.redraw_chat))
         cl.addWidget(self.chat, 1)
         self.composer = Composer()
         self.composer.send_requested.connect(self.send)
@@ -153,7 +154,7 @@ class MainWindow(QMainWindow):
         """File > Open model…: the picker (non-blocking): recent models, a folder, or a hub id."""
         from .model_picker import ModelPicker
 
-        self.picker = ModelPicker(self)
+        self.picker = ModelPicker(self, in_use=self.models.current[0] if self.models.current else None)
         self.picker.accepted.connect(lambda: self.picker.choice and self.load_model(self.picker.choice))
         self.picker.open()
 
@@ -291,8 +292,14 @@ class MainWindow(QMainWindow):
         self.chat.code_style = theme.apply(name, remember)
         self.panel.set_dark(theme.is_dark(QApplication.palette()))
         self.theme_actions[name].setChecked(True)
-        if self.cid is not None and not self.generating:
-            self.chat.show_messages(self.store.messages(self.cid))  # code blocks in the new style
+        self.chat.stale_colours = True  # code blocks in the new style (the palette's change follows)
+        self.redraw_chat()
+
+    def redraw_chat(self) -> None:
+        """The chat shown drawn again in the theme's colours, once no reply streams into it (a reply
+        that streams ends with it: ReplyFlow)."""
+        if self.chat.stale_colours and self.cid is not None and not self.generating:
+            self.chat.show_messages(self.store.messages(self.cid))
 
     def model_bar(self) -> None:
         """The model bar shows the local model again (app/model_bar.py)."""

@@ -154,6 +154,7 @@ class ReplyFlow:
         self.request = None
         self.w.engine.reply_request = None
         self.w.composer.set_generating(False)
+        self.w.redraw_chat()  # the theme changed while it streamed
 
     def save_partial(self) -> None:
         """At close: what streamed so far, kept as an interrupted reply."""

@@ -1,0 +1,89 @@
+"""Issue 37, item 2: window flows a new user found broken, each through the real widget or QAction."""
+import pytest
+
+pytest.importorskip("PySide6")
+from PySide6.QtGui import QPalette, QTextFrame  # noqa: E402
+from PySide6.QtWidgets import QApplication  # noqa: E402
+
+from test_app import send, window  # noqa: E402,F401  (the window fixture)
+from window_helpers import menu_actions  # noqa: E402
+
+
+def frames(doc):
+    out, stack = [], [doc.rootFrame()]
+    while stack:
+        f = stack.pop()
+        out.append(f)
+        stack.extend(f.childFrames())
+    return out
+
+
+def colours(view):
+    """(the user bubble's background, the text colour of its first character, the view's base)."""
+    doc = view.document()
+    bubble = next(f for f in frames(doc) if f is not doc.rootFrame())
+    cur = bubble.firstCursorPosition()
+    cur.movePosition(cur.MoveOperation.NextCharacter, cur.MoveMode.KeepAnchor)
+    fg = cur.charFormat().foreground().color()
+    if cur.charFormat().foreground().style() == 0:  # no brush: the palette's text
+        fg = view.palette().color(QPalette.Text)
+    return bubble.frameFormat().background().color(), fg, view.viewport().palette().color(QPalette.Base)
+
+
+def test_a_chat_on_screen_follows_a_theme_change(qtbot, window):
+    acts = menu_actions(window)
+    acts["Settings/Theme/Light"].trigger()
+    send(qtbot, window, "hello in the light", 8)
+    qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
+    bg, fg, base = colours(window.chat)
+    assert bg.lightness() > 128 and base.lightness() > 128
+    acts["Settings/Theme/Dark"].trigger()
+    QApplication.processEvents()
+    bg, fg, base = colours(window.chat)
+    assert base.lightness() < 128, "the view's background stayed light"
+    assert bg.lightness() < 128, f"the user's bubble stayed light ({bg.name()})"
+    assert fg.lightness() - bg.lightness() > 100, f"text {fg.name()} on {bg.name()} is unreadable"
+
+
+def test_a_theme_change_while_a_reply_streams_applies_when_it_ends(qtbot, window, pace):
+    acts = menu_actions(window)
+    acts["Settings/Theme/Light"].trigger()
+    window.bridge.session.loaded.generator.eos_ids.clear()
+    pace(window.bridge.session.loaded.generator)
+    send(qtbot, window, "a long one", 120)
+    qtbot.waitUntil(lambda: len(window.chat.streamed) > 5, timeout=60_000)
+    acts["Settings/Theme/Dark"].trigger()
+    qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
+    QApplication.processEvents()
+    bg, fg, base = colours(window.chat)
+    assert bg.lightness() < 128 and fg.lightness() - bg.lightness() > 100
+    assert window.store.messages(window.cid)[-1].complete
+
+
+def test_a_first_start_says_it_measures_the_machine_and_names_the_model(qtbot, tiny, tmp_path, monkeypatch):
+    """The first start's measuring (about 20 s on a machine of this kind) is said in words, in the
+    model bar and the progress row, and the model is named, not shown as its folder's path."""
+    import engine.planning.hardware as hardware
+    from app.main_window import MainWindow
+    from app.store import Store
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # nothing measured yet
+    real = hardware.measure
+
+    def slow(*a, **k):  # long enough for the test to look while it measures
+        import time
+
+        time.sleep(2.0)
+        return real(*a, **k)
+
+    monkeypatch.setattr(hardware, "measure", slow)
+    w = MainWindow(Store(tmp_path / "chats.sqlite3"), model=str(tiny), session_kwargs={"poll_s": 0.1},
+                   device="cpu", dtype="fp32")
+    qtbot.addWidget(w)
+    w.show()
+    qtbot.waitUntil(lambda: "Measuring this machine" in w.model_label.text(), timeout=30_000)
+    assert str(tiny) not in w.model_label.text() and tiny.name in w.model_label.text()
+    assert w.progress.isVisible() and "Measuring this machine" in w.progress.format()
+    qtbot.waitUntil(lambda: w.send_btn.isEnabled(), timeout=120_000)
+    assert "Measuring this machine" not in w.model_label.text()
+    w.close()
