@@ -146,10 +146,9 @@ def export(w, kind: str) -> None:
 
 
 def show_log(w) -> None:
-    box = QMessageBox(w)
-    box.setWindowTitle("Mixdesk log")
-    box.setText("\n".join(w.log_lines[-200:]) or "(empty)")
-    run_modal(box)
+    from .log_view import LogView
+
+    run_modal(LogView(w.log_lines, w))
 
 
 def about(w) -> None:

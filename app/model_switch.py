@@ -4,6 +4,32 @@ was let go, the old one comes back (ModelSwitch, the window's File > Open model 
 choice)."""
 from __future__ import annotations
 
+from pathlib import Path
+
+
+def display_name(spec: str) -> str:
+    """A model as a person names it: "the demo model", a folder's or file's name, a hub id."""
+    if spec == "demo":
+        return "the demo model"
+    p = Path(spec)
+    return p.name if p.is_absolute() or p.exists() else spec
+
+
+def reason(message: str, spec: str) -> str:
+    """An error's first line without the path it starts with (said beside it already): the reason."""
+    line = message.splitlines()[0] if message else "unknown error"
+    for prefix in (f"{spec} could not be opened: ", f"{spec}: "):
+        if line.startswith(prefix):
+            return line[len(prefix):]
+    head, sep, rest = line.partition(": ")
+    if sep and rest and Path(head).name == Path(spec).name:
+        return rest
+    inside = spec.rstrip("/") + "/"
+    if sep and rest and head.startswith(inside):  # a file in the model's folder: named from there
+        return f"{head[len(inside):]}: {rest}"
+    return line
+
+
 def check_model(session, spec: str) -> str:
     """On the engine thread, while the model in use stays loaded: the new model's folder found
     (the demo built, a hub id downloaded, with progress and the window's Cancel), opened, and its
@@ -73,10 +99,10 @@ class ModelSwitch:
         w.loading = True
         w.send_btn.setEnabled(False)
         if self.current is None or not check:  # nothing to keep: load it at once
-            w.model_label.setText(f"loading {spec[0]}…")
+            w.model_label.setText(f"loading {display_name(spec[0])}…")
             self._load(spec[0])
             return
-        w.model_label.setText(f"opening {spec[0]}… (the chat goes on with {self.current[0]} until it is ready)")
+        w.model_label.setText(f"opening {display_name(spec[0])}… (the chat goes on with {display_name(self.current[0])} until it is ready)")
         from engine.protocol import Task
 
         path = spec[0]
@@ -103,7 +129,7 @@ class ModelSwitch:
         rid = getattr(ev, "request_id", None)
         if isinstance(ev, TaskDone) and rid is not None and rid == self.check_id:
             self.check_id = None
-            self.w.model_label.setText(f"loading {self.pending[0]}…")
+            self.w.model_label.setText(f"loading {display_name(self.pending[0])}…")
             self._load(ev.value)
             return True
         if isinstance(ev, ErrorEvent) and rid is not None and rid in (self.check_id, self.load_id):
@@ -111,6 +137,10 @@ class ModelSwitch:
             released = rid == self.load_id and self.w.bridge.session.last_loaded is None
             self._failed(ev.message, after_unload=released)
             return True
+        if isinstance(ev, Progress) and ev.stage == "machine" and self.pending is not None:
+            self.w.model_label.setText(f"Measuring this machine once (about 20 s), then opening "
+                                       f"{display_name(self.pending[0])}…")
+            return False  # the progress row shows it too
         if isinstance(ev, Progress) and ev.stage == "load" and self.load_id is not None:
             self.building = True
             return False
@@ -127,7 +157,8 @@ class ModelSwitch:
 
     def _failed(self, message: str, after_unload: bool) -> None:
         w = self.w
-        spec, why = self.pending, message.splitlines()[0]
+        spec = self.pending
+        why = reason(message, spec[0])
         self.check_id = self.load_id = None
         w.progress.hide()
         w.cancel_btn.hide()
@@ -136,28 +167,28 @@ class ModelSwitch:
             self.pending, w.loading = None, False
             w.model_bar()
             w.send_btn.setEnabled(not w.generating)
-            self._say(f"{spec[0]} could not be opened: {why}. Still using {self.current[0]}.")
+            self._say(f"{why} — {display_name(spec[0])} could not be opened. Still using {display_name(self.current[0])}.")
             return
         previous = self.current
         self.current = None
         if previous is not None and previous != spec and self.failed is None:
-            self.failed = (spec[0], why)
+            self.failed = (display_name(spec[0]), why)
             self.pending = previous
-            w.model_label.setText(f"{spec[0]} could not be loaded: {why}. Reopening {previous[0]}…")
+            w.model_label.setText(f"{why} — {display_name(spec[0])} could not be loaded. Reopening {display_name(previous[0])}…")
             self._load(previous[0])
             return
         self.pending, w.loading = None, False
         if self.failed is not None:
             why = f"{why} (after {self.failed[0]} could not be loaded: {self.failed[1]})"
-        w.model_label.setText(f"could not load: {why}")
-        self._say(f"{spec[0]} could not be loaded: {why}. Open another model (File > Open model…).")
+        w.model_label.setText(f"{why} — could not load {display_name(spec[0])}")
+        self._say(f"{why} — {display_name(spec[0])} could not be loaded. Open another model (File > Open model…).")
 
     def loaded(self) -> None:
         """After the window showed a Loaded: say the outcome of a switch that fell back."""
         if self.failed is not None and self.pending is None and self.current is not None:
             spec, why = self.failed
             self.failed = None
-            self._say(f"{spec} could not be loaded: {why}. {self.current[0]} is back.")
+            self._say(f"{why} — {spec} could not be loaded. {display_name(self.current[0])} is back.")
 
     def _say(self, text: str) -> None:
         self.w.statusBar().showMessage(text, 30000)

@@ -8,7 +8,8 @@ from typing import Callable
 
 from PySide6.QtWidgets import QProgressBar, QPushButton
 
-STAGES = {"load": "Loading the model", "build demo": "Building the demo model", "calibrate": "Measuring the model"}
+STAGES = {"load": "Loading the model", "build demo": "Building the demo model", "calibrate": "Measuring the model",
+          "machine": "Measuring this machine (once, about 20 s)"}
 
 
 def label(stage: str, what: str, background: bool) -> str:
@@ -40,10 +41,10 @@ class ProgressRow:
     def show_progress(self, ev) -> None:
         self.bar.show()
         self.cancel.setVisible(ev.stage in ("calibrate", "download"))
-        self.bar.setRange(0, max(ev.total, 1))
+        self.bar.setRange(0, max(ev.total, 0))  # a total of 0: busy, no share known
         self.bar.setValue(ev.done)
-        text = label(ev.stage, ev.what, background=not self.loading())
-        self.bar.setFormat(text.format(done=ev.done, total=ev.total) + ": %p%")
+        text = label(ev.stage, ev.what, background=not self.loading()).format(done=ev.done, total=ev.total)
+        self.bar.setFormat(text + (": %p%" if ev.total else "…"))
         self.bar.setToolTip(f"{ev.stage}: {ev.what}" if ev.what else ev.stage)
 
     def hide(self) -> None:

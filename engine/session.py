@@ -21,7 +21,7 @@ import torch
 from . import errorlog
 from .placement.controller import PlacementController
 from .prompt_limit import longest_token_chars
-from .protocol import (EngineStopped, Generate, Load, Loaded, Reading, Reprofile, SetBudgets, SetSlider,
+from .protocol import (EngineStopped, Generate, Load, Loaded, Progress, Reading, Reprofile, SetBudgets, SetSlider,
                        Shutdown, Stop, Task, TaskDone)
 from .scheduler import Request, Scheduler
 from .telemetry import Telemetry
@@ -184,6 +184,10 @@ class Session:
             placement = ctl.plan_before_load(probe, cmd)
         finally:
             probe.close()
+        from .planning.hardware import cached
+
+        if placement == "auto" and cached() is None:  # a first start measures this machine before it plans (load_or_measure)
+            self.publish(Progress(stage="machine", done=0, total=0, what="measuring this machine"))
         self.loaded = ld = load(path, placement, cmd.device, cmd.dtype, cmd.ctx, progress=ctl.profiling.progress("load"),
                                 budgets=ctl.first_budgets(cmd.device), slider=ctl.slider)
         ld.generator.on_oom = ctl.on_oom

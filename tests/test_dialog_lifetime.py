@@ -85,4 +85,6 @@ def test_log_box_is_deleted(qtbot, w):
     texts = []
     opened_and_deleted(qtbot, lambda: menus.show_log(w), lambda d: (texts.append(d.text()), d.accept()))
     assert texts == ["12:00:00 loaded tiny"]
-    assert not any(isinstance(c, QMessageBox) for c in w.children())
+    from app.log_view import LogView
+
+    assert not any(isinstance(c, (QMessageBox, LogView)) for c in w.children())

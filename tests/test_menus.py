@@ -299,7 +299,9 @@ def theme(name):
 
 def show_log(k: Walk):
     texts = []
-    seen = on_modal(lambda d: (texts.append(d.text()), d.accept()), QMessageBox)
+    from app.log_view import LogView
+
+    seen = on_modal(lambda d: (texts.append(d.text()), d.accept()), LogView)
     k.trigger("Help/Log")
     assert seen and "loaded " in texts[0]
 

@@ -1,5 +1,6 @@
 """The flows a tester found broken (issue 25), walked as a user walks them: through the menu's
 QAction, the model picker's buttons, the composer's Send button, and the dialogs they open."""
+from pathlib import Path
 import time
 
 import pytest
@@ -94,7 +95,8 @@ def test_a_failed_open_of_a_folder_that_is_not_a_model_keeps_the_old_model_chatt
         assert seen
         qtbot.waitUntil(lambda: "could not be opened" in window.statusBar().currentMessage(), timeout=60_000)
         msg = window.statusBar().currentMessage()
-        assert f"{not_a_model} could not be opened" in msg and f"Still using {window.model_spec[0]}" in msg
+        assert f"{not_a_model.name} could not be opened" in msg and f"Still using {Path(window.model_spec[0]).name}" in msg
+        assert msg.count(str(not_a_model)) == 0 and not msg.startswith(not_a_model.name)  # the reason first
         assert session.loaded is loaded_before  # never let go
         assert window.send_btn.isEnabled() and old in window.model_label.text()
         assert say(qtbot, window, "still there?", 6).complete
@@ -105,7 +107,7 @@ def test_a_failed_open_of_a_folder_that_is_not_a_model_keeps_the_old_model_chatt
         picker.hub.setText(str(tmp_path / "nowhere"))
         button = next(b for b in picker.findChildren(type(window.send_btn)) if b.text() == "Download and open")
         qtbot.mouseClick(button, Qt.LeftButton)
-        qtbot.waitUntil(lambda: f"{tmp_path / 'nowhere'} could not be opened" in window.statusBar().currentMessage(),
+        qtbot.waitUntil(lambda: "nowhere could not be opened" in window.statusBar().currentMessage(),
                         timeout=60_000)
         reply = say(qtbot, window, "and now?", 6)
         assert reply.complete and "tokens/s" in reply.meta["stats"]
@@ -137,7 +139,7 @@ def test_a_failed_open_after_the_old_model_was_let_go_brings_it_back(qtbot, wind
         menu_actions(window)["File/Open Hugging Face model…"].trigger()  # any spec: a folder here
         qtbot.waitUntil(lambda: "is back" in window.statusBar().currentMessage(), timeout=120_000)
         msg = window.statusBar().currentMessage()
-        assert "ran out of memory" in msg and f"{tiny} is back" in msg
+        assert msg.startswith("ran out of memory") and f"{tiny.name} is back" in msg
         assert window.model_info.name == old and window.send_btn.isEnabled()
         assert any("could not be opened" in line for line in window.log_lines)
         assert say(qtbot, window, "are you back?", 6).complete
