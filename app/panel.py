@@ -159,12 +159,16 @@ class LivePanel(QWidget):
                 bar.setFormat(f"{v / GIB:.2f} GiB")
         self.ram.setValue(int(1000 * s.ram_held / max(s.ram_budget, 1)))
         self.ram.setFormat(f"{s.ram_held / GIB:.2f} GiB of {s.ram_budget / GIB:.1f} GiB budget")
-        self.rate.setText(f"writing {s.decode_tok_s:.1f} tokens/s · reading the prompt {s.prefill_tok_s:.0f} tokens/s · "
-                          f"context {s.ctx_used:,}/{s.ctx_max:,}")
+        rates = f"writing {s.decode_tok_s:.1f} tokens/s · reading the prompt {s.prefill_tok_s:.0f} tokens/s"
+        if not s.generating:  # the speeds are the last reply's; the chart draws only while one runs
+            rates = f"idle · last reply: {rates}" if s.decode_tok_s else "idle"
+        self.rate.setText(f"{rates} · context {s.ctx_used:,}/{s.ctx_max:,}")
         self.kernel.setText(f"CPU experts: {s.cpu_kernel}" if s.cpu_kernel else "")
         self.counts_now = dict(s.tiers)
         self._say_tiers()
         t = time.monotonic() - self._t0
+        if not s.generating:
+            return
         if s.decode_tok_s:
             self._append(self.decode_series, t, s.decode_tok_s)
         if s.prefill_tok_s:

@@ -81,10 +81,12 @@ def plan_tooltip(ev) -> str:
             + placement_tooltip(ev.placement.counts()))
 
 
-def position_words(value: float) -> str:
-    """What a slider position means, in plain words."""
+def position_words(value: float, cpu_only: bool = False) -> str:
+    """What a slider position means, in plain words (cpu_only: no GPU to speak of)."""
     pct = round(value * 100)
     if pct <= 0:
+        if cpu_only:
+            return "Fastest: every expert at 4-bit, whatever it costs in quality."
         return "Fastest: as many experts at 4-bit and on the GPU as memory allows, whatever it costs in quality."
     if pct >= 100:
         return "Best quality: every expert at full precision that memory allows; faster placements are not used."

@@ -4,7 +4,7 @@ and the plan in plain words ("about the same answers, 1.6x faster than best qual
 technical figures in the tooltip."""
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QRect, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QSlider, QVBoxLayout, QWidget
 
@@ -45,6 +45,7 @@ class QualitySlider(QWidget):
         row.addWidget(self.slider, 1)
         row.addWidget(QLabel("Best quality"))
         lay.addLayout(row)
+        self.cpu_only = False  # the model in use runs on the CPU alone (its Loaded says)
         self.meaning = QLabel(plain_words.position_words(self.value()))  # what this position asks for
         self.meaning.setAlignment(Qt.AlignCenter)
         self.meaning.setWordWrap(True)
@@ -60,11 +61,44 @@ class QualitySlider(QWidget):
         self._debounce = QTimer(self, singleShot=True, interval=120)
         self._debounce.timeout.connect(lambda: self.changed.emit(self.value()))
         self.slider.valueChanged.connect(lambda _: self._debounce.start())
-        self.slider.valueChanged.connect(lambda _: self.meaning.setText(plain_words.position_words(self.value())))
+        self.slider.valueChanged.connect(lambda _: self._say_position())
+        self.changed.connect(lambda _: self._replanning())
+        self.shown = None  # the plan the readout shows (None: none yet)
+
+    def _say_position(self) -> None:
+        self.meaning.setText(plain_words.position_words(self.value(), self.cpu_only))
+
+    def _replanning(self) -> None:
+        """Between a move and the engine's new plan the readout's figures are the old plan's: say so."""
+        if self.shown is not None:
+            self._say(f"<i>re-planning…</i><br><small>{self.shown}</small>")
+
+    def _say(self, html: str) -> None:
+        """The readout, which only grows: a shorter text does not pull what is below it up."""
+        self.readout.setText(html)
+        self.readout.setMinimumHeight(max(self.readout.minimumHeight(), self.readout.sizeHint().height()))
+
+    def _fit_caption(self) -> None:
+        """The caption keeps the height of its longest wording at this width, so that the chart and
+        the chat below it do not jump while the handle moves."""
+        width = max(self.meaning.width(), 50)
+        fm = self.meaning.fontMetrics()
+        h = max(fm.boundingRect(QRect(0, 0, width, 10_000), Qt.TextWordWrap, plain_words.position_words(v, c)).height()
+                for v in (0.0, 0.55, 1.0) for c in (False, True))
+        self.meaning.setFixedHeight(h + 2)
+
+    def resizeEvent(self, e) -> None:
+        super().resizeEvent(e)
+        self._fit_caption()
 
     def follow(self, engine) -> None:
         """Subscribe to the engine controller (app/engine_controller.py): each plan's frontier and figures."""
         engine.placement_changed.connect(self.show_plan)
+        engine.loaded.connect(self._on_loaded)
+
+    def _on_loaded(self, ev) -> None:
+        self.cpu_only = bool(ev.cpu_only)
+        self._say_position()
 
     def value(self) -> float:
         return self.slider.value() / 100
@@ -78,8 +112,9 @@ class QualitySlider(QWidget):
         limit = " — memory limits it, not the slider" if ev.limited_by_budget else ""
         if getattr(ev, "provisional", False):  # no quality traded before the calibration has measured it
             limit = " — full precision until this model's 4-bit sensitivity is measured (about a minute)"
-        self.readout.setText(f"predicted {ev.predicted_tok_s:.1f} tok/s{together} · {plain_words.plan_words(ev)}"
-                             f"{limit}<br><small>{plain_words.placement_words(ev.placement.counts())}</small>")
+        self.shown = plain_words.placement_words(ev.placement.counts())
+        self._say(f"predicted {ev.predicted_tok_s:.1f} tok/s{together} · {plain_words.plan_words(ev)}"
+                  f"{limit}<br><small>{self.shown}</small>")
         self.readout.setToolTip(plain_words.plan_tooltip(ev))
 
     # ---- the groove follows the theme ----

@@ -194,6 +194,7 @@ class Stats:
     ctx_max: int = 0
     cpu_only: bool = True
     cpu_kernel: str = ""  # the CPU expert kernel in use (engine.native.status())
+    generating: bool = False  # a reply is decoding now (idle: the speeds are the last reply's)
 
 
 @dataclass(frozen=True, kw_only=True)

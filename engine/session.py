@@ -158,7 +158,8 @@ class Session:
         req.reply(TaskDone(request_id=req.id, value=value))
 
     def _stats(self, force: bool = False) -> None:
-        if (ev := self.telemetry.stats(self.loaded, self.controller, self.scheduler.chat_tokens, force)) is not None:
+        if (ev := self.telemetry.stats(self.loaded, self.controller, self.scheduler.chat_tokens, force,
+                                             busy=self.scheduler.busy)) is not None:
             self.publish(ev)
 
     def _unload(self) -> None:

@@ -42,7 +42,7 @@ class Telemetry:
         """The median of the last decode steps' seconds (0: none yet)."""
         return statistics.median(self.steps) if self.steps else 0.0
 
-    def stats(self, loaded, controller, ctx_used: int, force: bool = False) -> Stats | None:
+    def stats(self, loaded, controller, ctx_used: int, force: bool = False, busy: bool = False) -> Stats | None:
         """The Stats event now (None: one went out less than STATS_EVERY_S ago and force is off)."""
         now = time.perf_counter()
         if loaded is None or (not force and now - self._last < STATS_EVERY_S):
@@ -56,4 +56,4 @@ class Telemetry:
                      vram_free=s.vram_free if s else 0, vram_others=s.vram_used_by_others if s else 0,
                      vram_budget=b.vram, ram_held=held[1], rss=s.rss if s else 0, ram_budget=b.ram,
                      tiers=counts, ctx_used=ctx_used, ctx_max=loaded.generator.ctx,
-                     cpu_only=loaded.accel.cpu_only, cpu_kernel=native.status())
+                     cpu_only=loaded.accel.cpu_only, cpu_kernel=native.status(), generating=busy)

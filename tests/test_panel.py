@@ -339,9 +339,9 @@ def test_the_readouts_speak_plain_words_with_the_terms_in_tooltips(qtbot, window
     assert "KL" in readout.toolTip() and TIER_JARGON.search(readout.toolTip())
     assert not TIER_JARGON.search(tiers.text()) and "expert" in tiers.text()
     assert TIER_JARGON.search(tiers.toolTip())
-    qtbot.waitUntil(lambda: window.panel.rate.text().startswith("writing"), timeout=10_000)  # the first Stats
+    qtbot.waitUntil(lambda: window.panel.rate.text().startswith("idle"), timeout=10_000)  # the first Stats
     rate = window.panel.rate
-    assert "prefill" not in rate.text() and "decode" not in rate.text() and "reading the prompt" in rate.text()
+    assert "prefill" not in rate.text() and "decode" not in rate.text() and "context" in rate.text()
     assert "prefill" in rate.toolTip() and "decode" in rate.toolTip()
     meaning = window.slider.meaning
     window.slider.slider.setValue(0)

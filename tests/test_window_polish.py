@@ -87,3 +87,47 @@ def test_a_first_start_says_it_measures_the_machine_and_names_the_model(qtbot, t
     qtbot.waitUntil(lambda: w.send_btn.isEnabled(), timeout=120_000)
     assert "Measuring this machine" not in w.model_label.text()
     w.close()
+
+
+def test_an_idle_throughput_chart_stops_and_says_idle(qtbot, window, pace):
+    """After a reply the chart drew a flat 'writing N tokens/s' line for as long as the window was
+    open; now it draws while a reply runs, and the readout says the figures are the last reply's."""
+    import time
+
+    panel = window.panel
+    window.bridge.session.loaded.generator.eos_ids.clear()
+    pace(window.bridge.session.loaded.generator)  # ~0.6 s: Stats go out while it runs
+    send(qtbot, window, "some words", 120)
+    qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
+    qtbot.waitUntil(lambda: panel.rate.text().startswith("idle · last reply: writing"), timeout=10_000)
+    points = panel.decode_series.count()
+    assert points > 0  # drawn while it ran
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:  # Stats keep coming (the memory monitor's readings)
+        qtbot.wait(100)
+    assert panel.decode_series.count() == points
+
+
+def test_the_slider_caption_keeps_its_height_and_says_re_planning_until_the_plan_comes(qtbot, window):
+    from engine.protocol import PlacementChanged
+
+    slider = window.slider
+    window.resize(1000, 700)
+    qtbot.waitUntil(lambda: "predicted" in slider.readout.text(), timeout=30_000)
+    heights = set()
+    for v in (0, 10, 50, 99, 100):
+        slider.slider.setValue(v)
+        QApplication.processEvents()
+        heights.add((slider.meaning.height(), slider.chart.y()))
+    assert len(heights) == 1, heights  # nothing below it jumps while the handle moves
+    # on this CPU-only machine the fastest end does not speak of a GPU
+    slider.slider.setValue(0)
+    assert slider.meaning.text().startswith("Fastest") and "GPU" not in slider.meaning.text()
+    plans = []
+    window.engine.placement_changed.connect(plans.append)
+    said = []  # the readout as the move is sent to the engine (the plan comes back within ms here)
+    slider.changed.connect(lambda _v: said.append(slider.readout.text()))
+    slider.slider.setValue(40)
+    qtbot.waitUntil(lambda: bool(said) and bool(plans), timeout=30_000)
+    assert "re-planning" in said[0]
+    assert isinstance(plans[-1], PlacementChanged) and "re-planning" not in slider.readout.text()
