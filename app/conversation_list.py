@@ -1,12 +1,50 @@
-"""The sidebar: new chat, search, the conversations (newest first), rename and delete with undo.
-It talks to the window through signals and reads and writes the store itself."""
+"""The sidebar: new chat, search, the conversations (newest first, each with when it was last
+active: app/last_active.py), rename and delete with undo. It talks to the window through signals and
+reads and writes the store itself."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import (QInputDialog, QLineEdit, QListWidget, QListWidgetItem, QMenu, QPushButton, QVBoxLayout,
-                               QWidget)
+import time
 
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QPalette
+from PySide6.QtWidgets import (QApplication, QInputDialog, QLineEdit, QListWidget, QListWidgetItem, QMenu, QPushButton,
+                               QStyle, QStyledItemDelegate, QStyleOptionViewItem, QVBoxLayout, QWidget)
+
+from .last_active import short_when
 from .store import Store
+
+WHEN_ROLE = Qt.UserRole + 1  # an item's "14:02" / "Yesterday" / "Mon" / "30 Nov" / "30 Nov 2025"
+now = time.time  # the list's clock (a test sets its own)
+
+
+class TitleAndWhen(QStyledItemDelegate):
+    """A row: the title, elided, and when the chat was last active, right-aligned and dimmer."""
+
+    def paint(self, painter, option, index) -> None:
+        when = index.data(WHEN_ROLE)
+        if not when:
+            super().paint(painter, option, index)
+            return
+        opt = QStyleOptionViewItem(option)
+        self.initStyleOption(opt, index)
+        style = opt.widget.style() if opt.widget is not None else QApplication.style()
+        rect = style.subElementRect(QStyle.SubElement.SE_ItemViewItemText, opt, opt.widget)
+        title, opt.text = opt.text, ""
+        style.drawControl(QStyle.ControlElement.CE_ItemViewItem, opt, painter, opt.widget)  # background, selection
+        fm = opt.fontMetrics
+        gap = fm.horizontalAdvance("  ")
+        room = max(rect.width() - fm.horizontalAdvance(when) - gap, 0)
+        selected = bool(opt.state & QStyle.StateFlag.State_Selected)
+        group = QPalette.ColorGroup.Active if opt.state & QStyle.StateFlag.State_Active else QPalette.ColorGroup.Inactive
+        painter.save()
+        painter.setFont(opt.font)
+        painter.setPen(opt.palette.color(group, QPalette.ColorRole.HighlightedText if selected else QPalette.ColorRole.Text))
+        painter.drawText(rect.adjusted(0, 0, room - rect.width(), 0), Qt.AlignLeft | Qt.AlignVCenter,
+                         fm.elidedText(title, Qt.ElideRight, room))
+        painter.setPen(opt.palette.color(group, QPalette.ColorRole.HighlightedText if selected
+                                         else QPalette.ColorRole.PlaceholderText))
+        painter.drawText(rect, Qt.AlignRight | Qt.AlignVCenter, when)
+        painter.restore()
 
 
 class ConversationList(QWidget):
@@ -28,6 +66,7 @@ class ConversationList(QWidget):
         self.list.setTextElideMode(Qt.ElideRight)  # a long title ends in "…" (its tooltip has it whole)
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.list.setUniformItemSizes(True)
+        self.list.setItemDelegate(TitleAndWhen(self.list))
         self.list.itemSelectionChanged.connect(self._on_select)
         self.list.setContextMenuPolicy(Qt.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._menu)
@@ -38,9 +77,11 @@ class ConversationList(QWidget):
     def refresh(self) -> None:
         self.list.blockSignals(True)
         self.list.clear()
+        at = now()
         for c in self.store.conversations(self.search.text()):
             it = QListWidgetItem(c.title)
             it.setData(Qt.UserRole, c.id)
+            it.setData(WHEN_ROLE, short_when(c.updated, at))
             it.setToolTip(c.title)
             self.list.addItem(it)
             if c.id == self.current:

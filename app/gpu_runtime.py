@@ -10,7 +10,7 @@ import time
 
 from PySide6.QtCore import QObject, QProcess, QSettings, Qt, Signal
 from PySide6.QtWidgets import (QDialog, QFrame, QHBoxLayout, QLabel, QLineEdit, QProgressBar, QPushButton,
-                               QVBoxLayout)
+                               QVBoxLayout, QWidget)
 
 from engine.tools.runtime import activate as runtime
 from engine.tools.runtime.download import Cancelled
@@ -21,6 +21,8 @@ from engine.tools.runtime.install import build_name, gb, install, prepare, remov
 from . import gui_threads
 
 DISMISSED = "gpu_runtime/offer_dismissed"
+NO_NVIDIA = ("No NVIDIA GPU found on this machine: Mixdesk runs on the CPU; the GPU runtime is only for "
+             "NVIDIA cards")
 
 
 class RuntimeWorker(QObject):
@@ -96,11 +98,16 @@ class RuntimeDialog(QDialog):
         lay = QVBoxLayout(self)
         self.info = QLabel(wordWrap=True, textInteractionFlags=Qt.TextSelectableByMouse)
         lay.addWidget(self.info)
-        row = QHBoxLayout()
+        self.no_gpu = QLabel(NO_NVIDIA, wordWrap=True)  # shown instead of a download where NVML finds no GPU
+        self.no_gpu.hide()
+        lay.addWidget(self.no_gpu)
+        self.index_row = QWidget()
+        row = QHBoxLayout(self.index_row)
+        row.setContentsMargins(0, 0, 0, 0)
         row.addWidget(QLabel("Package index:"))
         self.index = QLineEdit()
         row.addWidget(self.index, 1)
-        lay.addLayout(row)
+        lay.addWidget(self.index_row)
         self.offer_label = QLabel(wordWrap=True)
         lay.addWidget(self.offer_label)
         self.bar = QProgressBar()
@@ -136,6 +143,7 @@ class RuntimeDialog(QDialog):
         self.worker.failed.connect(self._failed)
         self.worker.busy_changed.connect(self._busy)
         self._t0 = time.monotonic()
+        self.has_nvidia = True  # refresh() says
         self.refresh()
         if self.worker.offer is not None:
             self._planned(self.worker.offer)
@@ -167,11 +175,21 @@ class RuntimeDialog(QDialog):
                               + (f"\n{why}" if why else ""))
         self.info.setToolTip("" if s["has_gpu"] else s["gpu"])
         self.remove_btn.setEnabled(rt is not None)
+        # no NVIDIA GPU: said plainly, and nothing offered to download (the terminal's `mixdesk runtime
+        # install --index-url` still fetches one anyway)
+        self.has_nvidia = s["nvidia"] is not None
+        self.no_gpu.setVisible(not self.has_nvidia)
+        self.no_gpu.setToolTip(s["gpu"] if not self.has_nvidia else "")
+        for w in (self.index_row, self.check_btn, self.install_btn):
+            w.setVisible(self.has_nvidia)
+            w.setEnabled(self.has_nvidia and not self.worker.busy)
 
     def _clear(self) -> None:
         self.error.hide()
 
     def start_install(self) -> None:
+        if not self.has_nvidia:
+            return
         self._clear()
         self._t0 = time.monotonic()
         self.bar.setRange(0, 0)
@@ -185,7 +203,7 @@ class RuntimeDialog(QDialog):
 
     def _busy(self, busy: bool) -> None:
         for b in (self.check_btn, self.install_btn, self.remove_btn):
-            b.setEnabled(not busy)
+            b.setEnabled(not busy and (b is self.remove_btn or self.has_nvidia))
         if not busy:
             self.remove_btn.setEnabled(runtime.active_folder() is not None)
         self.cancel_btn.setVisible(busy)

@@ -61,6 +61,13 @@ def find_chats(w) -> None:
     w.search.selectAll()
 
 
+def show_shortcuts(w) -> None:
+    """Help > Keyboard shortcuts… (app/shortcuts_help.py)."""
+    from .shortcuts_help import ShortcutsDialog
+
+    run_modal(ShortcutsDialog(w))
+
+
 def build(w) -> None:
     """The menus of MainWindow w; every shortcut belongs to a menu item, which shows it."""
     menu(w, "&File", ("New chat", w.new_chat, QKeySequence.New), None,
@@ -94,7 +101,8 @@ def build(w) -> None:
         group.addAction(a)
         theme_menu.addAction(a)
         w.theme_actions[name] = a
-    menu(w, "&Help", ("Log", lambda: show_log(w)), ("About Mixdesk", lambda: about(w)))
+    menu(w, "&Help", ("Keyboard shortcuts…", lambda: show_shortcuts(w), ("Ctrl+/", "F1")),
+         ("Log", lambda: show_log(w)), ("About Mixdesk", lambda: about(w)))
 
 
 def remeasure(w) -> None:

@@ -3,10 +3,15 @@ planner predicts for them here), the built-in demo, a folder or GGUF file on dis
 the Hugging Face hub that lists each candidate's files and sizes and its fit on this machine before
 any download (app/model_browser.py). Non-blocking: `accepted` fires with `choice` set to the spec
 to open (a folder, a file, "demo", a repo id, or "owner/name/file.gguf"). Recent models are
-remembered (QSettings)."""
+remembered (QSettings), each once (the demo's folder is "demo"; a path is absolute, without a
+trailing slash), and the one in use is marked."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QLabel, QListWidget,
                                QListWidgetItem, QPushButton, QSplitter, QVBoxLayout, QWidget)
 
@@ -15,24 +20,55 @@ from .model_browser import HubBrowser, Jobs, Machine
 
 MAX_RECENT = 10
 DEMO_LABEL = "Built-in demo (SmolLM2-135M, 8 experts)"
+IN_USE = "  (in use)"
+
+
+def _is_path(spec: str) -> bool:
+    """A folder or file on disk, not a hub id ("owner/name" looks like a relative path)."""
+    return spec.startswith((".", "~")) or os.path.isabs(spec) or Path(spec).exists()
+
+
+def normal(spec: str) -> str:
+    """The spec a model is remembered by: "demo" for the demo (by name or by its built folder), a path
+    absolute and without a trailing slash, a hub id as typed."""
+    if spec == "demo" or not _is_path(spec):
+        return spec
+    from engine.sources import demo
+
+    path = os.path.abspath(os.path.expanduser(spec))
+    return "demo" if os.path.realpath(path) == os.path.realpath(demo.demo_dir()) else path
+
+
+def same_model(a: str | None, b: str | None) -> bool:
+    if a is None or b is None:
+        return False
+    a, b = normal(a), normal(b)
+    return a == b or (_is_path(a) and _is_path(b) and os.path.realpath(a) == os.path.realpath(b))
 
 
 def recent() -> list[str]:
+    """The recent models, newest first, each once (however it was opened: normal())."""
     value = theme.settings().value("recent_models", [])
     if isinstance(value, str):  # QSettings gives a single value back as a string
         value = [value]
-    return [v for v in value if isinstance(v, str)][:MAX_RECENT]
+    seen: list[str] = []
+    for spec in (normal(v) for v in value if isinstance(v, str)):
+        if not any(same_model(spec, s) for s in seen):
+            seen.append(spec)
+    return seen[:MAX_RECENT]
 
 
 def remember(spec: str) -> None:
-    items = [spec] + [r for r in recent() if r != spec]
+    items = [normal(spec)] + [r for r in recent() if not same_model(r, spec)]
     theme.settings().setValue("recent_models", items[:MAX_RECENT])
 
 
 class ModelPicker(QDialog):
-    def __init__(self, parent=None):
+    def __init__(self, parent=None, in_use: str | None = None):
+        """in_use: the spec of the model in use (marked in the recent list)."""
         super().__init__(parent)
         self.setWindowTitle("Open a model")
+        self.in_use = in_use
         self.resize(900, 640)
         self.choice: str | None = None
         self.jobs = Jobs()
@@ -47,8 +83,12 @@ class ModelPicker(QDialog):
         self.list = QListWidget()
         self.list.setWordWrap(True)
         for spec in ["demo"] + [r for r in recent() if r != "demo"]:
-            item = QListWidgetItem(DEMO_LABEL if spec == "demo" else spec)
+            item = QListWidgetItem(self._label(spec))
             item.setData(Qt.UserRole, spec)
+            if same_model(spec, in_use):
+                font = QFont(item.font())
+                font.setBold(True)
+                item.setFont(font)
             self.list.addItem(item)
         self.list.setCurrentRow(0)
         self.list.itemDoubleClicked.connect(lambda item: self._pick(item.data(Qt.UserRole)))
@@ -125,9 +165,11 @@ class ModelPicker(QDialog):
         for i in range(self.list.count()):
             item = self.list.item(i)
             if item.data(Qt.UserRole) == tag[2] and line:
-                label = DEMO_LABEL if tag[2] == "demo" else tag[2]
-                item.setText(f"{label}\n    {line}")
+                item.setText(f"{self._label(tag[2])}\n    {line}")
                 item.setToolTip(tip or line)
+
+    def _label(self, spec: str) -> str:
+        return (DEMO_LABEL if spec == "demo" else spec) + (IN_USE if same_model(spec, self.in_use) else "")
 
     # ---- choosing ----
     def _pick(self, spec: str) -> None:

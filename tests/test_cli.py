@@ -23,6 +23,20 @@ def test_chat_interactive_two_turns(tiny, window_cache):
     assert p.stdout.count("mixdesk> ") == 2
 
 
+def test_terminal_chat_help_lists_its_commands_and_exit_ends_it(tiny, window_cache):
+    """/help lists the slash commands (and is not sent to the model); /exit ends the chat, exit code 0,
+    with lines still waiting after it left unread; an unknown /word is said, not sent."""
+    p = subprocess.run([sys.executable, "-m", "engine.tools.cli", "chat", "--model", str(tiny), "--dtype", "fp32",
+                        "--max-new-tokens", "5"], input="/help\n/nonesuch\nhello\n  /exit  \nnever sent\n",
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("mixdesk> ") == 1, p.stdout  # "hello" only
+    helped = p.stdout.split("you> ")[1]  # what /help printed
+    for command in ("/help", "/exit", "/quit"):
+        assert command in helped, helped
+    assert "unknown command /nonesuch" in p.stdout and "/help lists" in p.stdout
+
+
 def test_bench_prints_figures(tiny_sharded, window_cache):
     r = mixdesk("bench", "--model", str(tiny_sharded), "--new-tokens", "8", "--prompt-tokens", "8",
                 "--repeats", "1")

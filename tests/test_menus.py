@@ -297,6 +297,17 @@ def theme(name):
     return check
 
 
+def show_shortcuts(k: Walk):
+    """Help > Keyboard shortcuts… lists the menus' shortcuts (tests/test_window_extras.py checks them all)."""
+    from app.shortcuts_help import ShortcutsDialog
+
+    rows = []
+    seen = on_modal(lambda d: (rows.extend(d.table.item(r, 0).text() for r in range(d.table.rowCount())), d.accept()),
+                    ShortcutsDialog)
+    k.trigger("Help/Keyboard shortcuts…")
+    assert seen and "File › New chat" in rows
+
+
 def show_log(k: Walk):
     texts = []
     from app.log_view import LogView
@@ -337,6 +348,7 @@ ACTIONS = {
     "Settings/Theme/System": theme("System"),
     "Settings/Theme/Light": theme("Light"),
     "Settings/Theme/Dark": theme("Dark"),
+    "Help/Keyboard shortcuts…": show_shortcuts,
     "Help/Log": show_log,
     "Help/About Mixdesk": about,
     "File/Quit": quit_action,  # run last

@@ -86,6 +86,22 @@ def _load(client, a, placement: str | None = None):
     return client.load(a.model or "demo", placement or a.placement, a.device, a.dtype, a.ctx)
 
 
+# the terminal chat's slash commands (a line that is one /word is never sent to the model)
+CHAT_COMMANDS = (("/help", "list these commands"), ("/exit", "end the chat (also Ctrl+D)"), ("/quit", "the same as /exit"))
+
+
+def chat_command(line: str) -> str | None:
+    """What the terminal chat does with a typed line: "exit", "help", "unknown", or None (a message)."""
+    word = line.strip()
+    if word in ("/exit", "/quit"):
+        return "exit"
+    if word == "/help":
+        return "help"
+    if word.startswith("/") and word[1:].isalpha():
+        return "unknown"
+    return None
+
+
 def cmd_chat(a, on_event=None) -> int:
     """The terminal chat: a client of the engine thread, like the window."""
     from ..client import EngineError
@@ -96,6 +112,8 @@ def cmd_chat(a, on_event=None) -> int:
         loaded = _load(client, a)
         if not a.quiet:
             print(loaded.description, file=sys.stderr)
+            if a.prompt is None:
+                print("Type a message; /help lists the commands, /exit ends the chat.", file=sys.stderr)
         system = [{"role": "system", "content": a.system}] if a.system else []
         turns: list[dict] = []
         prompts = [a.prompt] if a.prompt is not None else None
@@ -109,8 +127,15 @@ def cmd_chat(a, on_event=None) -> int:
                     user = input("\nyou> ")
                 except EOFError:
                     return 0
-                if user.strip() in ("/quit", "/exit"):
+                command = chat_command(user)
+                if command == "exit":
                     return 0
+                if command == "help":
+                    print("\n".join(f"  {name:<6}  {what}" for name, what in CHAT_COMMANDS))
+                    continue
+                if command == "unknown":
+                    print(f"unknown command {user.strip()}: /help lists the commands")
+                    continue
                 if not user.strip():
                     continue
             turns.append({"role": "user", "content": user})
