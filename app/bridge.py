@@ -60,7 +60,7 @@ class EngineBridge(QObject):
             self.events.emit(batch)
 
     def send(self, cmd) -> int | None:
-        """Queue a command (thread-safe); the request id of a Load, Generate or Task, whose own
+        """Queue a command (thread-safe); the request id of a Load, Generate or Query, whose own
         events come back with the rest of the session's."""
         return self.session.submit(cmd)
 

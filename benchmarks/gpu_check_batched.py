@@ -66,7 +66,6 @@ def one_round(sched, n: int, prompt_tokens: int, new_tokens: int, vocab: int, de
 def run(ctx, streams=(1, 4)) -> dict:
     from benchmarks import gpu_check_sweep as sweep
     from engine.planning.planner import decode_tok_s
-    from engine.prompt_limit import longest_token_chars
     from engine.scheduler import Scheduler
 
     o = ctx.opts
@@ -92,7 +91,7 @@ def run(ctx, streams=(1, 4)) -> dict:
     loaded.generator.eos_ids.clear()
     res = {"model": how, "tiers": {t.value: c for t, c in loaded.model.placement.counts().items() if c}, "rows": []}
     sched = Scheduler(max_streams=max(streams))
-    sched.attach(loaded.generator, longest_token_chars(loaded.tokenizer))
+    sched.attach(loaded.generator)
     try:
         for n in streams:
             if ctx.left() < 5:

@@ -113,7 +113,7 @@ def main() -> None:
 
     from engine.tools.cli_plan import prepare
     from engine.sources.demo import demo_dir
-    from engine.tools.evaluate import compare, corpus_ids, logprobs
+    from engine.evaluate import compare, corpus_ids, logprobs
     from engine.generate import SamplingParams
     from engine.placement import Placement, Tier
     from engine.planning.planner import Budgets, choose, frontier, prefill_s

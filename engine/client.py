@@ -10,9 +10,9 @@ import time
 from typing import Any, Callable
 
 from .errors import MixdeskError
-from .generate import SamplingParams
-from .protocol import (Done, EngineStopped, ErrorEvent, Generate, Load, Loaded, Progress, Reprofile, Stop, Task,
-                       TaskDone, Token)
+from .sampling import SamplingParams
+from .protocol import (Done, EngineStopped, ErrorEvent, Generate, Load, Loaded, Progress, Query, QueryDone, Reprofile,
+                       Stop, Token)
 from .session import Session
 
 
@@ -72,8 +72,14 @@ class Client:
                  params: SamplingParams = SamplingParams(), on_text: Callable[[str], None] | None = None,
                  fresh: bool = False, on_reasoning: Callable[[str], None] | None = None) -> Done:
         """One reply, its content passed to on_text as it streams and its reasoning to on_reasoning
-        (the model's format read: engine/formats). Ctrl-C stops the reply (the partial reply comes
-        back, reason 'cancelled')."""
+        (the model's format read: engine/formats). Messages are rendered here, before the request
+        goes in (Loaded.prompt_ids: engine/prompt.py). Ctrl-C stops the reply (the partial reply
+        comes back, reason 'cancelled')."""
+        if messages is not None and prompt_ids is None and self.loaded is not None:
+            try:
+                prompt_ids, messages = self.loaded.prompt_ids(messages), None
+            except MixdeskError as e:  # it cannot fit, or the template refuses it: as the engine says it
+                raise EngineError(str(e), type(e).__name__) from None
         rid = self.session.submit(Generate(messages=messages, prompt_ids=prompt_ids, params=params, fresh=fresh))
         while True:
             try:
@@ -92,21 +98,21 @@ class Client:
             elif isinstance(ev, Done) and ev.request_id == rid:
                 return ev
 
-    def task(self, fn: Callable[[Any], Any]) -> Any:
-        """fn(session) run on the engine thread; its result."""
-        rid = self.session.submit(Task(fn=fn))
+    def query(self, name: str, **args) -> Any:
+        """The engine thread's answer to the named query (engine/queries.py lists them)."""
+        rid = self.session.submit(Query(name=name, args=args))
         while True:
             ev = self._next()
             if isinstance(ev, ErrorEvent):
                 self._error(ev, rid)
-            elif isinstance(ev, TaskDone) and ev.request_id == rid:
+            elif isinstance(ev, QueryDone) and ev.request_id == rid:
                 return ev.value
 
     def wait_calibrated(self, poll_s: float = 0.25) -> None:
         """Until the first start's background calibration has ended (measured, failed or
         cancelled): the planner's inputs are then the measured profiles. Its progress goes to
         on_progress meanwhile."""
-        while self.task(lambda s: s.controller.calibrating):
+        while self.query("calibrating"):
             time.sleep(poll_s)
 
     def close(self) -> None:
@@ -137,8 +143,11 @@ def progress_bar(quiet: bool) -> Callable[[int, int, str], None]:
     def show(done: int, total: int, what: str) -> None:
         if quiet:
             return
+        if total <= 0:  # a stage of unknown length (measuring this machine): said on a line of its own
+            sys.stderr.write(f"\r{what}…\n")
+            sys.stderr.flush()
+            return
         width = 30
-        total = max(total, 1)
         fill = int(width * min(done, total) / total)
         sys.stderr.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {what[:36]:<36}")
         if done >= total:
@@ -150,4 +159,5 @@ def progress_bar(quiet: bool) -> Callable[[int, int, str], None]:
 def for_terminal(quiet: bool, **kw) -> Client:
     """An engine thread for a command-line command, its progress drawn on stderr unless quiet."""
     bar = progress_bar(quiet)
-    return Client(on_progress=lambda p: bar(p.done, p.total, f"{p.stage} {p.what}".strip()), **kw)
+    return Client(on_progress=lambda p: bar(p.done, p.total, p.what if p.stage == "machine" else
+                                            f"{p.stage} {p.what}".strip()), **kw)

@@ -38,6 +38,15 @@ class ContextOverflow(MixdeskError):
                               "remove attached documents")
         return e
 
+    @classmethod
+    def of_messages(cls, count: int, context: int) -> "ContextOverflow":
+        """Refused from its number of messages (each takes a token at least), before rendering."""
+        e = cls.__new__(cls)
+        e.prompt_tokens, e.context = count, context
+        MixdeskError.__init__(e, f"{count:,} messages cannot fit in a context of {context} tokens; "
+                              "start a new conversation or remove messages")
+        return e
+
 
 class InputError(MixdeskError):
     """A value given by the user (a command-line option, a sampling setting) that cannot be used."""

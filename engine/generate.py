@@ -1,5 +1,5 @@
-"""Generation: chat template, prefill past a cached prefix, sampling, stopping, and streaming text
-that is correct across multi-byte characters split between tokens.
+"""Generation: prefill past a cached prefix, sampling, stopping, and streaming text that is correct
+across multi-byte characters split between tokens (the prompt's ids come from engine/prompt.py).
 
 `Generator.sequence` is one sequence's generation as a coroutine: it yields a `Need` whenever it
 wants a forward pass (its feed, position and KV cache) and is sent the logits back, and it yields a
@@ -9,95 +9,19 @@ the decode steps of several sequences as one batched forward, in the caches it o
 """
 from __future__ import annotations
 
-import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
 from . import native
-from .errors import ContextOverflow, InputError, MixdeskError
+from .errors import ContextOverflow, MixdeskError
+from .events import Done, Token  # noqa: F401 - the events it makes (engine/events.py), imported from here too
 from .formats import Delta, Parser
 from .model import KVCache, MoEModel
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_new_tokens: int = 512
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-
-    def check(self) -> "SamplingParams":
-        """Raises InputError naming the first value that cannot be used."""
-        def bad(name: str, value, want: str) -> InputError:
-            return InputError(name, f"{value!r} is not valid; it must be {want}")
-
-        def num(v) -> bool:
-            return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise bad("max_new_tokens", self.max_new_tokens, "a whole number of at least 1")
-        if not num(self.temperature) or self.temperature < 0:
-            raise bad("temperature", self.temperature, "a number >= 0 (0 = greedy)")
-        if not num(self.top_p) or not 0 < self.top_p <= 1:
-            raise bad("top_p", self.top_p, "a number in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise bad("top_k", self.top_k, "a whole number >= 0 (0 = off)")
-        if not num(self.repetition_penalty) or self.repetition_penalty <= 0:
-            raise bad("repetition_penalty", self.repetition_penalty, "a number > 0 (1 = off)")
-        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
-            raise bad("seed", self.seed, "a whole number >= 0")
-        if not all(isinstance(x, str) for x in self.stop):
-            raise bad("stop", self.stop, "a list of strings")
-        return self
-
-
-@dataclass(frozen=True, kw_only=True)
-class Token:
-    """One new token of a request (an event: engine/protocol.py)."""
-
-    request_id: int
-    token_id: int  # -1: text held back by a stop-string check, released at the end
-    text: str  # new text this token completes (may be "" while a character is incomplete)
-    index: int  # 0-based index among new tokens
-    seconds: float  # wall time of the step that produced it (prefill for index 0)
-    # what the token adds to the reply's reasoning, content and tool calls (engine/formats.Delta)
-    deltas: tuple = ()
-
-
-@dataclass(frozen=True, kw_only=True)
-class Done:
-    """A request's end and its whole reply (an event: engine/protocol.py)."""
-
-    request_id: int
-    reason: str  # eos | stop | length | context | cancelled
-    text: str
-    token_ids: list[int] = field(default_factory=list)
-    prompt_tokens: int = 0
-    reused_tokens: int = 0  # prompt tokens whose keys/values came from the previous turn
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    # the reply read in the model's format (engine/formats): for a plain reply, content is text
-    reasoning: str = ""
-    content: str = ""
-    tool_calls: tuple = ()  # engine/formats.ToolCall, in order
-    notes: tuple = ()  # one line for each tool call that could not be read (it is in content instead)
-
-    @property
-    def decode_tok_s(self) -> float:
-        n = len(self.token_ids) - 1
-        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
-
-    @property
-    def prefill_tok_s(self) -> float:
-        n = self.prompt_tokens - self.reused_tokens
-        return n / self.prefill_s if self.prefill_s > 0 else 0.0
+from .sampling import SamplingParams  # noqa: F401 - a leaf (engine/sampling.py), imported from here too
 
 
 def sample(logits: torch.Tensor, p: SamplingParams, history: list[int],
@@ -250,27 +174,14 @@ class NonFiniteOutput(MixdeskError):
 
 
 class Generator:
-    def __init__(self, model: MoEModel, tokenizer, eos_ids: set[int], ctx: int = 4096, template=None):
-        """template: the model's ChatTemplate (None: built from the tokenizer on first use)."""
-        self.template = template
+    def __init__(self, model: MoEModel, tokenizer, eos_ids: set[int], ctx: int = 4096):
+        """Token ids in, tokens out: prompts are rendered before they reach it (engine/prompt.py)."""
         self.on_oom = None  # called when a step runs out of accelerator memory; the step is retried
         self.pick = sample  # logits -> the next token (tests script replies through it: tests/scripted_chat.py)
         self.model = model
         self.tok = tokenizer
         self.eos_ids = set(eos_ids)
         self.ctx = min(ctx, model.dims.max_positions)
-
-    def chat_prompt(self, messages: list[dict], **options) -> list[int]:
-        """The prompt for a conversation: the model's chat template, rendered in a sandbox with time
-        and size limits (chat_template.py), then tokenised. options: ChatTemplate.ids'."""
-        return self.chat_template().ids(messages, **options)
-
-    def chat_template(self):
-        if self.template is None:
-            from .chat_template import ChatTemplate
-
-            self.template = ChatTemplate.of(self.tok, self.model.ckpt.folder)
-        return self.template
 
     def retrying(self, step):
         """step(); on CUDA out-of-memory, let the owner evict, then retry (a step rewrites the same

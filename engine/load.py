@@ -16,6 +16,8 @@ from . import native
 from .kernels import auto_dtype
 from .model import MoEModel, ProgressFn
 from .placement import Placement, Tier
+from .prompt import Prompts
+from .prompt_limit import longest_token_chars
 
 DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -27,6 +29,7 @@ class LoadedModel:
     model: MoEModel
     tokenizer: object
     generator: Generator
+    prompts: Prompts  # its chat template and tokenizer: prompts to ids (engine/prompt.py)
 
     def describe(self) -> str:
         d = self.ckpt.dims
@@ -35,18 +38,18 @@ class LoadedModel:
                 f"{self.model.dtype} | {self.accel.describe()} | CPU kernel: {native.status()} | placement: {self.model.placement.summary()} | "
                 f"experts on accelerator {eb['accelerator'] / 2**20:,.0f} MiB, host {eb['host'] / 2**20:,.0f} MiB")
 
-    def announcement(self, share: tuple, max_token_chars: int):
+    def announcement(self, share: tuple):
         """The Loaded event for this model. Its callables hold the tokenizer and the chat template,
         not the model (listeners keep events; shutting down must free the model)."""
-        from .protocol import Loaded
+        from .events import Loaded
 
-        d, tok, gen = self.ckpt.dims, self.tokenizer, self.generator
-        t = gen.chat_template()
+        d, tok, gen, p = self.ckpt.dims, self.tokenizer, self.generator, self.prompts
+        t = p.template
         return Loaded(name=self.ckpt.folder.name, description=self.describe(), cpu_only=self.accel.cpu_only,
                       layers=d.layers, experts=d.experts, ctx=gen.ctx, share=share,
                       params=d.layers * d.experts * d.expert_params() + self.model.dense_params(),
                       count_tokens=lambda text: len(tok.encode(text, add_special_tokens=False)),
-                      prompt_ids=t.ids, max_token_chars=max_token_chars, reply_format=t.format,
+                      prompt_ids=p.chat, max_token_chars=p.max_token_chars, reply_format=t.format,
                       takes_tools=t.takes_tools, thinking_switch=t.thinking_switch,
                       **getattr(self.ckpt, "bar_fields", dict)())
 
@@ -125,8 +128,9 @@ def load(folder: str | Path, placement: str | Placement = "auto", device: str | 
     except BaseException:
         ckpt.close()
         raise
-    gen = Generator(model, tokenizer, ckpt.eos_token_ids(tokenizer), ctx=ctx, template=template)
-    return LoadedModel(ckpt, accel, model, tokenizer, gen)
+    gen = Generator(model, tokenizer, ckpt.eos_token_ids(tokenizer), ctx=ctx)
+    prompts = Prompts(template, tokenizer, gen.ctx, longest_token_chars(tokenizer))
+    return LoadedModel(ckpt, accel, model, tokenizer, gen, prompts)
 
 
 def cpu4_share(ckpt) -> float:

@@ -1,11 +1,13 @@
 """The requests: admission, chunked prompts, batched decode steps, per-request stop, the KV caches.
 
 Every job a client submits is a `Request` with an id the scheduler hands out (`new`, callable from
-any thread) and its own stop event; its events go to the client that asked (`Request.reply`). The
-engine thread queues generation requests and tasks in order (`enqueue`) and lets them start as
-room allows (`admit`): a chat request waits for the chat's cache to be free (one chat reply at a
-time, its prefix carried over between turns); a pool request (the local server's) takes a pool
-cache, up to `max_streams` requests at once; a task waits for every request to end.
+any thread) and its own stop event; its events go to the client that asked (`Request.reply`). A
+Generate arrives with its prompt as ids (`Request.prompt`, prepared by the session with
+engine/prompt.py): the scheduler renders nothing. The engine thread queues generation requests and
+queries in order (`enqueue`) and lets them start as room allows (`admit`): a chat request waits for
+the chat's cache to be free (one chat reply at a time, its prefix carried over between turns); a
+pool request (the local server's) takes a pool cache, up to `max_streams` requests at once; a query
+waits for every request to end.
 
 `step()` runs one round, after vLLM's EngineCore.step (schedule -> execute -> update):
 - one prompt chunk of the oldest request still reading its prompt, so the requests already
@@ -27,12 +29,12 @@ from typing import Callable
 
 import torch
 
-from . import errorlog, formats, native
+from . import errorlog, native
 from .errors import MixdeskError
 from .generate import Done, Generator, Need
 from .kv_cache import KVCaches
-from .prompt_limit import check_chars, message_chars
-from .protocol import ErrorEvent, Generate, Task
+from .prompt import Prepared
+from .protocol import ErrorEvent, Generate, Query
 
 CHUNK = 64  # prompt tokens read per round while other requests decode
 
@@ -40,13 +42,14 @@ CHUNK = 64  # prompt tokens read per round while other requests decode
 @dataclass(eq=False)
 class Request:
     id: int
-    cmd: object                           # Generate, Task or Load
+    cmd: object                           # Generate, Query or Load
     reply: Callable[[object], None]       # where this request's own events go
     stop: threading.Event = field(default_factory=threading.Event)
     seq: object = None                    # the Generator.sequence coroutine, once started
     cache: object = None                  # its KV cache, once started
     need: Need | None = None              # the forward pass it waits on
     done: bool = False
+    prompt: Prepared | None = None        # a Generate's prompt ids and parser (the session prepares them)
 
     @property
     def slot(self) -> str:
@@ -69,7 +72,6 @@ class Scheduler:
         self.running: list[Request] = []
         self.gen: Generator | None = None
         self.caches: KVCaches | None = None
-        self.max_token_chars = 0
         self.last_width = 0  # requests the last round decoded together (0: it decoded none)
         self._last_end = 0.0  # when the last round's decode step ended (0: it decoded nothing)
 
@@ -98,9 +100,9 @@ class Scheduler:
         with self._lock:
             self._known.pop(req.id, None)
 
-    def attach(self, generator: Generator, max_token_chars: int) -> None:
+    def attach(self, generator: Generator) -> None:
         """A model is ready: requests start on it, with the chat's cache and a pool of their own."""
-        self.gen, self.max_token_chars = generator, max_token_chars
+        self.gen = generator
         self.caches = KVCaches(generator.new_cache, self.max_streams)
 
     def detach(self) -> None:
@@ -121,7 +123,7 @@ class Scheduler:
             self._end(r, ErrorEvent(message=message, request_id=r.id, kind="Unloaded"))
 
     def _room(self, req: Request) -> bool:
-        if isinstance(req.cmd, Task) or self.gen is None:
+        if isinstance(req.cmd, Query) or self.gen is None:
             return not self.running
         if len(self.running) >= self.max_streams:
             return False
@@ -131,14 +133,14 @@ class Scheduler:
 
     def admit(self) -> Request | None:
         """Start waiting requests in order while there is room. A waiting request that was
-        stopped ends here, without a token. Returns the task at the head of the queue once nothing
-        runs (the caller runs it, then admits again), else None."""
+        stopped ends here, without a token. Returns the query at the head of the queue once nothing
+        runs (the caller answers it, then admits again), else None."""
         for r in [r for r in self.waiting if r.stop.is_set() and isinstance(r.cmd, Generate)]:
             self.waiting.remove(r)
             self._end(r, Done(request_id=r.id, reason="cancelled", text=""))
         while self.waiting and self._room(self.waiting[0]):
             r = self.waiting.popleft()
-            if isinstance(r.cmd, Task):
+            if isinstance(r.cmd, Query):
                 return r
             self._start(r)
         return None
@@ -150,39 +152,23 @@ class Scheduler:
                 self._end(req, ErrorEvent(message="no model is loaded", request_id=req.id, kind="NoModel"))
                 return
             cmd.params.check()
-            if cmd.prompt_ids is not None:
-                ids = list(cmd.prompt_ids)
-            elif cmd.prompt_text is not None:
-                check_chars(len(cmd.prompt_text), gen.ctx, self.max_token_chars)
-                ids = gen.tok.encode(cmd.prompt_text, add_special_tokens=True)
-            else:
-                check_chars(message_chars(cmd.messages), gen.ctx, self.max_token_chars)
-                ids = gen.chat_prompt(cmd.messages or [], tools=cmd.tools, thinking=cmd.thinking,
-                                      reasoning_effort=cmd.reasoning_effort)
-            if not ids:
-                raise ValueError("empty prompt")
-            parser = self._parser(cmd, ids)
-            if cmd.reply_prefix:
-                ids = ids + gen.tok.encode(cmd.reply_prefix, add_special_tokens=False)
-            req.cache = self.caches.claim(cmd.slot, ids, cmd.fresh)
-            req.seq = gen.sequence(ids, cmd.params, req.stop, req.cache, chunk=self.chunk, request_id=req.id,
-                                   parser=parser, opening=cmd.reply_prefix)
+            prompt = req.prompt or self._as_given(cmd)
+            req.cache = self.caches.claim(cmd.slot, prompt.ids, cmd.fresh)
+            req.seq = gen.sequence(prompt.ids, cmd.params, req.stop, req.cache, chunk=self.chunk, request_id=req.id,
+                                   parser=prompt.parser, opening=prompt.opening)
         except Exception as e:  # noqa: BLE001 - the error boundary: this request ends, the engine serves on
             self._fail(req, e, "starting the reply")
             return
         self.running.append(req)
         self._advance(req, None, first=True)
 
-    def _parser(self, cmd, ids: list[int]):
-        """How this reply is read: in the model's format (engine/formats) for a chat prompt, as plain
-        content for a prompt_text one (a completion) or one that asks so."""
-        if cmd.prompt_text is not None or not cmd.formatted:
-            return formats.Parser()
-        fmt = self.gen.chat_template().format
-        # tools=None: none were offered, any call is read (the window shows it); []: none may be called
-        names = None if cmd.tools is None else tuple(t.get("function", {}).get("name", "") for t in cmd.tools)
-        tail = self.gen.tok.decode(ids[-4:], skip_special_tokens=False) if fmt == "qwen3" else ""
-        return formats.parser_for(fmt, tools=names, thinking_open=tail.rstrip().endswith("<think>"))
+    @staticmethod
+    def _as_given(cmd) -> Prepared:
+        """The prompt of a request no session prepared (the scheduler driven directly: tests, a
+        benchmark): its ids as they are, the reply read as plain content."""
+        if cmd.prompt_ids is None:
+            raise ValueError("the request's prompt was not rendered (engine/prompt.py renders messages and text)")
+        return Prepared.of_ids(cmd.prompt_ids)
 
     def _advance(self, req: Request, logits, first: bool = False) -> None:
         """Run req's sequence up to its next Need (or its end), sending on what it yields."""

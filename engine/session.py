@@ -18,11 +18,10 @@ from typing import Callable
 
 import torch
 
-from . import errorlog
+from . import errorlog, queries
 from .placement.controller import PlacementController
-from .prompt_limit import longest_token_chars
-from .protocol import (EngineStopped, Generate, Load, Loaded, Progress, Reading, Reprofile, SetBudgets, SetSlider,
-                       Shutdown, Stop, Task, TaskDone)
+from .protocol import (EngineStopped, Generate, Load, Loaded, Progress, Query, QueryDone, Reading, Reprofile,
+                       SetBudgets, SetSlider, Shutdown, Stop)
 from .scheduler import Request, Scheduler
 from .telemetry import Telemetry
 
@@ -42,7 +41,7 @@ class Session:
         self.controller = PlacementController(self.publish, self._announce, max_streams=max_streams, **placement)
         self.loaded = None
         self.last_loaded: Loaded | None = None  # the model ready now, as last announced (for late listeners)
-        self.current_stop: threading.Event | None = None  # the running task's own stop (a Stop sets it)
+        self.current_stop: threading.Event | None = None  # the running query's own stop (a Stop sets it)
         self.commands: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="mixdesk-engine", daemon=True)
         self._quit = False
@@ -52,9 +51,9 @@ class Session:
         return self
 
     def submit(self, cmd, reply_to: Callable[[object], None] | None = None) -> int | None:
-        """Queue a command; a Load, Generate or Task gets a request id (returned), and its own
+        """Queue a command; a Load, Generate or Query gets a request id (returned), and its own
         events go to reply_to (None: emit). A Stop acts at once, even on a request still queued."""
-        if isinstance(cmd, (Load, Generate, Task)):
+        if isinstance(cmd, (Load, Generate, Query)):
             req = self.scheduler.new(cmd, reply_to or self.emit)
             self.commands.put(req)
             return req.id
@@ -104,8 +103,8 @@ class Session:
             self._stats(force=ended > 0 or (n > 0 and not ctl.migrating))  # a reply or the migration ended
         elif ctl.calibrating and not sched.waiting:  # between requests: a slice of the calibration
             self._guard("calibrating", ctl.calibrate_slice)
-        while (task := sched.admit()) is not None:
-            self._guard("the task", lambda: self._task(task), task)
+        while (query := sched.admit()) is not None:
+            self._guard(f"the query {query.cmd.name!r}", lambda: self._query(query), query)
 
     def _guard(self, what: str, fn, req: Request | None = None) -> None:
         """Run fn; an exception becomes an ErrorEvent (req's own, if given); the engine carries on."""
@@ -124,15 +123,36 @@ class Session:
         except queue.Empty:
             return
         while not self._quit:
-            if isinstance(cmd, Request):  # a load now; a reply or task started by admit, in order
-                act = self._load if isinstance(cmd.cmd, Load) else self.scheduler.enqueue
-                self._guard(DOING.get(type(cmd.cmd).__name__, "the task"), lambda c=cmd: act(c), cmd)
+            if isinstance(cmd, Request):  # a load now; a reply (prepared now) or query started by admit, in order
+                act = self._load if isinstance(cmd.cmd, Load) else self._enqueue
+                self._guard(DOING.get(type(cmd.cmd).__name__, "the query"), lambda c=cmd: act(c), cmd)
             else:
                 self._guard(DOING.get(type(cmd).__name__, type(cmd).__name__), lambda c=cmd: self._handle(c))
             try:
                 cmd = self.commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _enqueue(self, req: Request) -> None:
+        self._prepare(req)
+        self.scheduler.enqueue(req)
+
+    def _prepare(self, req: Request) -> None:
+        """A Generate's prompt as ids for the model loaded now (engine/prompt.py: the one place a chat
+        or a text prompt is rendered and its length checked); the scheduler takes ids only."""
+        if isinstance(req.cmd, Generate) and self.loaded is not None:
+            req.prompt = self.loaded.prompts.prepare(req.cmd)
+
+    def _prepare_waiting(self) -> None:
+        """Another model is ready: the requests waiting for it are prepared with its template and
+        tokenizer (one that no longer fits ends with its error)."""
+        for r in list(self.scheduler.waiting):
+            try:
+                self._prepare(r)
+            except Exception as e:  # noqa: BLE001 - the error boundary: this request ends
+                self.scheduler.waiting.remove(r)
+                self.scheduler.forget(r)
+                r.reply(errorlog.error_event(e, DOING["Generate"], r.id))
 
     def _handle(self, cmd) -> None:
         ctl = self.controller
@@ -148,14 +168,15 @@ class Session:
         if not ctl.migrating and not self._quit:
             self._stats(force=True)
 
-    def _task(self, req: Request) -> None:
+    def _query(self, req: Request) -> None:
+        """Answer a Query (engine/queries.py) once nothing runs."""
         self.current_stop = req.stop
         try:
-            value = req.cmd.fn(self)
+            value = queries.answer(self, req.cmd)
         finally:
             self.current_stop = None
         self.scheduler.forget(req)
-        req.reply(TaskDone(request_id=req.id, value=value))
+        req.reply(QueryDone(request_id=req.id, value=value))
 
     def _stats(self, force: bool = False) -> None:
         if (ev := self.telemetry.stats(self.loaded, self.controller, self.scheduler.chat_tokens, force,
@@ -182,17 +203,19 @@ class Session:
         probe = open_checkpoint(path)  # no weights read
         try:
             self._unload()
+            self.telemetry.reset()  # the speeds Stats report are the new model's, from its first reply
             placement = ctl.plan_before_load(probe, cmd)
         finally:
             probe.close()
         from .planning.hardware import cached
 
         if placement == "auto" and cached() is None:  # a first start measures this machine before it plans (load_or_measure)
-            self.publish(Progress(stage="machine", done=0, total=0, what="measuring this machine"))
+            self.publish(Progress(stage="machine", done=0, total=0, what="Measuring this machine once (about 20 s)"))
         self.loaded = ld = load(path, placement, cmd.device, cmd.dtype, cmd.ctx, progress=ctl.profiling.progress("load"),
                                 budgets=ctl.first_budgets(cmd.device), slider=ctl.slider)
         ld.generator.on_oom = ctl.on_oom
-        self.scheduler.attach(ld.generator, longest_token_chars(ld.tokenizer))
+        self.scheduler.attach(ld.generator)
+        self._prepare_waiting()
         ctl.attach(ld)
         self._announce()
         ctl.follow_memory(self.commands.put)
@@ -200,10 +223,10 @@ class Session:
     def _announce(self) -> None:
         """The model is ready (sent again after a re-profile: the popularity it carries may change)."""
         share = self.controller.inputs.share if self.controller.inputs is not None else ()
-        self.last_loaded = self.loaded.announcement(share, self.scheduler.max_token_chars)
+        self.last_loaded = self.loaded.announcement(share)
         self.publish(self.last_loaded)
 
 
 DOING = {  # what a command was doing, for an error message
-    "Load": "loading the model", "Generate": "starting the reply", "Task": "the task", "SetSlider": "re-planning",
+    "Load": "loading the model", "Generate": "starting the reply", "Query": "the query", "SetSlider": "re-planning",
     "SetBudgets": "re-planning", "Reading": "re-planning", "Reprofile": "re-measuring"}

@@ -28,6 +28,11 @@ class Telemetry:
         self.steps: deque = deque(maxlen=32)  # the last decode steps' seconds
         self._last = 0.0
 
+    def reset(self) -> None:
+        """Another model: the last one's speeds are not its own."""
+        self.decode_tok_s = self.prefill_tok_s = 0.0
+        self.steps.clear()
+
     def decode_step(self, tokens: int, seconds: float) -> None:
         if tokens <= 0 or seconds <= 0:
             return

@@ -140,7 +140,7 @@ REAL_WEIGHT_BOUND = 0.2
 def test_demo_4bit_error_and_perplexity_bounds():
     from pathlib import Path
 
-    from engine.tools.evaluate import perplexity
+    from engine.evaluate import perplexity
     from engine.load import load
     from engine.planning.profile import calibrate, calibration_text
 

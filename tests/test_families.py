@@ -113,7 +113,7 @@ def eval_matches_transformers(folder, tmp_path):
     ppl = float(re.search(r"perplexity ([0-9.]+), 96 tokens", r.stdout)[1])
     from transformers import AutoTokenizer
 
-    from engine.tools.evaluate import corpus_ids
+    from engine.evaluate import corpus_ids
 
     ids = torch.tensor(corpus_ids(AutoTokenizer.from_pretrained(str(folder)), None, 96))
     with torch.no_grad():

@@ -21,13 +21,13 @@ def run(gen, prompt, **kw):
 
 
 def test_chat_template_applied(loaded):
-    ids = loaded.generator.chat_prompt([{"role": "user", "content": "hello world"}])
+    ids = loaded.prompts.chat([{"role": "user", "content": "hello world"}])
     text = loaded.tokenizer.decode(ids)
     assert text.startswith("<|user|>\nhello world</s>") and text.endswith("<|assistant|>\n")
 
 
 def test_max_tokens_and_streamed_text_equals_final(loaded):
-    prompt = loaded.generator.chat_prompt([{"role": "user", "content": "hello"}])
+    prompt = loaded.prompts.chat([{"role": "user", "content": "hello"}])
     toks, fin = run(loaded.generator, prompt, max_new_tokens=17)
     assert fin.reason == "length" and len(fin.token_ids) == 17
     assert "".join(t.text for t in toks) == fin.text
@@ -35,7 +35,7 @@ def test_max_tokens_and_streamed_text_equals_final(loaded):
 
 
 def test_seeded_sampling_is_reproducible_and_differs_from_greedy(loaded):
-    prompt = loaded.generator.chat_prompt([{"role": "user", "content": "hello"}])
+    prompt = loaded.prompts.chat([{"role": "user", "content": "hello"}])
     kw = dict(max_new_tokens=20, temperature=1.5, top_p=0.95, top_k=50, repetition_penalty=1.2)
     a = run(loaded.generator, prompt, seed=11, **kw)[1].token_ids
     b = run(loaded.generator, prompt, seed=11, **kw)[1].token_ids
@@ -59,7 +59,7 @@ def test_sample_filters():
 
 def test_eos_stops(loaded):
     gen = loaded.generator
-    prompt = gen.chat_prompt([{"role": "user", "content": "hello"}])
+    prompt = loaded.prompts.chat([{"role": "user", "content": "hello"}])
     first = run(gen, prompt, max_new_tokens=3)[1].token_ids
     gen.eos_ids.add(first[1])
     try:
@@ -71,7 +71,7 @@ def test_eos_stops(loaded):
 
 def test_stop_string_truncates_and_is_never_streamed(loaded):
     gen = loaded.generator
-    prompt = gen.chat_prompt([{"role": "user", "content": "hello"}])
+    prompt = loaded.prompts.chat([{"role": "user", "content": "hello"}])
     full = run(gen, prompt, max_new_tokens=30)[1].text
     stop = full[5:8]
     assert len(stop) == 3
@@ -90,7 +90,7 @@ def test_stop_matcher_holds_back_partial_matches():
 
 def test_cancel_from_another_thread(loaded):
     gen = loaded.generator
-    prompt = gen.chat_prompt([{"role": "user", "content": "hello"}])
+    prompt = loaded.prompts.chat([{"role": "user", "content": "hello"}])
     cancel = threading.Event()
     seen = []
     for ev in gen.stream(prompt, SamplingParams(max_new_tokens=200), cancel):
@@ -142,9 +142,9 @@ def test_second_turn_reuses_cache_and_matches_cold_run(loaded):
         return events[-1]
 
     msgs = [{"role": "user", "content": "hello"}]
-    fin1 = chat(gen.chat_prompt(msgs), 10)
+    fin1 = chat(loaded.prompts.chat(msgs), 10)
     msgs += [{"role": "assistant", "content": fin1.text}, {"role": "user", "content": "world"}]
-    p2 = gen.chat_prompt(msgs)
+    p2 = loaded.prompts.chat(msgs)
     warm = chat(p2, 12)
     assert warm.reused_tokens > 0
     cold = chat(p2, 12, fresh=True)

@@ -161,7 +161,7 @@ def test_eval_at_the_accelerator_tiers_gives_the_reference_perplexity(fam, sourc
     weights, to 1e-3; `--dtype bf16 --placement cpu` runs the file's blocks natively (int8 activations,
     bf16 dense matmul inputs) and stays within a bound: on 2026-12-01, 3 token sets x 2 families gave
     fp32 within 1.5e-6 and bf16 within 0.14% of the reference; the bound allows 1%."""
-    from engine.tools.evaluate import perplexity
+    from engine.evaluate import perplexity
 
     ids = torch.randint(3, SHAPE["vocab"], (96,), generator=torch.Generator().manual_seed(1))
     want = _ppl(reference(sources[fam], files[fam]), ids)

@@ -78,9 +78,12 @@ def test_bf16_generation_on_cuda(tiny):
     tok = ck.load_tokenizer()
     pl = Placement.random(ck.dims.layers, ck.dims.experts, [Tier.GPU16, Tier.CPU16], 2)
     model = MoEModel(ck, pl, CUDA, torch.bfloat16)
+    from engine.chat_template import ChatTemplate
+    from engine.prompt import Prompts
+
     gen = Generator(model, tok, set(), ctx=128)
-    fin = list(gen.stream(gen.chat_prompt([{"role": "user", "content": "hello"}]),
-                          SamplingParams(max_new_tokens=16)))[-1]
+    prompt = Prompts(ChatTemplate.of(tok, ck.folder), tok, gen.ctx).chat([{"role": "user", "content": "hello"}])
+    fin = list(gen.stream(prompt, SamplingParams(max_new_tokens=16)))[-1]
     assert len(fin.token_ids) == 16
 
 

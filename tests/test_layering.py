@@ -97,3 +97,22 @@ def test_the_engine_core_never_imports_its_tools():
             bad += [f"{rel}: {t}" for t in targets if t == "engine.tools" or t.startswith("engine.tools.")]
     assert not bad, bad
 
+
+
+def test_the_engine_contract_imports_no_model_code():
+    """The messages (commands, events, SamplingParams, Placement, Tier) are plain values: a client
+    imports them without torch or any model module (checked in a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "import engine.protocol, engine.commands, engine.events, engine.sampling\n"
+            "from engine.protocol import Generate, Load, Loaded, Done, Token, SamplingParams\n"
+            "from engine.placement import Placement, Tier\n"
+            "heavy = [m for m in ('torch', 'engine.model', 'engine.generate', 'engine.session', 'transformers')\n"
+            "         if m in sys.modules]\n"
+            "print(heavy)\n")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine.checkpoint import Checkpoint
-from engine.tools.evaluate import perplexity
+from engine.evaluate import perplexity
 from engine.model import MoEModel
 from engine.placement import ALL_TIERS, Placement, Tier
 from engine.planning.profile import Cancelled, ModelProfile, calibrate

@@ -1,17 +1,14 @@
 """The scheduler without a model: admission, batched decode, per-request stop, stop-all, prefix
 reuse, chunked prompts and failures, against a scripted forward (each token's successor is the
 next id) and a real KV cache. The scheduler is driven step by step, as the engine thread does."""
-from types import SimpleNamespace
-
 import torch
 
 from engine.generate import Done, Generator, SamplingParams, Token
 from engine.model import KVCache
-from engine.protocol import ErrorEvent, Generate, Task
+from engine.protocol import ErrorEvent, Generate, Query
 from engine.scheduler import Scheduler
 
 V = 50
-PLAIN = SimpleNamespace(format="plain")  # a chat template's reply format (prompts here are ids)
 
 
 class Dims:
@@ -72,7 +69,7 @@ class Replies:
 def scheduler(max_streams=4, chunk=64, poison=()):
     model = ScriptedModel(poison)
     s = Scheduler(max_streams, chunk)
-    s.attach(Generator(model, Letters(), eos_ids=set(), ctx=128, template=PLAIN), max_token_chars=1)
+    s.attach(Generator(model, Letters(), eos_ids=set(), ctx=128))
     return s, model
 
 
@@ -120,13 +117,13 @@ def test_pool_requests_decode_together_up_to_max_streams():
     assert widths and max(widths) == 2  # batched decode steps, never wider than max_streams
 
 
-def test_a_chat_request_waits_for_the_chat_cache_and_a_task_for_every_request():
+def test_a_chat_request_waits_for_the_chat_cache_and_a_query_for_every_request():
     s, _ = scheduler()
     (a, ra), (b, rb) = submit(s, gen([1, 2], slot="chat")), submit(s, gen([3, 4], slot="chat"))
-    task, _ = submit(s, Task(fn=lambda e: 1))
+    task, _ = submit(s, Query(name="vocab"))
     s.admit()
     assert s.running == [a] and list(s.waiting) == [b, task]
-    assert run(s) is task  # the task comes out once both replies have ended
+    assert run(s) is task  # the query comes out once both replies have ended
     assert ra.done.reason == rb.done.reason == "length" and not s.busy
 
 
@@ -257,9 +254,20 @@ def test_every_decode_step_is_reported_with_its_width_and_time():
     steps = []
     model = ScriptedModel()
     s = Scheduler(4, on_decode=lambda n, sec: steps.append((n, sec)))
-    s.attach(Generator(model, Letters(), eos_ids=set(), ctx=128, template=PLAIN), max_token_chars=1)
+    s.attach(Generator(model, Letters(), eos_ids=set(), ctx=128))
     pairs = [submit(s, gen([i, i + 1], n=5)) for i in (1, 20)]
     run(s)
     tokens = sum(len(r.done.token_ids) for _, r in pairs)
     assert sum(n for n, _ in steps) == tokens - 2  # each first token comes from its prompt's forward
     assert max(n for n, _ in steps) == 2 and all(sec > 0 for _, sec in steps)
+
+
+def test_the_scheduler_takes_ids_only():
+    """It renders nothing: a request's messages or text are prepared before it (engine/prompt.py,
+    by the session); one that was not ends with a word, not a render."""
+    s, model = scheduler()
+    _, r1 = submit(s, Generate(messages=[{"role": "user", "content": "hi"}]))
+    _, r2 = submit(s, Generate(prompt_text="hi"))
+    run(s)
+    assert all(isinstance(r.done, ErrorEvent) and "not rendered" in r.done.message for r in (r1, r2))
+    assert model.calls == []

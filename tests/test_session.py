@@ -216,13 +216,16 @@ def test_reprofile_measures_both_profiles_anew_and_replans(tiny, tmp_path):
     s.shutdown()
 
 
-def test_errors_anywhere_become_events_and_the_thread_serves_on(tiny):
-    """The error boundary: a bad request, a failing task and a failing re-plan each end with an
+def test_errors_anywhere_become_events_and_the_thread_serves_on(tiny, monkeypatch):
+    """The error boundary: a bad request, a failing query and a failing re-plan each end with an
     ErrorEvent (the unexpected ones with a log file holding the traceback), and the same thread
     answers the next request."""
     from pathlib import Path
 
-    from engine.protocol import Task, TaskDone
+    from engine import queries
+    from engine.protocol import Query, QueryDone
+
+    monkeypatch.setitem(queries.HANDLERS, "broken", lambda session: {}["missing"])  # a handler with a bug
 
     rec = Recorder()
     s = start(tiny, rec)
@@ -231,9 +234,12 @@ def test_errors_anywhere_become_events_and_the_thread_serves_on(tiny):
     err = rec.wait(lambda e: isinstance(e, ErrorEvent) and e.request_id == rid)
     assert err.kind == "InputError" and "temperature" in err.message and not err.log
 
-    rid = s.submit(Task(fn=lambda session: {}["missing"]))
+    rid = s.submit(Query(name="broken"))
     err = rec.wait(lambda e: isinstance(e, ErrorEvent) and e.request_id == rid)
     assert "KeyError" in err.message and err.log and "KeyError" in Path(err.log).read_text()
+    rid = s.submit(Query(name="no such question"))
+    err = rec.wait(lambda e: isinstance(e, ErrorEvent) and e.request_id == rid)
+    assert err.kind == "InputError" and "no such question" in err.message and "vocab" in err.message
 
     def broken(*a, **k):
         raise ZeroDivisionError("planner bug")
@@ -244,8 +250,8 @@ def test_errors_anywhere_become_events_and_the_thread_serves_on(tiny):
     assert err.request_id is None
     del s.controller.points  # the method again
 
-    rid = s.submit(Task(fn=lambda session: session.loaded.ckpt.dims.layers))
-    assert rec.wait(lambda e: isinstance(e, TaskDone) and e.request_id == rid).value == 2
+    rid = s.submit(Query(name="vocab"))
+    assert rec.wait(lambda e: isinstance(e, QueryDone) and e.request_id == rid).value == s.loaded.ckpt.dims.vocab
     rid = s.submit(Generate(prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=3)))
     assert len(rec.wait(lambda e: isinstance(e, Done) and e.request_id == rid).token_ids) == 3
     assert s.thread is thread and thread.is_alive()
@@ -267,5 +273,30 @@ def test_a_model_that_fails_to_open_leaves_the_one_in_use_chatting(tiny, tmp_pat
             assert s.loaded is not None and s.last_loaded is not None and s.last_loaded.name == tiny.name
             rid = s.submit(Generate(prompt_ids=PROMPT, params=SamplingParams(max_new_tokens=3)))
             assert len(rec.wait(lambda e, rid=rid: isinstance(e, Done) and e.request_id == rid).token_ids) == 3
+    finally:
+        s.shutdown()
+
+
+def test_the_check_model_query_opens_a_model_without_releasing_the_one_in_use(tiny, tmp_path):
+    """File > Open model's check (app/model_switch.py) is a named query answered on the engine thread:
+    a model's folder comes back; a folder that is not one is an error in one line; the model in use
+    stays, and a chat sent as messages is rendered by the engine's one prompt pipeline."""
+    from engine.protocol import Query, QueryDone
+
+    rec = Recorder()
+    s = start(tiny, rec)
+    try:
+        assert s.last_loaded.prompt_ids == s.loaded.prompts.chat  # engine/prompt.py, off the engine thread too
+        rid = s.submit(Query(name="check_model", args={"spec": str(tiny)}))
+        assert rec.wait(lambda e: isinstance(e, QueryDone) and e.request_id == rid).value == str(tiny)
+        (tmp_path / "notes").mkdir()
+        rid = s.submit(Query(name="check_model", args={"spec": str(tmp_path / "notes")}))
+        err = rec.wait(lambda e: isinstance(e, ErrorEvent) and e.request_id == rid)
+        assert "notes" in err.message and "\n" not in err.message and not err.log
+        assert s.loaded is not None and s.last_loaded.name == tiny.name
+        chat = [{"role": "user", "content": "hello"}]
+        rid = s.submit(Generate(messages=chat, params=SamplingParams(max_new_tokens=3)))
+        done = rec.wait(lambda e: isinstance(e, Done) and e.request_id == rid)
+        assert done.prompt_tokens == len(s.last_loaded.prompt_ids(chat))
     finally:
         s.shutdown()

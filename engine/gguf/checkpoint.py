@@ -279,9 +279,10 @@ class GGUFCheckpoint:
 
     def bar_fields(self) -> dict:
         """What the file holds, for the Loaded event's model bar (protocol.Loaded.weights/weights_4bit)."""
-        from .tiers import cpu4_is_file_form
+        from .tiers import cpu4_is_file_form, requantised_from
 
-        return {"weights": self.format_label(), "weights_4bit": cpu4_is_file_form(self)}
+        return {"weights": self.format_label(), "weights_4bit": cpu4_is_file_form(self),
+                "weights_bits": requantised_from(self)}
 
     def format_label(self) -> str:
         """e.g. 'Q4_K_M GGUF, experts at 4.8 bits' (general.file_type, and the experts' real bits)."""

@@ -88,6 +88,20 @@ def requantised_share(ckpt) -> float:
     return more / total if total else 0.0
 
 
+def requantised_from(ckpt) -> str:
+    """In words, the file's precision of the expert matrices that a 4-bit tier re-quantises (those
+    held at more than 4 bits): "8-bit" for a Q8_0 file, "6-bit" for a Q4_K_M file's Q6_K down
+    matrices, "16-bit" for F16; "" when every one is 4-bit already."""
+    import re
+
+    bits = set()
+    for t in expert_qtypes(ckpt):
+        m = re.search(r"\d+", GT(t).name)
+        if not is_four_bit(t) and m and int(m[0]) > 4:
+            bits.add(int(m[0]))
+    return " and ".join(f"{b}-bit" for b in sorted(bits))
+
+
 def cpu4_is_file_form(ckpt) -> bool:
     """Whether cpu-4 holds the file's own blocks (4-bit experts) rather than a re-quantisation."""
     return all(is_four_bit(t) for t in expert_qtypes(ckpt))

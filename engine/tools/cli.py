@@ -75,7 +75,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _params(a):
-    from ..generate import SamplingParams
+    from ..sampling import SamplingParams
 
     return SamplingParams(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
                           top_k=a.top_k, repetition_penalty=a.repetition_penalty, seed=a.seed,
@@ -183,7 +183,7 @@ def cmd_bench(a) -> int:
     import psutil
     import torch
 
-    from ..generate import SamplingParams
+    from ..sampling import SamplingParams
     from ..memory import PeakRSS
 
     a.quiet = True
@@ -195,13 +195,12 @@ def cmd_bench(a) -> int:
             load_s = time.perf_counter() - t0
             print(loaded.description)
             g = torch.Generator().manual_seed(0)
-            vocab = client.task(lambda s: s.loaded.ckpt.dims.vocab)
+            vocab = client.query("vocab")
             prompt = torch.randint(10, vocab, (a.prompt_tokens,), generator=g).tolist()
             results = [client.generate(prompt_ids=prompt, params=SamplingParams(max_new_tokens=a.new_tokens),
                                        fresh=True)  # a cold prefill every time
                        for _ in range(a.repeats)]
-            cuda_peak = client.task(lambda s: torch.cuda.max_memory_allocated(s.loaded.accel.device)
-                                    if s.loaded.accel.is_cuda else None)
+            cuda_peak = client.query("peak_vram")
         finally:
             client.close()
     best = max(results, key=lambda f: f.decode_tok_s)

@@ -12,8 +12,8 @@ GB = 10**9
 def _budgets(a, default):
     from ..planning.planner import Budgets
 
-    return Budgets(vram=int(a.gpu_budget * GB) if a.gpu_budget is not None else default.vram,
-                   ram=int(a.ram_budget * GB) if a.ram_budget is not None else default.ram)
+    vram, ram = _bytes(a.gpu_budget), _bytes(a.ram_budget)
+    return Budgets(vram=default.vram if vram is None else vram, ram=default.ram if ram is None else ram)
 
 
 def prepare(a):
@@ -100,17 +100,10 @@ def cmd_plan(a) -> int:
     else:
         client = prepare(a)
         try:
-            def inputs(s):
-                from ..planning.profile import cached_profile
-
-                held = s.loaded.model.expert_bytes()
-                acc = s.loaded.accel
-                return (s.controller.inputs, s.loaded.ckpt.folder.name, acc.describe(),
-                        default_budgets(acc.cpu_only, acc.device, held_ram=held["host"], held_vram=held["accelerator"]),
-                        cached_profile(s.loaded.ckpt) is not None)
-            inp, name, where, free, measured = client.task(inputs)
+            got = client.query("plan_inputs")
         finally:
             client.close()
+        inp, name, where, free, measured = got["inputs"], got["name"], got["where"], got["free"], got["measured"]
         b = _budgets(a, free)
         note = (f"profiles measured on this machine; {where}" if measured else
                 f"ASSUMED: uniform expert popularity and 4-bit sensitivity (the model's calibration did not "
@@ -134,36 +127,17 @@ def cmd_plan(a) -> int:
 
 
 def cmd_eval(a) -> int:
-    from .evaluate import compare, corpus_ids, logprobs
-    from ..generate import SamplingParams
-    from ..placement import Placement, Tier
-    from ..planning.inputs import default_budgets
-    from ..planning.planner import plan
-
-    def evaluate(s):
-        """On the engine thread: perplexity all 16-bit, then at the slider's plan, and decode speed."""
-        loaded, inp = s.loaded, s.controller.inputs
-        m, d = loaded.model, loaded.ckpt.dims
-        ids = corpus_ids(loaded.tokenizer, a.text, a.tokens)
-        full16 = Tier.CPU16 if loaded.accel.cpu_only else Tier.GPU16
-        m.apply(Placement.uniform(d.layers, d.experts, full16))
-        ref = logprobs(m, ids)
-        held = m.expert_bytes()
-        b = _budgets(a, default_budgets(loaded.accel.cpu_only, loaded.accel.device, held["host"], held["accelerator"]))
-        p = plan(inp, b, a.slider)
-        m.apply(p.placement)
-        s.controller.migrator.recount()
-        q = compare(ref, logprobs(m, ids), ids)
-        fin = list(loaded.generator.stream(ids[:16], SamplingParams(max_new_tokens=a.new_tokens)))[-1]
-        return p, q, len(ids), fin
-
+    """Perplexity all 16-bit, then at the slider's plan, and decode speed (measured on the engine
+    thread: the query "evaluate", engine/queries.py)."""
     if a.placement != "auto":
         return _eval_pinned(a)
     client = prepare(a)
     try:
-        p, q, n, fin = client.task(evaluate)
+        got = client.query("evaluate", slider=a.slider, text=a.text, tokens=a.tokens, new_tokens=a.new_tokens,
+                           vram=_bytes(a.gpu_budget), ram=_bytes(a.ram_budget))
     finally:
         client.close()
+    p, q, n, fin = got["plan"], got["quality"], got["tokens"], got["done"]
     print(f"slider {a.slider}: {', '.join(f'{n} {t}' for t, n in sorted(p.counts().items()))}")
     print(f"perplexity {q['ppl']:.3f} (all 16-bit {q['ref_ppl']:.3f}), KL {q['kl']:.5f} nats/token, "
           f"{n} tokens")
@@ -172,25 +146,21 @@ def cmd_eval(a) -> int:
     return 0
 
 
+def _bytes(gb: float | None) -> int | None:
+    return int(gb * GB) if gb is not None else None
+
+
 def _eval_pinned(a) -> int:
     """`eval --placement P` (anything but auto): the perplexity of the model kept at that placement."""
     from ..client import for_terminal
-    from ..generate import SamplingParams
-    from .evaluate import corpus_ids, perplexity
-
-    def evaluate(s):
-        loaded = s.loaded
-        ids = corpus_ids(loaded.tokenizer, a.text, a.tokens)
-        ppl = perplexity(loaded.model, ids)
-        fin = list(loaded.generator.stream(ids[:16], SamplingParams(max_new_tokens=a.new_tokens)))[-1]
-        return ppl, len(ids), loaded.model.placement.counts(), fin
 
     client = for_terminal(False)
     try:
         client.load(a.model or "demo", a.placement, a.device, a.dtype, a.ctx)
-        ppl, n, counts, fin = client.task(evaluate)
+        got = client.query("evaluate_pinned", text=a.text, tokens=a.tokens, new_tokens=a.new_tokens)
     finally:
         client.close()
+    ppl, n, counts, fin = got["perplexity"], got["tokens"], got["counts"], got["done"]
     tiers = ", ".join(f"{k} {getattr(t, 'value', t)}" for t, k in counts.items() if k)
     print(f"placement {a.placement}: {tiers}")
     print(f"perplexity {ppl:.6f}, {n} tokens")

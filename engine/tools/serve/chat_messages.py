@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 
-from ...prompt_limit import message_chars
 from .openai_api import ApiError, text_of
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -117,13 +116,3 @@ def messages_of(body: dict, reply_format: str = "plain") -> list[dict]:
         out.append(msg)
     return out
 
-
-def prompt_chars(messages: list[dict], tools: list | None) -> int:
-    """The characters of a conversation: its contents, reasoning and tool calls (their arguments
-    as JSON), and the tools offered (the template adds a few tokens more)."""
-    n = message_chars(messages) + (len(json.dumps(tools, ensure_ascii=False)) if tools else 0)
-    for m in messages:
-        for c in m.get("tool_calls", ()):
-            n += len(c["function"]["name"]) + len(json.dumps(c["function"]["arguments"], ensure_ascii=False))
-        n += len(m.get("thinking", "")) + len(m.get("reasoning_content", ""))
-    return n

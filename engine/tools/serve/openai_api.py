@@ -30,7 +30,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ...generate import SamplingParams
+from ...sampling import SamplingParams
 from ...protocol import EngineStopped, ErrorEvent, Generate, Loaded, Stop
 
 STOP_CHARS = 1000  # a stop string longer than this is a mistake (each step scans for it)

@@ -17,14 +17,13 @@ import time
 from collections import deque
 from functools import partial
 
-from .chat_messages import messages_of, prompt_chars
+from .chat_messages import messages_of
 from .chat_reply import ChatReply
 from .guard import Guard, protocol_with_header_deadline
 from .openai_api import (FINISH, ApiError, ClientGone, Departure, EngineLink, RequestLog, chunk_id, error_of, now,
                          parse_body, prompt_of, sampling, sse, stream_fields)
 from .tool_fields import refuse_unsupported, tool_request
 from ...errors import ContextOverflow, MixdeskError
-from ...prompt_limit import check_chars
 from ...protocol import Done, ErrorEvent, Token
 
 LOG_LINES = 200  # the request log the window shows keeps this many
@@ -204,29 +203,15 @@ class Server:
         reply = None
         if kind == "chat":
             messages = messages_of(body, ld.reply_format)
-            if len(messages) >= ld.ctx:  # each message takes a token at least
-                raise ApiError(400, f"{len(messages):,} messages cannot fit in a context of {ld.ctx} tokens",
-                               code="context_length_exceeded", param="messages")
             tr = tool_request(body, ld)
             options = {"tools": tr.rendered, "reasoning_effort": tr.reasoning_effort, "thinking": tr.thinking}
-            chars = prompt_chars(messages, tr.rendered)
-            kw = {"messages": messages, "reply_prefix": tr.prefix, **options}
-        else:
-            prompt = prompt_of(body)
-            chars, kw = len(prompt), {"prompt_text": prompt}
-        try:  # before any tokenising: far too long is told from the characters alone
-            check_chars(chars, ld.ctx, ld.max_token_chars)
-        except ContextOverflow as e:
-            raise ApiError(400, str(e), code="context_length_exceeded", param="messages") from None
-        if kind == "chat":
-            if ld.prompt_ids is not None:  # the template and tokeniser off the engine thread
-                ids = await self._prompt_ids(ld, messages, options)
-                # the prompt is rendered: Generate.tools only says which functions the reply may call
-                kw = {"prompt_ids": ids, "tools": tr.offered, "reply_prefix": tr.prefix}
-                key = hashlib.sha256(repr(ids).encode()).hexdigest()
-            else:
-                key = hashlib.sha256(json.dumps([messages, tr.rendered], sort_keys=True).encode()).hexdigest()
-            reply = ChatReply(key, tr.parallel)
+            # the engine's one prompt pipeline (engine/prompt.py: its length checks, the template, the
+            # tokenizer), off the engine thread; Generate.tools then only says which functions may be called
+            ids = await self._prompt_ids(ld, messages, options)
+            kw = {"prompt_ids": ids, "tools": tr.offered, "reply_prefix": tr.prefix}
+            reply = ChatReply(hashlib.sha256(repr(ids).encode()).hexdigest(), tr.parallel)
+        else:  # a plain text: the engine tokenises it, with the same checks (engine/prompt.py)
+            kw = {"prompt_text": prompt_of(body)}
         departure = Departure(request)  # a client that leaves stops its request, streamed or not
         try:
             rid, q = self.link.start(params=params, **kw)

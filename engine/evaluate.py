@@ -6,7 +6,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..model import MoEModel
+from .model import MoEModel
 
 
 @torch.inference_mode()

@@ -1,0 +1,103 @@
+"""What clients send the engine thread: the commands of engine/protocol.py, every one built with
+keywords. A leaf: plain values (no torch, no model code)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from .monitor import BudgetReading
+
+
+@dataclass(frozen=True, kw_only=True)
+class Load:
+    """Open a model: a folder, a hub id, or "demo". placement: "auto" lets the planner place and
+    re-place experts; anything else ("cpu", "gpu", "random:SEED", a JSON file) pins the placement."""
+
+    path: str
+    device: str | None = None
+    dtype: str = "auto"
+    ctx: int = 4096
+    placement: str = "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Generate:
+    """One reply. Its prompt, in the order preferred: prompt_ids rendered by the client with
+    Loaded.prompt_ids (engine/prompt.py: the template, the tokenizer and the length checks, off the
+    engine thread); prompt_text; or messages, rendered by the session with that same function as it
+    takes the request (a compatibility path: the engine thread renders them before the scheduler)."""
+
+    messages: list[dict] | None = None
+    prompt_ids: list[int] | None = None
+    params: SamplingParams = SamplingParams()
+    fresh: bool = False  # ignore keys/values cached from the previous request (a cold prefill)
+    prompt_text: str | None = None  # a plain-text prompt, tokenised as is (no chat template)
+    # "chat": the conversation's own KV cache (one such request at a time, its prefix carried over
+    # between turns); "pool": a cache of its own, running beside others (the local server)
+    slot: str = "chat"
+    # the chat template's options (for `messages`; a client that renders prompt_ids itself passes
+    # them to Loaded.prompt_ids, and `tools` here only to say what may be called): tools in OpenAI's
+    # shape, {"type": "function", "function": {...}}, the functions the reply may call (None: none
+    # offered, any call is read; []: a call stays content);
+    # thinking False switches reasoning off where the template can (Qwen3's enable_thinking);
+    # reasoning_effort "low" | "medium" | "high" (GPT-OSS)
+    tools: list | None = None
+    thinking: bool | None = None
+    reasoning_effort: str | None = None
+    # the reply is read in the model's own format (engine/formats: reasoning, content, tool calls);
+    # False (and any prompt_text request): all of it is content
+    formatted: bool = True
+    # text the reply starts with: it ends the prompt and is read as the reply's first text (a tool
+    # call forced by opening it: the server's tool_choice "required" or a named function)
+    reply_prefix: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stop:
+    request_id: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetSlider:
+    value: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetBudgets:
+    """A user cap on what the model may use (None: follow the monitor)."""
+
+    vram: int | None = None
+    ram: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reprofile:
+    """Measure this machine and calibrate the loaded model anew (profiles go stale: a driver or
+    BIOS change, or a profile measured while the machine was busy), then re-plan."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Query:
+    """A question for the engine thread about what it holds, by name, with plain arguments
+    (Query(name="vocab"), Query(name="check_model", args={"spec": "owner/name"})). It is answered
+    between requests (it waits for every running request to end) by the handler of that name
+    (engine/queries.py, where every name is listed), with a plain value in a QueryDone; a failure is
+    an ErrorEvent. A Stop with the query's id (or with none) stops a long one (a download)."""
+
+    name: str
+    args: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shutdown:
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reading:
+    """From the memory monitor's thread: a new budget reading."""
+
+    reading: BudgetReading
