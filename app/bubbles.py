@@ -46,6 +46,25 @@ def link(fmt: QTextCharFormat, href: str, tooltip: str = "") -> QTextCharFormat:
     return f
 
 
+def relabel(document, href: str, old: str, new: str) -> bool:
+    """The link to `href` that reads `old` made to read `new`, in its own format (Copy -> Copied
+    and back); False where no such link is there (the document was drawn again meanwhile)."""
+    block = document.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            frag = it.fragment()
+            if frag.isValid() and frag.charFormat().anchorHref() == href and frag.text() == old:
+                cur = QTextCursor(document)
+                cur.setPosition(frag.position())
+                cur.setPosition(frag.position() + frag.length(), QTextCursor.KeepAnchor)
+                cur.insertText(new, frag.charFormat())
+                return True
+            it += 1
+        block = block.next()
+    return False
+
+
 def bubble(cur: QTextCursor, palette: QPalette, role: str) -> QTextFrame | DocumentEnd:
     """Where a message goes, at the end of the document; the cursor is left in its (empty) first block.
     The user's message is a frame tinted with the highlight colour and set to the right; a reply is
@@ -122,3 +141,23 @@ def footer(frame: QTextFrame | DocumentEnd, palette: QPalette, text: str, toolti
     else:
         cur.setBlockFormat(fmt)
     cur.insertText(text, f)
+
+
+def versions(frame: QTextFrame | DocumentEnd, palette: QPalette, mid, shown: int, count: int) -> None:
+    """Under a regenerated reply: ‹ 2/3 ›, each arrow a link to the version beside the one shown
+    (version:MID:J; an arrow with nowhere to go is drawn faint and links nowhere)."""
+    cur = QTextCursor(frame.document())
+    cur.movePosition(QTextCursor.End)
+    fmt = QTextBlockFormat()
+    fmt.setTopMargin(2)
+    if cur.block().length() > 1:
+        cur.insertBlock(fmt, small(palette, 0.6))
+    else:
+        cur.setBlockFormat(fmt)
+    for arrow, j, tip in (("‹", shown - 1, "The answer before"), (None, None, None), ("›", shown + 1, "The answer after")):
+        if arrow is None:
+            cur.insertText(f"  {shown + 1}/{count}  ", small(palette, 0.6))
+        elif 0 <= j < count:
+            cur.insertText(arrow, link(small(palette, 0.75, bold=True), f"version:{mid}:{j}", tip))
+        else:
+            cur.insertText(arrow, small(palette, 0.25))

@@ -31,7 +31,9 @@ from engine.generate import SamplingParams
 
 from . import theme
 
-DEFAULTS = SamplingParams(max_new_tokens=1024)  # the window's defaults (app/main_window.py `params`)
+# new chats' built-in defaults (the window's `params` holds the user's own: app/chat_defaults.py); a mild
+# repetition penalty, as llama.cpp and LM Studio use
+DEFAULTS = SamplingParams(max_new_tokens=1024, repetition_penalty=1.1)
 PRESETS_KEY = "chat/system_prompt_presets"
 REPLY_SHARE = 4  # room kept for the reply: its longest reply, at most 1/REPLY_SHARE of the context length
 # A served model's template is not known here: its own tokens are estimated (measured on the
@@ -217,12 +219,16 @@ class ChatSettingsDialog(QDialog):
     PICK = "Choose a preset…"
 
     def __init__(self, parent, title: str, settings: dict, system_prompt: str, model_ctx: int = 0,
-                 defaults: SamplingParams = DEFAULTS):
+                 defaults: SamplingParams = DEFAULTS, for_new_chats: bool = False):
+        """for_new_chats: the defaults new chats start from (app/chat_defaults.py): the sampling
+        settings only (no system prompt, no memory), `defaults` being the built-in ones."""
         super().__init__(parent)
-        self.setWindowTitle("Chat settings")
+        self.setWindowTitle("Defaults for new chats" if for_new_chats else "Chat settings")
         self.defaults = default_values(defaults)
         lay = QVBoxLayout(self)
-        head = QLabel(f"For the chat <b>{_escape(title)}</b>. New chats start from the defaults.")
+        head = QLabel("For chats created from now on; the chats you have keep their own settings." if for_new_chats
+                      else f"For the chat <b>{_escape(title)}</b>. New chats start from the defaults "
+                           "(Chat > Defaults for new chats…).")
         head.setWordWrap(True)
         lay.addWidget(head)
         form = QGridLayout()
@@ -249,10 +255,14 @@ class ChatSettingsDialog(QDialog):
             form.addWidget(box, i, 1)
             form.addWidget(hint, i, 2)
             self.fields[s.key] = box
+            if for_new_chats and s.key not in SAMPLING_KEYS:
+                for widget in (label, box, hint):
+                    widget.hide()
         lay.addLayout(form)
         self.fields["temperature"].valueChanged.connect(self._randomness)
 
-        lay.addWidget(QLabel("System prompt (what the model is told before the chat):"))
+        prompt_label = QLabel("System prompt (what the model is told before the chat):")
+        lay.addWidget(prompt_label)
         row = QHBoxLayout()
         self.preset = QComboBox()
         self.preset.setToolTip("Saved system prompts: picking one puts its text below")
@@ -270,6 +280,10 @@ class ChatSettingsDialog(QDialog):
         self.prompt.setPlainText(system_prompt)
         lay.addWidget(self.prompt, 1)
         self._list_presets()
+        if for_new_chats:  # a system prompt is never carried into a new topic unseen (see the module's docstring)
+            for widget in (prompt_label, self.preset, self.save_btn, self.delete_btn, self.prompt):
+                widget.hide()
+            lay.addStretch(1)
 
         self.buttons = QDialogButtonBox(QDialogButtonBox.Save | QDialogButtonBox.Cancel | QDialogButtonBox.RestoreDefaults)
         self.reset_btn = self.buttons.button(QDialogButtonBox.RestoreDefaults)

@@ -26,12 +26,14 @@ from PySide6.QtCore import QEvent, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QPalette, QTextCursor
 from PySide6.QtWidgets import QTextBrowser, QToolTip
 
-from . import bubbles, gc_pauses
+from . import bubbles, gc_pauses, reply_footer
 from . import reasoning_view as rv
+from .file_drop import FileDrop
 from .markdown_render import Answer, warm
 
 ROLE_LABEL = bubbles.ROLE_LABEL
 FLUSH_MS = 40
+COPIED_MS = 2000  # how long a Copy link reads "Copied" after a click
 OLD_DOCUMENTS = re.compile(r'\A(?:<document name="[^"]*">\n.*?\n</document>(?:\n\n|\Z))+', re.S)
 
 
@@ -54,17 +56,21 @@ def attached(meta: dict) -> list[dict]:
 
 class ChatView(QTextBrowser):
     notice = Signal(str)  # one line for the status bar: an attached file that cannot be opened
+    file_dropped = Signal(str)  # a file dragged from a file manager onto the messages: to attach (app/file_drop.py)
     # the theme changed: the messages shown were drawn in the old palette's colours (bubbles, chips,
     # footers take theirs when drawn); the window draws them again (at once, or when a reply ends)
     restyle = Signal()
+    version_requested = Signal(int, int)  # a regenerated reply's ‹ › clicked: (its message id, the version)
 
     def __init__(self, parent=None):
         super().__init__(parent)
         self.setOpenLinks(False)  # copy:, open:, think: links are ours; web links open in the browser
         self.anchorClicked.connect(self._on_link)
+        self.file_drop = FileDrop(self, self.file_dropped.emit)  # lit up while files are dragged over it
         self.document().setDocumentMargin(10)
         self.code_style = "default"  # the Pygments style (app/theme.py picks it with the theme)
         self.copies: list[str] = []  # what each copy:N link puts on the clipboard
+        self._copied: dict = {}  # copy:N links that read "Copied" now: their own label, the timer that puts it back
         self.files: list[dict] = []  # what each open:N chip opens
         self.thoughts: list[rv.Thought] = []  # the reasoning blocks shown, by their link's number
         self.unfolded: set = set()  # the messages (ids) whose reasoning the reader unfolded
@@ -91,12 +97,38 @@ class ChatView(QTextBrowser):
     def _on_link(self, url: QUrl) -> None:
         if url.scheme() == "copy":
             QGuiApplication.clipboard().setText(self.copies[int(url.path())])
+            self.show_copied(url.toString())
         elif url.scheme() == rv.LINK:
             self.toggle_thought(int(url.path()))
         elif url.scheme() == "open":
             self.open_file(int(url.path()))
+        elif url.scheme() == "version":
+            mid, j = url.path().split(":")
+            self.version_requested.emit(int(mid), int(j))
         else:
             QDesktopServices.openUrl(url)
+
+    def show_copied(self, href: str) -> None:
+        """The clicked Copy (or Copy code) link reads "Copied" for COPIED_MS, then as it did."""
+        if href in self._copied:  # clicked again while it says so: said for longer
+            self._copied[href][1].start()
+            return
+        with self.one_edit():
+            for label in ("Copy", "Copy code"):
+                if bubbles.relabel(self.document(), href, label, "Copied"):
+                    break
+            else:
+                return
+        timer = QTimer(self, singleShot=True, interval=COPIED_MS)
+        timer.timeout.connect(lambda: self._copy_label_back(href))
+        self._copied[href] = (label, timer)
+        timer.start()
+
+    def _copy_label_back(self, href: str) -> None:
+        label, timer = self._copied.pop(href)
+        timer.deleteLater()
+        with self.one_edit():
+            bubbles.relabel(self.document(), href, "Copied", label)
 
     def open_file(self, n: int) -> None:
         """An attachment chip was clicked: the file opens in its own app, or one line says why not."""
@@ -192,6 +224,10 @@ class ChatView(QTextBrowser):
         self.clear()
         self.stale_colours = False
         self.copies, self.files, self.thoughts = [], [], []
+        for _label, timer in self._copied.values():  # the links that read "Copied" are gone
+            timer.stop()
+            timer.deleteLater()
+        self._copied = {}
         self._stream_start = self._live = self._answer = self._frame = None
         with self.one_edit():
             for m in messages:
@@ -216,12 +252,21 @@ class ChatView(QTextBrowser):
             self._thought(cur, meta["reasoning"], meta.get("thought_s") or 0.0, key)
             cur.setPosition(frame.lastPosition())
         if shown.strip() or suffix or not (meta.get("tool_calls") or files):  # a reply that only called a tool: no empty answer
-            answer = Answer(frame, cur.position(), self.code_style, self._copy, self.palette().color(QPalette.Text))
+            answer = Answer(frame, cur.position(), self.code_style, self._copy, self.palette().color(QPalette.Text),
+                            line_breaks=role == "user")  # what the user typed on two lines shows on two
             answer.feed((shown or " ") + suffix)
             answer.close()
         self._extras(frame, meta)
-        if meta.get("stats"):
-            bubbles.footer(frame, self.palette(), meta["stats"], meta.get("stats_detail", ""))
+        footer = reply_footer.line(meta.get("stats") or "", meta.get("model") or "")  # who wrote it, and its stats
+        if footer:
+            bubbles.footer(frame, self.palette(), footer, meta.get("stats_detail", ""))
+        self._versions(frame, key, meta)
+
+    def _versions(self, frame, key, meta: dict) -> None:
+        """‹ 1/2 › under a reply that was regenerated (app/chat_session.py keeps the versions)."""
+        count = len(meta.get("versions") or ())
+        if count > 1 and key is not None:
+            bubbles.versions(frame, self.palette(), key, int(meta.get("version", count - 1)), count)
 
     def _extras(self, frame, meta: dict) -> None:
         rv.tool_calls(frame, meta.get("tool_calls") or (), self.palette())
@@ -333,7 +378,9 @@ class ChatView(QTextBrowser):
                     self._answer.close()
                 self._copy(self._stream_text.strip() and self._stream_text, self._copy_index)
                 self._extras(self._frame, meta)
-                bubbles.footer(self._frame, self.palette(), stats, meta.get("stats_detail", ""))
+                bubbles.footer(self._frame, self.palette(), reply_footer.line(stats, meta.get("model") or ""),
+                               meta.get("stats_detail", ""))
+                self._versions(self._frame, self._live_key, meta)
             gc_pauses.after_reply()
         self._stream_start = self._live = self._answer = None
         self._follow(at_end)

@@ -13,23 +13,24 @@ import time
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox, QPushButton, QSplitter, QVBoxLayout, QWidget
 
-from engine.generate import SamplingParams
 from engine.protocol import SetSlider, Stop
 
-from . import chat_settings, documents, menus, remote, theme, window_state
+from . import chat_defaults, chat_settings, documents, menus, remote, theme, window_state
 from .composer import Composer
 from .conversation_list import ConversationList
 from .gpu_runtime import GpuOfferBar, RuntimeDialog
 from .bridge import EngineBridge
+from .chat_backend import LocalBackend
+from .chat_session import ChatSession
 from .chat_view import ChatView
 from .engine_controller import EngineController
 from .model_bar import ModelBar
 from .model_switch import ModelSwitch
 from .panel import LivePanel
+from .panel_switch import PanelSwitch
 from .quality_slider import QualitySlider
 from .progress_row import ProgressRow
 from .reply_flow import ReplyFlow
-from .reply_parts import ReplyParts
 from .serving import LocalServer, ServerBox, ServerDialog
 from .store import Store
 from .waiting import ReplyWait
@@ -48,14 +49,15 @@ class MainWindow(QMainWindow):
         self.engine = EngineController(self.bridge, self)  # events -> typed signals, which the widgets follow
         self.log_lines: list[str] = []
         self.cid: int | None = None
+        self.sessions: dict = {}  # chat id -> its ChatSession (draft, edit, versions) while the window is open
         self.reply = ReplyFlow(self)  # the reply in progress: send, stream, save, end
-        self.parts = ReplyParts(self)  # the reply's reasoning, tool calls, and the chat's Think switch
         self.count_tokens = None
         self.ctx = 0
         self.loading = False
         self.model_info = None  # the Loaded event of the model in use
-        self.params = SamplingParams(max_new_tokens=1024)
+        self.params = chat_defaults.saved()  # what new chats start from (Chat > Defaults for new chats…)
         self.remote = None  # a RemoteChat while the chat talks to a served model elsewhere
+        self.local = LocalBackend(lambda cmd: self.bridge.send(cmd), lambda: self.model_info)  # the engine, as a backend
         self.server = LocalServer(self)
         self.device, self.dtype = device, dtype  # what File > Open model opens models with
         self.models = ModelSwitch(self)
@@ -97,18 +99,22 @@ class MainWindow(QMainWindow):
         cl.addWidget(self.slider)
         self.chat = ChatView()
         self.chat.notice.connect(lambda m: self.statusBar().showMessage(m, 15000))  # a chip's file that cannot open
-        self.chat.restyle.connect(lambda: QTimer.singleShot(0, self.redraw_chat))
+        self._restyle = QTimer(self, singleShot=True, interval=0)  # a child: it dies with the window
+        self._restyle.timeout.connect(self.redraw_chat)
+        self.chat.restyle.connect(self._restyle.start)
+        self.chat.version_requested.connect(self.show_version)
         cl.addWidget(self.chat, 1)
         self.composer = Composer()
         self.composer.send_requested.connect(self.send)
         self.composer.stop_requested.connect(self.stop)
         self.composer.regenerate_requested.connect(self.reply.regenerate)
         self.composer.edit_requested.connect(self.reply.edit_last)
-        self.composer.think_toggled.connect(self.parts.think_toggled)
+        self.composer.think_toggled.connect(lambda on: self.chat_session.set_think(on))
         c = self.composer
         self.attachments, self.input, self.send_btn, self.stop_btn = c.attachments, c.input, c.send_btn, c.stop_btn
         self.context_label = c.context_label
         self.attachments.notice.connect(lambda m: (self.statusBar().showMessage(m, 15000), self.log_line(m)))
+        self.chat.file_dropped.connect(self.attachments.attach)  # files dropped on the messages: attached
         cl.addWidget(c)
         split.addWidget(center)
         self.panel = LivePanel()
@@ -116,6 +122,7 @@ class MainWindow(QMainWindow):
         self.panel.layout().insertWidget(0, self.server_box)
         split.addWidget(self.panel)
         split.setSizes([220, 700, 360])
+        self.panel_switch = PanelSwitch(split, self.panel, self)  # View > Show live panel
         self.setCentralWidget(split)
         self.setAcceptDrops(True)
 
@@ -163,12 +170,55 @@ class MainWindow(QMainWindow):
         self.sidebar.current = self.cid
         self.sidebar.refresh()
 
+    @property
+    def backend(self):
+        """Where the chat's replies come from (app/chat_backend.py): a served model, else the engine."""
+        return self.remote if self.remote is not None else self.local
+
+    @property
+    def chat_session(self) -> ChatSession:
+        """The chat shown, as app/chat_session.py holds it."""
+        if self.cid not in self.sessions:
+            self.sessions[self.cid] = ChatSession(self.store, self.cid)
+        return self.sessions[self.cid]
+
+    def _leave_chat(self) -> None:
+        """The chat shown keeps what was being written in it."""
+        self.chat_session.draft = self.composer.draft()
+
+    def _enter_chat(self) -> None:
+        gone = self.composer.show_draft(self.chat_session.draft)
+        self.show_editing()
+        if gone:
+            self.statusBar().showMessage(f"no longer there, not attached: {', '.join(gone)}", 15000)
+
+    def show_editing(self) -> None:
+        editing = self.chat_session.edit is not None
+        self.composer.set_editing(editing)
+        if editing:
+            self.statusBar().showMessage("Editing your last message: it and its reply are replaced when you send "
+                                         "(Cancel edit keeps them)", 15000)
+
+    def cancel_edit(self) -> None:
+        self.composer.show_draft(self.chat_session.cancel_edit())
+        self.show_editing()
+        self.statusBar().showMessage("Edit cancelled: the message and its reply are as they were", 8000)
+
+    def show_version(self, mid: int, j: int) -> None:
+        """A regenerated reply's ‹ ›: that version shown, and sent to the model from now on."""
+        if self.generating:
+            self.statusBar().showMessage("The answers can be switched when this reply ends", 8000)
+        elif self.chat_session.show_version(mid, j):
+            self.chat.show_messages(self.store.messages(self.cid))
+
     def new_chat(self) -> None:
+        self._leave_chat()
         self.cid = self.store.new_conversation()
         self.refresh_conversations()
         self.chat.show_messages([])
         self.composer.set_think(True)
         self.composer.show_context(None)
+        self._enter_chat()
 
     def _on_select(self, cid: int) -> None:
         if self.generating:  # the chat shown stays highlighted: its reply is still coming
@@ -182,15 +232,20 @@ class MainWindow(QMainWindow):
         """Show chat cid (and highlight it in the sidebar)."""
         if cid != self.cid:
             self.chat.unfolded.clear()  # a chat opened shows its reasoning folded
+            self._leave_chat()
+        switched = cid != self.cid
         self.cid = self.sidebar.current = cid
+        if switched:
+            self._enter_chat()
         messages = self.store.messages(self.cid)
         self.chat.show_messages(messages)
-        self.composer.set_think(self.parts.chat_thinks())
+        self.composer.set_think(self.chat_session.thinks())
         self.composer.show_context(self.reply.context_of(messages),
                                    limit=chat_settings.context_for(self.store, cid, self.ctx))  # the chat's memory
         self.sidebar.highlight(cid)
 
     def _on_deleted(self, cid: int) -> None:
+        self.sessions.pop(cid, None)
         if cid == self.cid:
             self.cid = None
             self.chat.show_messages([])

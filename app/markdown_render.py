@@ -9,6 +9,7 @@ strings and comments across lines). So a flush costs what the open block holds, 
 """
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 from PySide6.QtGui import (QBrush, QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument,
@@ -123,6 +124,31 @@ class Highlighter:
                 cur.insertText(value, self.fmt(ttype))
 
 
+# a line that begins a block of its own in Markdown (a list item, a quote, a heading, a rule or a
+# setext underline, a fence): the line before it is not joined to it
+BLOCK_START = re.compile(r" {0,3}(?:[-+*](?:\s|$)|\d{1,9}[.)](?:\s|$)|>|#{1,6}(?:\s|$)|[-=_*](?:\s*[-=_*]){2,}\s*$"
+                         r"|`{3,}|~{3,})")
+
+
+def _same_paragraph(line: str, after: str) -> bool:
+    """Whether Markdown would join `after` to `line` (a soft break): neither starts a block of its
+    own or is indented code, and `after` holds no | (a table's row)."""
+    if not line.strip() or not after.strip() or line.startswith(("    ", "\t")) or after.startswith(("    ", "\t")):
+        return False
+    return "|" not in after and not BLOCK_START.match(after)
+
+
+def keep_line_breaks(text: str) -> str:
+    """A text block's Markdown with the line breaks Markdown would join into one paragraph made
+    line separators (U+2028: a line break inside the paragraph), the rest left as they were: what
+    the user typed on several lines shows on several lines, lists and tables still lists and tables."""
+    lines = text.split("\n")
+    out = lines[:1]
+    for before, line in zip(lines, lines[1:]):
+        out.append("\u2028" + line.lstrip() if _same_paragraph(before, line) else "\n" + line)
+    return "".join(out)
+
+
 def insert_markdown(cur: QTextCursor, text: str) -> None:
     """One text block's Markdown at the cursor (a paragraph, list, table or heading). An empty line
     the fragment leaves in a list (where it met the line before it) is taken out of the list."""
@@ -212,8 +238,10 @@ def _mix(a: QColor, b: QColor, share: float) -> QColor:
 class Answer:
     """A message's Markdown at the end of `frame`, from `start` on, fed as it streams."""
 
-    def __init__(self, frame: QTextFrame, start: int, style: str, copy, palette_text: QColor):
+    def __init__(self, frame: QTextFrame, start: int, style: str, copy, palette_text: QColor,
+                 line_breaks: bool = False):
         self.frame, self.hl, self.copy, self.text_colour = frame, Highlighter(style), copy, palette_text
+        self.line_breaks = line_breaks  # each line break of the text kept (a user's message), not joined
         self.splitter = BlockSplitter()
         self.mark = QTextCursor(frame.document())  # where the open block's rendering begins
         self.mark.setKeepPositionOnInsert(True)
@@ -262,7 +290,7 @@ class Answer:
             return
         cur = self._clear_open()
         self._new_block(cur)
-        insert_markdown(cur, block.text)
+        insert_markdown(cur, keep_line_breaks(block.text) if self.line_breaks else block.text)
         self.mark.setPosition(cur.position())
 
     def _open_code(self, block: Block) -> None:
@@ -289,5 +317,5 @@ class Answer:
             at = cur.position()
             if not self.first and cur.block().length() > 1:  # as _new_block, but the open block stays open
                 cur.insertBlock(QTextBlockFormat(), QTextCharFormat())
-            insert_markdown(cur, text)
+            insert_markdown(cur, keep_line_breaks(text) if self.line_breaks else text)
             self.mark.setPosition(at)  # the open block is rendered again at the next flush

@@ -3,8 +3,8 @@ about; Chat settings… is app/chat_settings.py).
 
 Every action's handler is called with no argument: QAction.triggered passes `checked` (a bool),
 which a handler with an optional first parameter took for its argument (File > Connect to a server
-got `False` for its choice and opened no dialog). Only the Local server switch, a checkable action,
-takes the state it is toggled to."""
+got `False` for its choice and opened no dialog). Only the checkable actions (the Local server
+switch, Settings > Enter sends message) take the state they are toggled to."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,7 +13,7 @@ from typing import Callable
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
 
-from . import chat_settings, theme
+from . import chat_defaults, chat_settings, theme
 
 
 def run_modal(dlg) -> int:
@@ -79,10 +79,12 @@ def build(w) -> None:
          None, ("Quit", w.close, ("Ctrl+Q",)))
     menu(w, "&Edit", ("Find chats", lambda: find_chats(w), ("Ctrl+F",)),
          ("Paste files as attachments", w.paste_files, ("Ctrl+Shift+V",)))
+    w.menuBar().addMenu("&View").addAction(w.panel_switch.action)  # Show live panel (app/panel_switch.py)
     menu(w, "&Chat", ("Send", w.send, ("Ctrl+Return", "Ctrl+Enter")), ("Stop the reply", w.stop, ("Escape",)),
          ("Regenerate the last reply", w.reply.regenerate, ("Ctrl+Shift+R",)),
          ("Edit the last message", w.reply.edit_last, ("Ctrl+Shift+E",)), None,
-         ("Chat settings…", lambda: chat_settings.edit(w), ("Ctrl+,",)))
+         ("Chat settings…", lambda: chat_settings.edit(w), ("Ctrl+,",)),
+         ("Defaults for new chats…", lambda: chat_defaults.edit(w)))
     tools = w.menuBar().addMenu("&Tools")
     action(w, "Re-measure this machine and model", lambda: remeasure(w), tools,
            tip="Measure each tier's speed and calibrate the model again, then re-plan (when the predictions look "
@@ -92,6 +94,11 @@ def build(w) -> None:
     tools.addAction(w.server_action)
     settings = w.menuBar().addMenu("&Settings")
     action(w, "GPU runtime…", w.gpu_runtime, settings)
+    w.enter_sends_action = QAction("Enter sends message", w, checkable=True, checked=True)  # remembered: window_state
+    w.enter_sends_action.setToolTip("On: Enter sends, Shift+Enter adds a line. Off: Enter adds a line. "
+                                    "Ctrl+Enter always sends.")
+    w.enter_sends_action.toggled.connect(w.composer.set_enter_sends)
+    settings.addAction(w.enter_sends_action)
     theme_menu = settings.addMenu("Theme")
     group = QActionGroup(w)
     w.theme_actions = {}

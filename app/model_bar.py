@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QLabel
 
+from . import plain_words
+
 
 def size_words(params: int) -> str:
     return (f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M" if params >= 1e6
@@ -44,5 +46,6 @@ class ModelBar(QLabel):
         n4 = sum(n for t, n in self.tiers.items() if t.endswith("-4"))
         mix = f" · {n16} {'expert' if n16 == 1 else 'experts'} at 16-bit, {n4} at 4-bit" if n16 + n4 else ""
         if ev.weights:  # a GGUF file: its own precision, and what the slider re-quantised
-            mix = f" · {ev.weights}" + (f" · {n4} experts re-quantised to 4-bit" if n4 and not ev.weights_4bit else "")
+            requantised = plain_words.requantised_words(n4, ev.weights_bits) if not ev.weights_4bit else ""
+            mix = f" · {ev.weights}" + (f" · {requantised}" if requantised else "")
         self.setText(f"<b>{ev.name}</b> · {size_words(ev.params)} · {where}{mix}")

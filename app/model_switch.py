@@ -1,7 +1,7 @@
 """Opening a model without losing the one in use: the new model is checked on the engine thread
-(check_model) while the chat goes on with the old one, then loaded; if it fails after the old one
-was let go, the old one comes back (ModelSwitch, the window's File > Open model and the browser's
-choice)."""
+(the query check_model, engine/queries.py) while the chat goes on with the old one, then loaded; if
+it fails after the old one was let go, the old one comes back (ModelSwitch, the window's File > Open
+model and the browser's choice)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,47 +30,12 @@ def reason(message: str, spec: str) -> str:
     return line
 
 
-def check_model(session, spec: str) -> str:
-    """On the engine thread, while the model in use stays loaded: the new model's folder found
-    (the demo built, a hub id downloaded, with progress and the window's Cancel), opened, and its
-    tokenizer and chat template read, as load does before it builds anything. Returns the folder;
-    what is wrong with it is a MixdeskError, one line."""
-    from engine import errorlog
-    from engine.chat_template import ChatTemplate
-    from engine.errors import MixdeskError
-    from engine.load import open_checkpoint
-    from engine.protocol import Progress
-
-    def progress(stage):
-        return lambda d, t, w="": session.publish(Progress(stage=stage, done=d, total=t, what=w))
-    cancel = session.current_stop  # this task's own: the window's Cancel (Stop with no request id) sets it
-    try:
-        if spec == "demo":
-            from engine.sources import demo
-
-            folder = demo.ensure(progress=progress("build demo"), log=lambda s: None)
-        else:
-            from engine.sources.hub import resolve
-
-            folder = resolve(spec, progress=progress("download"), cancel=cancel)
-        ckpt = open_checkpoint(folder)
-        try:
-            ChatTemplate.of(ckpt.load_tokenizer(), ckpt.folder)
-        finally:
-            ckpt.close()
-        return str(folder)
-    except MixdeskError:
-        raise
-    except Exception as e:  # noqa: BLE001 - said in one line, the traceback in the log
-        log = errorlog.record(e, f"opening {spec}")
-        raise MixdeskError(f"{spec} could not be opened: {errorlog.one_line(e)}"
-                           + (f" (details in {log})" if log else "")) from None
-
-
 class ModelSwitch:
     """File > Open model (and the picker, a folder, a hub id, the demo) for the window w. The model
-    in use stays loaded, and the chat usable, until the new one has been checked (check_model, a
-    Task on the engine thread); only then is it loaded. A new model that fails after that (the
+    in use stays loaded, and the chat usable (Send too), until the new one has been checked
+    (the engine's check_model query, engine/queries.py); only then is it loaded, and Send waits for
+    it. A reply sent meanwhile is the old model's: the load waits for it to end (a Load releases the model
+    in use, which would cut the reply off). A new model that fails after that (the
     engine lets the old one go before it loads: engine/session.py _load) brings the previous one
     back, and the window says both: why the new one failed, and that the previous one is back.
     (The engine now validates the folder before it releases the model in use, too; the check here
@@ -82,6 +47,8 @@ class ModelSwitch:
         self.pending: tuple | None = None  # the one being opened
         self.check_id = self.load_id = None  # the engine's ids of the check and the load in progress
         self.building = False  # the engine began the load (its "load" progress): the next Loaded answers it
+        self.ready: str | None = None  # the new model's folder, checked, loaded once the reply in progress ends
+        self.switched = False  # a model was loaded by this switch: the window's readouts start again (loaded)
         self.failed: tuple[str, str] | None = None  # (spec, why) of a new model given up for the previous one
 
     @property
@@ -90,23 +57,27 @@ class ModelSwitch:
 
     @property
     def busy(self) -> bool:
-        """A model is being opened (Send waits for it)."""
-        return self.pending is not None
+        """A model is being loaded (Send waits for it); not while the new one is only being checked."""
+        return self.pending is not None and self.check_id is None and self.ready is None
 
     def open(self, spec: tuple, check: bool = True) -> None:
         w = self.w
-        self.pending, self.failed = spec, None
-        w.loading = True
-        w.send_btn.setEnabled(False)
+        self.pending, self.failed, self.ready = spec, None, None
         if self.current is None or not check:  # nothing to keep: load it at once
-            w.model_label.setText(f"loading {display_name(spec[0])}…")
             self._load(spec[0])
             return
+        w.loading = False  # the chat goes on with the model in use while the new one is checked
+        w.send_btn.setEnabled(not w.generating)
         w.model_label.setText(f"opening {display_name(spec[0])}… (the chat goes on with {display_name(self.current[0])} until it is ready)")
-        from engine.protocol import Task
+        from engine.protocol import Query
 
-        path = spec[0]
-        self.check_id = w.bridge.send(Task(fn=lambda s: check_model(s, path)))
+        self.check_id = w.bridge.send(Query(name="check_model", args={"spec": spec[0]}))
+
+    def reply_ended(self) -> None:
+        """The window's reply ended: a model checked while it ran is loaded now."""
+        if self.ready is not None and self.pending is not None:
+            folder, self.ready = self.ready, None
+            self._load(folder)
 
     def restart(self) -> None:
         """A new engine thread holds no model: load the last one again."""
@@ -116,21 +87,31 @@ class ModelSwitch:
             self.open(spec)
 
     def _load(self, path: str) -> None:
+        """The engine loads it now (it lets the model in use go first): Send waits for it."""
         from engine.protocol import Load
 
+        w = self.w
+        w.loading = True
+        w.send_btn.setEnabled(False)
+        w.model_label.setText(f"loading {display_name(self.pending[0])}…; Send waits for it")
         _, device, dtype = self.pending
         self.building = False
-        self.load_id = self.w.bridge.send(Load(path=path, device=device, dtype=dtype))
+        self.load_id = w.bridge.send(Load(path=path, device=device, dtype=dtype))
 
     def on_event(self, ev) -> bool:
         """The window's engine events that answer a switch; True when handled here."""
-        from engine.protocol import ErrorEvent, Loaded, Progress, TaskDone
+        from engine.protocol import ErrorEvent, Loaded, Progress, QueryDone
 
         rid = getattr(ev, "request_id", None)
-        if isinstance(ev, TaskDone) and rid is not None and rid == self.check_id:
+        if isinstance(ev, QueryDone) and rid is not None and rid == self.check_id:
             self.check_id = None
-            self.w.model_label.setText(f"loading {display_name(self.pending[0])}…")
-            self._load(ev.value)
+            w = self.w
+            if w.generating and w.remote is None:  # a reply of the model in use: loading would cut it off
+                self.ready = ev.value
+                w.model_label.setText(f"{display_name(self.pending[0])} is ready: it loads when this reply ends "
+                                      f"(the chat goes on with {display_name(self.current[0])} until then)")
+            else:
+                self._load(ev.value)
             return True
         if isinstance(ev, ErrorEvent) and rid is not None and rid in (self.check_id, self.load_id):
             # a Load that failed before the engine released the model in use leaves it announced
@@ -151,6 +132,7 @@ class ModelSwitch:
                 from .model_picker import remember
 
                 remember(self.pending[0])
+            self.switched = self.current is not None  # it replaced a model (not the first, nor one brought back)
             self.current, self.pending = self.pending, None
             return False  # the window shows it as any Loaded
         return False
@@ -159,7 +141,7 @@ class ModelSwitch:
         w = self.w
         spec = self.pending
         why = reason(message, spec[0])
-        self.check_id = self.load_id = None
+        self.check_id = self.load_id = self.ready = None
         w.progress.hide()
         w.cancel_btn.hide()
         w.log_line(f"error: {spec[0]} could not be opened: {message}")
@@ -174,8 +156,8 @@ class ModelSwitch:
         if previous is not None and previous != spec and self.failed is None:
             self.failed = (display_name(spec[0]), why)
             self.pending = previous
-            w.model_label.setText(f"{why} — {display_name(spec[0])} could not be loaded. Reopening {display_name(previous[0])}…")
             self._load(previous[0])
+            w.model_label.setText(f"{why} — {display_name(spec[0])} could not be loaded. Reopening {display_name(previous[0])}…")
             return
         self.pending, w.loading = None, False
         if self.failed is not None:
@@ -184,7 +166,13 @@ class ModelSwitch:
         self._say(f"{why} — {display_name(spec[0])} could not be loaded. Open another model (File > Open model…).")
 
     def loaded(self) -> None:
-        """After the window showed a Loaded: say the outcome of a switch that fell back."""
+        """After the window showed a Loaded: the old model's figures go (the chat's context as it
+        counted it, its speeds: the new one's come with its first reply); the outcome of a switch
+        that fell back is said."""
+        if self.switched:
+            self.switched = False
+            self.w.composer.show_context(None)
+            self.w.panel.reset_speeds()
         if self.failed is not None and self.pending is None and self.current is not None:
             spec, why = self.failed
             self.failed = None

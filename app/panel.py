@@ -10,10 +10,11 @@ import time
 
 from PySide6.QtCharts import QChart, QChartView, QLineSeries, QValueAxis
 from PySide6.QtCore import QMargins, Qt, QTimer
-from PySide6.QtGui import QPainter
+from PySide6.QtGui import QFontMetrics, QPainter
 from PySide6.QtWidgets import QFormLayout, QFrame, QGroupBox, QLabel, QProgressBar, QScrollArea, QVBoxLayout, QWidget
 
 from . import plain_words
+from .elided_bar import ElidedBar
 from .placement_map import PlacementLegend, PlacementMap
 
 GIB = 2**30
@@ -32,7 +33,7 @@ def _nice(v: float) -> float:
 
 
 def _meter() -> QProgressBar:
-    bar = QProgressBar()
+    bar = ElidedBar()  # a narrow column elides its text ("0.00 GiB of 17.8 G…"), the whole in the tooltip
     bar.setTextVisible(True)
     bar.setRange(0, 1000)
     return bar
@@ -53,6 +54,7 @@ class LivePanel(QWidget):
         lay.setContentsMargins(0, 0, 0, 0)  # the outer layout's margins hold both the server box and this
         mem = QGroupBox("Memory")
         form = QFormLayout(mem)
+        form.setRowWrapPolicy(QFormLayout.WrapAllRows)  # each meter under its name: the column's whole width
         self.vram_ours, self.vram_others, self.vram_free, self.ram = _meter(), _meter(), _meter(), _meter()
         form.addRow("VRAM, Mixdesk", self.vram_ours)
         form.addRow("VRAM, others", self.vram_others)
@@ -101,7 +103,11 @@ class LivePanel(QWidget):
         chart.setMargins(QMargins(0, 0, 0, 0))
         self.chart_view = QChartView(chart)
         self.chart_view.setRenderHint(QPainter.Antialiasing)
-        self.chart_view.setMinimumHeight(140)
+        self.chart_view.setMinimumHeight(170)
+        # the ticks fit again once a resize settles (not on plotAreaChanged: each new interval lays the
+        # chart out again, and following that signal stalled the GUI thread while a reply streamed)
+        self._refit = QTimer(self, singleShot=True, interval=50)
+        self._refit.timeout.connect(self._fit_ticks)
         sl.addWidget(self.chart_view)
         lay.addWidget(speed)
 
@@ -114,7 +120,7 @@ class LivePanel(QWidget):
         self.said: list[str] = []  # every notice shown (tests: said once)
         self._notice_timer = QTimer(self, singleShot=True, interval=NOTICE_MS)
         self._notice_timer.timeout.connect(self.notice.hide)
-        self.migration = QProgressBar()  # shown only while experts move
+        self.migration = ElidedBar()  # shown only while experts move
         self.migration.setFormat("moving experts: %v of %m")
         self.migration.setToolTip("Migration: the experts whose tier changes with the new placement, moved "
                                   "between decode steps while the chat goes on.")
@@ -159,6 +165,7 @@ class LivePanel(QWidget):
                 bar.setFormat(f"{v / GIB:.2f} GiB")
         self.ram.setValue(int(1000 * s.ram_held / max(s.ram_budget, 1)))
         self.ram.setFormat(f"{s.ram_held / GIB:.2f} GiB of {s.ram_budget / GIB:.1f} GiB budget")
+        self.ram.setToolTip(f"RAM the model holds: {self.ram.format()}")
         rates = f"writing {s.decode_tok_s:.1f} tokens/s · reading the prompt {s.prefill_tok_s:.0f} tokens/s"
         if not s.generating:  # the speeds are the last reply's; the chart draws only while one runs
             rates = f"idle · last reply: {rates}" if s.decode_tok_s else "idle"
@@ -174,17 +181,44 @@ class LivePanel(QWidget):
         if s.prefill_tok_s:
             self._append(self.prefill_series, t, s.prefill_tok_s)
 
+    def reset_speeds(self) -> None:
+        """Another model is in use: the last one's speeds and chart go ("idle" until it replies)."""
+        self.rate.setText("idle")
+        self.decode_series.clear()
+        self.prefill_series.clear()
+
     def _append(self, series: QLineSeries, t: float, v: float) -> None:
         series.append(t, v)
         if series.count() > 300:
             series.removePoints(0, series.count() - 300)
         pts = [p for s in (self.decode_series, self.prefill_series) for p in s.points()]
         lo, hi = int(min(p.x() for p in pts)), max(int(t) + 1, int(min(p.x() for p in pts)) + 2)
-        self.ax_x.setRange(lo, hi)
-        self.ax_x.setTickInterval(_nice((hi - lo) / 5))
-        top = _nice(max(p.y() for p in pts) * 1.15)
-        self.ax_y.setRange(0, top)
-        self.ax_y.setTickInterval(top / 5)
+        self._fit_ticks((lo, hi), (0, _nice(max(p.y() for p in pts) * 1.15)))
+
+    def _fit_ticks(self, x: tuple | None = None, y: tuple | None = None) -> None:
+        """The axes' ranges (x, y: new ones, else as they are) with as many ticks as their labels fit
+        side by side (time) and one above another (tok/s) in the plot as wide and tall as it is now:
+        more would draw the labels over each other. Of an interval and its range, the one set first
+        is the one that makes fewer ticks meanwhile: a range set under the interval of a far narrower
+        one makes thousands of ticks for a moment (measured: the GUI thread held 0.4-1 s)."""
+        plot, fm = self.chart.plotArea(), QFontMetrics(self.ax_x.labelsFont())
+        x = x or (self.ax_x.min(), self.ax_x.max())
+        y = y or (self.ax_y.min(), self.ax_y.max())
+        label = max(fm.horizontalAdvance(f"{int(v)} s") for v in x) + 12
+        across, up = max(int(plot.width() // label) - 1, 1), max(int(plot.height() // (fm.height() + 4)) - 1, 1)
+        for ax, (lo, hi), room in ((self.ax_x, x, across), (self.ax_y, y, up)):
+            step, old = _nice((hi - lo) / room), ax.tickInterval()
+            span = ax.max() - ax.min()
+            if old > 0 and span / step > (hi - lo) / old:  # the range first, under the old interval
+                ax.setRange(lo, hi)
+            if old != step:  # each change lays the chart out again
+                ax.setTickInterval(step)
+            if (ax.min(), ax.max()) != (lo, hi):
+                ax.setRange(lo, hi)
+
+    def resizeEvent(self, e) -> None:
+        super().resizeEvent(e)
+        self._refit.start()
 
     def set_dark(self, dark: bool) -> None:
         self.chart.setTheme(QChart.ChartThemeDark if dark else QChart.ChartThemeLight)

@@ -35,7 +35,7 @@ class PlacementMap(QWidget):
         self.paints = 0  # for tests: how many times it repainted
         self.drawn: dict[tuple[int, int], tuple[str, str | None]] = {}  # (l, e) -> (fill, outline) last painted
         self.aggregate = False  # True when each layer is drawn as the bar of its tier mix
-        self.setMinimumSize(160, 90)
+        self.setMinimumSize(140, 90)  # the panel's column holds it from a 900 px window up
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Expanding)
         self._tooltip()
 

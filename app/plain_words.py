@@ -81,6 +81,22 @@ def plan_tooltip(ev) -> str:
             + placement_tooltip(ev.placement.counts()))
 
 
+def requantised_words(n4: int, file_bits: str, advice: str = "") -> str:
+    """A GGUF file's experts that a plan puts at 4 bits though the file holds them at more, said
+    plainly ("" : none): "12 experts re-quantised from the file's 8-bit to 4-bit", and the advice
+    after a colon."""
+    if not n4:
+        return ""
+    words = f"{n4} {'expert' if n4 == 1 else 'experts'} re-quantised " + (
+        f"from the file's {file_bits} to 4-bit" if file_bits else "to 4-bit")
+    return f"{words}: {advice}" if advice else words
+
+
+def four_bit_experts(counts: dict) -> int:
+    """Experts at a 4-bit tier in {tier: count} (tier values or Tier members)."""
+    return sum(n for t, n in counts.items() if _key(t).endswith("-4"))
+
+
 def position_words(value: float, cpu_only: bool = False) -> str:
     """What a slider position means, in plain words (cpu_only: no GPU to speak of)."""
     pct = round(value * 100)

@@ -1,13 +1,22 @@
 """The status bar's progress row: loading, downloading, building the demo, and the background
 calibration (the chat goes on meanwhile), with Cancel where the engine can stop it. It follows the
 engine controller (app/engine_controller.py); `loading()` says whether a model is being opened (a
-calibration during a load is part of the load, not "in the background")."""
+calibration during a load is part of the load, not "in the background").
+
+The row shares the status bar with the status line (QStatusBar draws a message left of its
+permanent widgets): while a message shows, the bar narrows to leave it the room it needs (down to
+MIN_WIDTH), its text elided rather than cut (app/elided_bar.py); with none, it widens again."""
 from __future__ import annotations
 
 from typing import Callable
 
-from PySide6.QtWidgets import QProgressBar, QPushButton
+from PySide6.QtCore import QEvent, QObject, Qt
+from PySide6.QtWidgets import QPushButton, QSizeGrip, QWidget
 
+from .elided_bar import ElidedBar
+
+MIN_WIDTH, MAX_WIDTH = 180, 560  # px of the bar
+GAPS = 40  # px the status bar keeps around its message and between its widgets, with room to spare
 STAGES = {"load": "Loading the model", "build demo": "Building the demo model", "calibrate": "Measuring the model",
           "machine": "Measuring this machine (once, about 20 s)"}
 
@@ -21,9 +30,11 @@ def label(stage: str, what: str, background: bool) -> str:
     return STAGES.get(stage, stage.capitalize())
 
 
-class ProgressRow:
+class ProgressRow(QObject):
     def __init__(self, status_bar, stop: Callable[[], object], loading: Callable[[], bool]):
-        self.bar = QProgressBar(minimumWidth=300, maximumWidth=560)
+        super().__init__(status_bar)
+        self.status = status_bar
+        self.bar = ElidedBar(minimumWidth=MIN_WIDTH, maximumWidth=MAX_WIDTH)
         self.bar.hide()
         self.cancel = QPushButton("Cancel")
         self.cancel.setToolTip("Stop the download or the measurement (a measurement stopped plans from assumed figures)")
@@ -32,6 +43,26 @@ class ProgressRow:
         self.loading = loading
         status_bar.addPermanentWidget(self.bar)
         status_bar.addPermanentWidget(self.cancel)
+        status_bar.messageChanged.connect(lambda _m: self.fit())
+        status_bar.installEventFilter(self)  # resized, or a widget beside the bar shown or hidden
+
+    def eventFilter(self, obj, e) -> bool:
+        if e.type() in (QEvent.Resize, QEvent.LayoutRequest):
+            self.fit()
+        return False
+
+    def fit(self) -> None:
+        """The bar as wide as the status line's message leaves it (MIN_WIDTH..MAX_WIDTH)."""
+        message = self.status.currentMessage()
+        width = MAX_WIDTH
+        if message:
+            beside = sum(c.sizeHint().width() + GAPS // 4 for c in self.status.findChildren(
+                QWidget, options=Qt.FindDirectChildrenOnly)
+                if c.isVisible() and c is not self.bar and not isinstance(c, QSizeGrip))
+            room = self.status.width() - self.status.fontMetrics().horizontalAdvance(message) - beside - GAPS
+            width = max(MIN_WIDTH, min(MAX_WIDTH, room))
+        if self.bar.maximumWidth() != width:
+            self.bar.setMaximumWidth(width)
 
     def follow(self, engine) -> None:
         engine.progress.connect(self.show_progress)
@@ -45,7 +76,8 @@ class ProgressRow:
         self.bar.setValue(ev.done)
         text = label(ev.stage, ev.what, background=not self.loading()).format(done=ev.done, total=ev.total)
         self.bar.setFormat(text + (": %p%" if ev.total else "…"))
-        self.bar.setToolTip(f"{ev.stage}: {ev.what}" if ev.what else ev.stage)
+        self.bar.setToolTip(text + (f"\n{ev.stage}: {ev.what}" if ev.what else ""))  # the whole text, when elided
+        self.fit()
 
     def hide(self) -> None:
         self.bar.hide()

@@ -64,6 +64,8 @@ class QualitySlider(QWidget):
         self.slider.valueChanged.connect(lambda _: self._say_position())
         self.changed.connect(lambda _: self._replanning())
         self.shown = None  # the plan the readout shows (None: none yet)
+        self.plan = None  # the last PlacementChanged
+        self.file_bits: str | None = None  # a GGUF file's precision above 4 bits ("8-bit"), which 4-bit re-quantises
 
     def _say_position(self) -> None:
         self.meaning.setText(plain_words.position_words(self.value(), self.cpu_only))
@@ -98,7 +100,10 @@ class QualitySlider(QWidget):
 
     def _on_loaded(self, ev) -> None:
         self.cpu_only = bool(ev.cpu_only)
+        self.file_bits = ev.weights_bits if ev.weights and not ev.weights_4bit else None
         self._say_position()
+        if self.plan is not None:  # its plan came before its Loaded: said again, for this file
+            self.show_plan(self.plan)
 
     def value(self) -> float:
         return self.slider.value() / 100
@@ -107,14 +112,21 @@ class QualitySlider(QWidget):
         self.slider.setValue(round(v * 100))
 
     def show_plan(self, ev) -> None:
+        self.plan = ev
         self.chart.set_points(ev.frontier, ev.slider_scale, (ev.predicted_loss, ev.predicted_tok_s))
         together = f" ({ev.streams} requests together)" if ev.streams > 1 else ""
         limit = " — memory limits it, not the slider" if ev.limited_by_budget else ""
         if getattr(ev, "provisional", False):  # no quality traded before the calibration has measured it
             limit = " — full precision until this model's 4-bit sensitivity is measured (about a minute)"
         self.shown = plain_words.placement_words(ev.placement.counts())
+        requantised = ""
+        if self.file_bits is not None:  # a GGUF file held above 4 bits: never re-quantised silently
+            advice = ("memory leaves no room for the file's precision" if ev.limited_by_budget
+                      else "move the slider right to keep the file's precision")
+            n4 = plain_words.four_bit_experts(ev.placement.counts())
+            requantised = plain_words.requantised_words(n4, self.file_bits, advice)
         self._say(f"predicted {ev.predicted_tok_s:.1f} tok/s{together} · {plain_words.plan_words(ev)}"
-                  f"{limit}<br><small>{self.shown}</small>")
+                  f"{limit}" + (f"<br><b>{requantised}</b>" if requantised else "") + f"<br><small>{self.shown}</small>")
         self.readout.setToolTip(plain_words.plan_tooltip(ev))
 
     # ---- the groove follows the theme ----

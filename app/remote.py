@@ -91,11 +91,25 @@ class RemoteChat(QObject):
         self.base, self.key, self.model = base.rstrip("/"), key, model
         self._stops: dict[int, threading.Event] = {}
 
+    # a chat backend (app/chat_backend.py): the server fits the history to its own context, and the
+    # Think switch is the local engine's
+    local = False
+    thinking_switch = False
+
+    @property
+    def name(self) -> str:
+        return self.model
+
     @property
     def label(self) -> str:
         return f"{self.model} at {self.base}"
 
-    def generate(self, messages: list[dict], params: SamplingParams) -> int:
+    def fitting(self):
+        from .chat_backend import Fitting
+
+        return Fitting()
+
+    def generate(self, messages: list[dict], params: SamplingParams, thinking: bool | None = None) -> int:
         """Start a reply; its request id (its events carry it; Stop it with stop(id))."""
         request_id = next(_IDS)
         stop = self._stops[request_id] = threading.Event()

@@ -1,28 +1,33 @@
-"""The chat's reply in progress: what Send sends (the chat's history, the typed text and its
-documents), the reply streaming into the view and into the store (saved every SAVE_PARTIAL_S, so a
-kill loses at most that much), and its end: finished, stopped, or failed (what streamed is kept,
-marked). Regenerate and Edit last start from the store.
+"""The chat's reply, on the window's side. The chat's session (app/chat_session.py) owns the reply in
+progress: its answer and reasoning, how long the model thought, the versions it follows, and what
+the store keeps of it (written every SAVE_PARTIAL_S, so a kill loses at most that much). This module
+starts it on the window's backend (app/chat_backend.py: the local engine or a served model, one
+interface), hands the backend's events to the session, and draws what the session says to draw:
+Send (the typed text and its documents), Stop, Regenerate (the earlier answers kept as versions),
+Edit last (the turn kept until the edited message is sent), and the reply's end: finished, stopped,
+or failed (what streamed is kept, marked).
 
-It follows the engine controller's reply signals (app/engine_controller.py) and reaches the engine
-through the bridge, or the served model through app/remote.py."""
+It follows the engine controller's reply signals (app/engine_controller.py)."""
 from __future__ import annotations
 
 import time
 
-from engine.protocol import Generate, Stop
-
 from . import chat_settings, documents, reply_footer
-
-SAVE_PARTIAL_S = 1.0
 
 
 class ReplyFlow:
     def __init__(self, window):
         self.w = window
-        self.generating = False
-        self.request: int | None = None  # the reply in progress: its id from the engine (or the remote)
-        self.mid: int | None = None  # its message in the store
-        self.last_save = 0.0
+        self.session = None  # the ChatSession whose reply is in progress (None: none is)
+
+    @property
+    def generating(self) -> bool:
+        return self.session is not None and self.session.generating
+
+    @property
+    def request(self) -> int | None:
+        """The reply in progress: its id from the backend."""
+        return self.session.reply.request if self.generating else None
 
     def follow(self, engine) -> None:
         engine.reply_token.connect(self.on_token)
@@ -31,133 +36,144 @@ class ReplyFlow:
 
     # ---- sending ----
     def history(self) -> chat_settings.History:
-        """The chat's system prompt and the messages that fit in its context length (app/chat_settings.py)."""
+        """The chat's system prompt and the messages that fit in its context length (app/chat_settings.py),
+        fitted to the backend's context (a served model fits its own)."""
         w = self.w
-        local = w.remote is None and w.model_info is not None
-        return chat_settings.messages_for(w.store, w.cid, w.count_tokens, w.ctx if local else 0,
-                                          w.model_info.prompt_ids if local else None, w.params)
+        f = w.backend.fitting()
+        return chat_settings.messages_for(w.store, w.cid, f.count_tokens, f.ctx, f.prompt_ids, w.params)
+
+    def think(self) -> bool | None:
+        """The Think switch as the composer shows it (None: the model has none)."""
+        w = self.w
+        return w.composer.think_btn.isChecked() if w.backend.thinking_switch else None
 
     def send(self) -> None:
         w = self.w
         text = w.input.toPlainText().strip()
         if self.generating or (not text and not w.docs) or not w.send_btn.isEnabled():
             return
-        if w.cid is None:
-            w.cid = w.store.new_conversation(title=(text or w.docs[0].name)[:40])
-        elif w.store.conversation(w.cid).title == "New chat":
-            w.store.rename(w.cid, (text or w.docs[0].name)[:40])
         content = documents.prompt_with_documents(text, w.docs)
         meta = {"attachments": documents.attachment_meta(w.docs), "typed": text} if w.docs else {}
-        w.store.add_message(w.cid, "user", content, meta=w.parts.with_switch(meta))  # content: what the model reads
+        if self.think() is not None:
+            meta["think"] = self.think()
+        # content: what the model reads; an edited turn is replaced only now (app/chat_session.py)
+        session = w.chat_session
+        w.cid = session.add_user(content, meta, title=text or w.docs[0].name)
+        w.sessions.pop(None, None)
+        w.sessions[w.cid] = session
         w.input.clear()
         w.attachments.clear()
+        w.show_editing()
         w.refresh_conversations()
         w.chat.show_messages(w.store.messages(w.cid))
         self.start()
 
-    def start(self) -> None:
-        """The reply to the chat's history as the store holds it."""
+    def start(self, earlier: list[dict] | None = None) -> None:
+        """The reply to the chat's history as the store holds it (earlier: the versions it follows)."""
         w = self.w
-        self.mid = w.store.add_message(w.cid, "assistant", "", complete=False)
-        self.generating = True
-        self.last_save = time.monotonic()
-        w.composer.set_generating(True)
-        w.chat.begin_stream(key=self.mid)
-        w.parts.begin()
         history, params = self.history(), chat_settings.params_for(w.store, w.cid, w.params)
         if history.note:  # the chat is longer than its context length: said, and logged
             w.statusBar().showMessage(history.note, 15000)
             w.log_line(history.note)
-        if w.remote is not None:
-            self.request = w.remote.generate(list(history), params)
-        else:
+        if w.backend.local:
             w.wait.reply_started()  # says so if a calibration step holds it back
-            self.request = w.bridge.send(Generate(messages=list(history), params=params,
-                                                  thinking=w.parts.thinking))
-        w.engine.reply_request = self.request
+        self.session = w.chat_session
+        reply = self.session.start_reply(w.backend, history, params, self.think(), earlier, now=time.monotonic())
+        w.composer.set_generating(True)
+        w.chat.begin_stream(key=reply.mid)
+        w.engine.reply_request = reply.request
 
     def stop(self) -> None:
-        w = self.w
-        if self.generating and w.remote is not None:
-            w.remote.stop(self.request)
-        elif self.generating:
-            w.bridge.send(Stop(request_id=self.request))
+        if self.generating:
+            self.w.backend.stop(self.request)
 
     def regenerate(self) -> None:
         w = self.w
         if self.generating or w.cid is None:
             return
-        msgs = w.store.messages(w.cid)
-        if msgs and msgs[-1].role == "assistant":
-            w.store.delete_messages_from(w.cid, msgs[-1].id)
+        if w.chat_session.edit is not None:
+            w.cancel_edit()
+        earlier = w.chat_session.take_last_reply()  # the answers so far stay, as versions (‹ 1/2 ›)
         if w.store.messages(w.cid):
             w.chat.show_messages(w.store.messages(w.cid))
-            self.start()
+            self.start(earlier)
 
     def edit_last(self) -> None:
+        """Edit last: the last message back in the composer (its files attached again), the turn kept
+        in the store until the edited one is sent; clicked again while editing, the edit is cancelled."""
         w = self.w
         if self.generating or w.cid is None:
             return
-        users = [m for m in w.store.messages(w.cid) if m.role == "user"]
-        if users:
-            w.input.setPlainText((users[-1].meta or {}).get("typed", users[-1].content))
-            w.store.delete_messages_from(w.cid, users[-1].id)
-            w.chat.show_messages(w.store.messages(w.cid))
+        if w.chat_session.edit is not None:
+            w.cancel_edit()
+            return
+        draft = w.chat_session.begin_edit(w.composer.draft())
+        if draft is not None:
+            w.composer.show_draft(draft)
+            w.show_editing()
 
     # ---- the reply streaming ----
     def on_token(self, ev) -> None:
+        if not self.generating:
+            return
         w = self.w
         w.wait.reply_streaming()
-        w.parts.take(ev)
-        now = time.monotonic()
-        if now - self.last_save >= SAVE_PARTIAL_S:  # a kill loses at most this much of a reply
-            meta = w.parts.meta()
-            w.store.update_message(self.mid, w.chat.streamed, complete=False, meta=meta or None)
-            self.last_save = now
+        for kind, x in self.session.reply_token(ev, time.monotonic()):
+            if kind == "content":
+                w.chat.add_text(x)
+            elif kind == "reasoning":
+                w.chat.add_reasoning(x)
+            else:  # the answer (or a tool call) began: the reasoning's header says how long
+                w.chat.thought_done(x)
 
     def on_done(self, ev) -> None:
+        if not self.generating:
+            return
         w = self.w
         w.wait.reply_streaming()
-        stats, detail = reply_footer.footer(ev, w.wait.stats_note() if w.remote is None else "")
+        stats, detail = reply_footer.footer(ev, w.wait.stats_note() if w.backend.local else "")
         used = ev.prompt_tokens + len(ev.token_ids)
-        meta = w.parts.meta(ev, stats=stats, stats_detail=detail, context=used)  # the chat's context indicator, when it is opened again
-        w.store.update_message(self.mid, ev.content, complete=True, meta=meta)
+        meta = self.session.reply_done(ev, stats=stats, stats_detail=detail, context=used,  # the chat's context
+                                       context_model=w.backend.name)  # indicator, reopened with the same model
         w.chat.end_stream(stats, ev.content, meta)
         self._ended()
         w.composer.show_context(used, w.ctx, limit=chat_settings.context_for(w.store, w.cid, w.ctx))
 
+    def model_name(self) -> str:
+        """The model the chat talks to ("": none known yet)."""
+        return self.w.backend.name
+
     def context_of(self, messages) -> int | None:
-        """The context the chat's last reply used, as its message keeps it (None: not known)."""
+        """The context the chat's last reply used, as its message keeps it (None: not known, or
+        counted by another model than the one in use)."""
         for m in reversed(messages):
             if m.role == "assistant" and "context" in (m.meta or {}):
-                return m.meta["context"]
+                counted_by, now = m.meta.get("context_model"), self.model_name()
+                return m.meta["context"] if counted_by is None or not now or counted_by == now else None
         return None
 
     def failed(self, message: str) -> None:
-        """The reply in progress ended with an error: keep what streamed (marked), or drop the empty
-        row, and leave "generating"."""
+        """The reply in progress ended with an error: what streamed is kept (marked), or the empty row
+        goes; "generating" ends."""
         w = self.w
         if not self.generating:
             return
         w.wait.reply_streaming()
-        if w.chat.streamed or w.chat.streamed_reasoning:
-            note = f"stopped by an error: {message.splitlines()[0]}"
-            w.store.update_message(self.mid, w.chat.streamed, complete=True, meta=w.parts.meta(stats=note))
+        note = self.session.reply_failed(message)
+        if note:
             w.chat.end_stream(note)
-        else:
-            w.store.delete_messages_from(w.cid, self.mid)
         w.chat.show_messages(w.store.messages(w.cid))
         self._ended()
 
     def _ended(self) -> None:
-        self.generating = False
-        self.request = None
-        self.w.engine.reply_request = None
-        self.w.composer.set_generating(False)
-        self.w.redraw_chat()  # the theme changed while it streamed
+        self.session = None
+        w = self.w
+        w.engine.reply_request = None
+        w.composer.set_generating(False)
+        w.redraw_chat()  # the theme changed while it streamed
+        w.models.reply_ended()  # a model checked while the reply ran loads now (Send waits for it)
 
     def save_partial(self) -> None:
         """At close: what streamed so far, kept as an interrupted reply."""
-        w = self.w
-        if self.generating and self.mid is not None:
-            w.store.update_message(self.mid, w.chat.streamed, complete=False, meta=w.parts.meta() or None)
+        if self.generating:
+            self.session.save_partial()

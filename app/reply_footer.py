@@ -1,5 +1,7 @@
-"""The quiet line under a reply, in plain words ("12.3 tokens/s · 240 tokens · stopped: end of
-answer"), and the technical detail (prefill tokens and seconds, the engine's reason) for its tooltip."""
+"""The quiet line under a reply, in plain words: the model that wrote it, where its message keeps
+the name (replies saved before that show none), then its stats ("Mixtral-8x7B · 12.3 tokens/s ·
+240 tokens · stopped: end of answer"); and the technical detail (prefill tokens and seconds, the
+engine's reason) for its tooltip."""
 from __future__ import annotations
 
 WHY = {  # Done.reason -> plain words
@@ -9,6 +11,11 @@ WHY = {  # Done.reason -> plain words
     "context": "the conversation filled the model's memory",
     "cancelled": "cancelled",
 }
+
+
+def line(stats: str, model: str = "") -> str:
+    """The footer's text: the model's name (if known), then the stats."""
+    return " · ".join(part for part in (model, stats) if part)
 
 
 def footer(done, note: str = "") -> tuple[str, str]:

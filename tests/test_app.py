@@ -271,9 +271,10 @@ def test_errors_in_a_step_and_in_the_template_leave_generating_and_the_engine_se
     assert "injected failure" in window.statusBar().currentMessage()
     del gen.model.forward  # the method again
 
-    gen.template = ChatTemplate("{% if 'boom' in messages[-1]['content'] %}{{ raise_exception('no booms here') }}"
-                                "{% endif %}{% for m in messages %}{{ m['content'] }}\n{% endfor %}", gen.tok,
-                                window.bridge.session.loaded.ckpt.folder)
+    session.loaded.prompts.template = ChatTemplate(  # the engine's prompts (engine/prompt.py) render with it
+        "{% if 'boom' in messages[-1]['content'] %}{{ raise_exception('no booms here') }}"
+        "{% endif %}{% for m in messages %}{{ m['content'] }}\n{% endfor %}", gen.tok,
+        window.bridge.session.loaded.ckpt.folder)
     send(qtbot, window, "boom", 20)
     qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
     assert "no booms here" in seen[-1].message
@@ -286,16 +287,18 @@ def test_errors_in_a_step_and_in_the_template_leave_generating_and_the_engine_se
     assert session.thread is thread and thread.is_alive()  # the same engine thread served all three
 
 
-def test_a_dead_engine_thread_is_said_and_can_be_restarted(qtbot, window):
+def test_a_dead_engine_thread_is_said_and_can_be_restarted(qtbot, window, monkeypatch):
     """If the engine thread ever ends anyway, the window says so and offers a restart."""
-    from engine.protocol import Task
+    from engine import queries
+    from engine.protocol import Query
 
     session = window.bridge.session
 
     def die(s):
         raise SystemExit("simulated end of the engine thread")  # passes the error boundary on purpose
 
-    window.bridge.send(Task(fn=die))
+    monkeypatch.setitem(queries.HANDLERS, "die", die)
+    window.bridge.send(Query(name="die"))
     qtbot.waitUntil(lambda: getattr(window, "stopped_box", None) is not None, timeout=30_000)
     assert "engine stopped" in window.model_label.text() and not window.send_btn.isEnabled()
     window.restart_engine()

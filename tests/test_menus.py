@@ -62,7 +62,8 @@ class Walk:
         """start() opens a model; it loads (one more Loaded) and the chat answers."""
         before = self.loads()
         start()
-        self.wait(lambda: self.loads() > before and not self.w.loading and self.w.send_btn.isEnabled(), 120_000)
+        self.wait(lambda: self.loads() > before and not self.w.loading and self.w.models.pending is None
+                  and self.w.send_btn.isEnabled(), 120_000)  # pending: the chat goes on while a model is checked
         assert self.say("after opening").complete
 
 
@@ -186,6 +187,26 @@ def chat_settings(k: Walk):
     assert seen and k.w.store.conversation(k.w.cid).settings == {}  # the window's defaults again
 
 
+def new_chat_defaults(k: Walk):
+    """Chat > Defaults for new chats… (app/chat_defaults.py; tests/test_switch_and_defaults.py walks it in full)."""
+    from app import chat_defaults
+    from app import theme as themes
+    from app.chat_settings import ChatSettingsDialog, params_for
+
+    before = k.w.cid
+    had = params_for(k.w.store, before, k.w.params)
+    seen = on_modal(lambda d: (d.fields["repetition_penalty"].setValue(1.25), d.accept()), ChatSettingsDialog)
+    k.trigger("Chat/Defaults for new chats…")
+    try:
+        assert seen and "new chats start from these settings" in k.status()
+        assert params_for(k.w.store, before, k.w.params) == had  # the chat open keeps what it had
+        k.trigger("File/New chat")
+        assert params_for(k.w.store, k.w.cid, k.w.params).repetition_penalty == pytest.approx(1.25)
+        k.w.sidebar.selected.emit(before)  # back to the chat the other checks use
+    finally:
+        themes.settings().remove(chat_defaults.KEY)
+
+
 def new_chat_action(k: Walk):
     before = k.w.cid
     k.trigger("File/New chat")
@@ -247,9 +268,12 @@ def regenerate_action(k: Walk):
 
 def edit_last_action(k: Walk):
     users = [m for m in k.w.store.messages(k.w.cid) if m.role == "user"]
+    before = k.w.input.toPlainText()
     k.trigger("Chat/Edit the last message")
     assert k.w.input.toPlainText() == users[-1].content
-    k.w.input.clear()
+    assert [m for m in k.w.store.messages(k.w.cid) if m.role == "user"] == users  # kept until sent
+    k.trigger("Chat/Edit the last message")  # again: the edit cancelled, the draft as it was
+    assert k.w.input.toPlainText() == before and k.w.composer.edit_btn.text() == "Edit last"
 
 
 def quit_action(k: Walk):
@@ -297,6 +321,23 @@ def theme(name):
     return check
 
 
+def enter_sends(k: Walk):
+    """Settings > Enter sends message switches what Enter does in the text box, and back
+    (tests/test_composer_flows.py walks the keys in full)."""
+    k.trigger("Settings/Enter sends message")
+    assert not k.w.composer.enter_sends and "Ctrl+Enter sends" in k.w.input.placeholderText()
+    k.trigger("Settings/Enter sends message")
+    assert k.w.composer.enter_sends and menu_actions(k.w)["Settings/Enter sends message"].isChecked()
+
+
+def show_live_panel(k: Walk):
+    """View > Show live panel hides the panel and shows it again (tests/test_window_layout.py walks it in full)."""
+    k.trigger("View/Show live panel")
+    assert not k.w.panel.isVisible() and not menu_actions(k.w)["View/Show live panel"].isChecked()
+    k.trigger("View/Show live panel")
+    assert k.w.panel.isVisible() and k.w.panel.width() > 0
+
+
 def show_shortcuts(k: Walk):
     """Help > Keyboard shortcuts… lists the menus' shortcuts (tests/test_window_extras.py checks them all)."""
     from app.shortcuts_help import ShortcutsDialog
@@ -337,14 +378,17 @@ ACTIONS = {
     "File/Export chat as JSON…": export("json"),
     "Edit/Find chats": find_chats,
     "Edit/Paste files as attachments": paste_files,
+    "View/Show live panel": show_live_panel,
     "Chat/Send": send_action,
     "Chat/Stop the reply": stop_action,
     "Chat/Regenerate the last reply": regenerate_action,
     "Chat/Edit the last message": edit_last_action,
     "Chat/Chat settings…": chat_settings,
+    "Chat/Defaults for new chats…": new_chat_defaults,
     "Tools/Re-measure this machine and model": remeasure,
     "Tools/Local server (OpenAI-compatible API)": local_server,
     "Settings/GPU runtime…": gpu_runtime,
+    "Settings/Enter sends message": enter_sends,
     "Settings/Theme/System": theme("System"),
     "Settings/Theme/Light": theme("Light"),
     "Settings/Theme/Dark": theme("Dark"),
@@ -417,10 +461,12 @@ def regenerate(k: Walk):
 
 def edit_last(k: Walk):
     users = [m for m in k.w.store.messages(k.w.cid) if m.role == "user"]
+    before = k.w.input.toPlainText()
     k.click(k.button("Edit last"))
     assert k.w.input.toPlainText() == users[-1].content
-    assert [m for m in k.w.store.messages(k.w.cid) if m.role == "user"] == users[:-1]
-    k.w.input.clear()
+    assert [m for m in k.w.store.messages(k.w.cid) if m.role == "user"] == users  # kept until sent
+    k.click(k.button("Cancel edit"))
+    assert k.w.input.toPlainText() == before and k.button("Edit last")
 
 
 def undo_delete(k: Walk):

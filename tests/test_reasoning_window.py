@@ -196,15 +196,15 @@ def test_the_stored_chat_reopens_with_its_block_folded_and_later_turns_send_no_r
 
 def test_the_think_switch_off_asks_for_no_reasoning_and_the_chat_remembers_it(qtbot, qwen):
     gen = generator(qwen)
-    prompts = []
-    inner = gen.chat_prompt
+    prompts, pipeline = [], qwen.bridge.session.loaded.prompts  # the engine's one prompt pipeline (engine/prompt.py)
+    inner = pipeline.chat
 
     def recorded(messages, **kw):
         ids = inner(messages, **kw)
         prompts.append(gen.tok.decode(ids, skip_special_tokens=False))
         return ids
 
-    gen.chat_prompt = recorded
+    pipeline.chat = recorded
     try:
         with no_uncaught_exceptions():
             think = qwen.composer.think_btn
@@ -239,7 +239,7 @@ def test_the_think_switch_off_asks_for_no_reasoning_and_the_chat_remembers_it(qt
             assert not think.isChecked()
             qtbot.mouseClick(think, Qt.LeftButton)
     finally:
-        gen.chat_prompt = inner
+        pipeline.chat = inner
 
 
 def test_a_tool_call_shows_as_a_call_and_a_malformed_one_as_a_quiet_note(qtbot, qwen):

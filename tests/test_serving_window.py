@@ -80,7 +80,7 @@ def test_a_remote_reasoning_model_is_shown_as_the_local_one(qtbot, window, tmp_p
     folder = write_chat_model(tmp_path / "qwen", "qwen3")
     other = Client()
     other.load(str(folder), placement="cpu", device="cpu", dtype="fp32", ctx=2048)
-    other.task(lambda s: script(s.loaded.generator, "<think>\nCount the letters.\n</think>\n\nThree."))
+    script(other.session.loaded.generator, "<think>\nCount the letters.\n</think>\n\nThree.")
     server = Server(other.session, "127.0.0.1", 0).start()
     try:
         window.connect_remote((server.url, "", folder.name))

@@ -131,3 +131,76 @@ def test_the_slider_caption_keeps_its_height_and_says_re_planning_until_the_plan
     qtbot.waitUntil(lambda: bool(said) and bool(plans), timeout=30_000)
     assert "re-planning" in said[0]
     assert isinstance(plans[-1], PlacementChanged) and "re-planning" not in slider.readout.text()
+
+
+def test_edit_last_keeps_the_turn_until_sent_focuses_the_composer_and_can_be_cancelled(qtbot, window):
+    from PySide6.QtCore import Qt
+
+    send(qtbot, window, "first question", 6)
+    qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
+    window.input.setPlainText("a thought in progress")
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow, timeout=5_000)
+    window.chat.setFocus()  # the reader was reading the reply
+    qtbot.mouseClick(window.composer.edit_btn, Qt.LeftButton)
+    assert window.input.toPlainText() == "first question"
+    assert [m.role for m in window.store.messages(window.cid)] == ["user", "assistant"]  # nothing deleted yet
+    assert window.composer.edit_btn.text() == "Cancel edit"
+    assert window.input.hasFocus()  # typing goes to the message being edited
+    qtbot.mouseClick(window.composer.edit_btn, Qt.LeftButton)  # Cancel edit
+    assert window.input.toPlainText() == "a thought in progress"
+    assert [m.content for m in window.store.messages(window.cid) if m.role == "user"] == ["first question"]
+    qtbot.mouseClick(window.composer.edit_btn, Qt.LeftButton)
+    window.input.setPlainText("second question")
+    window.params = window.params.__class__(max_new_tokens=6)
+    qtbot.mouseClick(window.send_btn, Qt.LeftButton)
+    qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
+    msgs = window.store.messages(window.cid)
+    assert [(m.role, m.content) for m in msgs][0] == ("user", "second question") and len(msgs) == 2
+    assert window.composer.edit_btn.text() == "Edit last"
+
+
+def test_each_chat_keeps_its_own_draft_and_staged_documents(qtbot, window, tmp_path):
+    from PySide6.QtCore import Qt
+
+    doc = tmp_path / "notes.txt"
+    doc.write_text("remember the milk")
+    send(qtbot, window, "chat one", 4)
+    qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
+    first = window.cid
+    window.input.setPlainText("unsent in chat one")
+    window.attach(str(doc))
+    qtbot.waitUntil(lambda: len(window.docs) == 1, timeout=30_000)
+    menu_actions(window)["File/New chat"].trigger()
+    assert window.input.toPlainText() == "" and window.docs == []  # a new chat starts empty
+    window.input.setPlainText("unsent in chat two")
+    second = window.cid
+    item = next(window.conv_list.item(i) for i in range(window.conv_list.count())
+                if window.conv_list.item(i).data(Qt.UserRole) == first)
+    window.conv_list.setCurrentItem(item)
+    qtbot.waitUntil(lambda: window.cid == first, timeout=10_000)
+    assert window.input.toPlainText() == "unsent in chat one" and [d.name for d in window.docs] == ["notes.txt"]
+    window.open_chat(second)
+    assert window.input.toPlainText() == "unsent in chat two" and window.docs == []
+
+
+def test_regenerate_keeps_the_earlier_answers_as_versions_to_switch_between(qtbot, window):
+    from PySide6.QtCore import Qt
+
+    from engine.generate import SamplingParams
+
+    send(qtbot, window, "tell me something", 6)
+    qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
+    first = window.store.messages(window.cid)[-1]
+    window.params = SamplingParams(max_new_tokens=9, temperature=1.0, seed=7)  # another answer
+    qtbot.mouseClick(window.composer.regen_btn, Qt.LeftButton)
+    qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
+    msgs = window.store.messages(window.cid)
+    assert [m.role for m in msgs] == ["user", "assistant"]
+    second = msgs[-1]
+    assert [v["content"] for v in second.meta["versions"]] == [first.content, second.content]
+    assert "1/2" not in window.chat.toPlainText() and "2/2" in window.chat.toPlainText()
+    window.chat.anchorClicked.emit(__import__("PySide6.QtCore", fromlist=["QUrl"]).QUrl(f"version:{second.id}:0"))
+    shown = window.store.messages(window.cid)[-1]
+    assert shown.content == first.content and "1/2" in window.chat.toPlainText()
+    assert window.history()[-1]["content"] == first.content  # the next turn sends the version shown

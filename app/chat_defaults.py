@@ -1,0 +1,70 @@
+"""The settings new chats start from (Chat > Defaults for new chats…), remembered across starts in
+the window's QSettings (app/theme.py settings()).
+
+Built in: a mild repetition penalty, 1.1, as llama.cpp and LM Studio use by default: without one a
+small model asked for a table repeated its rows for 756 tokens. The user's own replace them once set
+(the sampling settings only: a system prompt is never carried into a new topic unseen, see
+app/chat_settings.py).
+
+A chat stores only what differs from the defaults (app/chat_settings.py), so a chat nobody set up
+follows them. When the user changes them, every chat there is keeps the values it had: each is
+given, as its own, whatever differs from the new defaults."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from engine.generate import SamplingParams
+
+from . import theme
+from .chat_settings import DEFAULTS, SAMPLING_KEYS, ChatSettingsDialog, default_values, overrides, read
+
+KEY = "chat/new_chat_defaults"
+BUILT_IN = DEFAULTS  # repetition penalty 1.1, the longest reply 1,024 tokens
+
+
+def saved() -> SamplingParams:
+    """New chats' defaults: the user's, where set (and valid), over the built-in ones."""
+    try:
+        raw = json.loads(theme.settings().value(KEY, "{}") or "{}")
+    except (TypeError, ValueError):
+        raw = {}
+    return replace(BUILT_IN, **{k: v for k, v in read(raw).items() if k in SAMPLING_KEYS})
+
+
+def save(values: dict) -> SamplingParams:
+    """Remember values ({key: value}, as the dialog gives them) as new chats' defaults."""
+    own = {k: v for k, v in overrides(values, BUILT_IN).items() if k in SAMPLING_KEYS}
+    theme.settings().setValue(KEY, json.dumps(own))
+    return saved()
+
+
+def keep_chats(store, before: SamplingParams, after: SamplingParams) -> int:
+    """Every chat keeps what it had under the defaults `before` now that they are `after`: the
+    values that differ from `after` become its own. Returns how many chats were written."""
+    had_by_default = default_values(before)
+    changed = 0
+    for c in store.conversations():
+        mine = read(c.settings)
+        keep = overrides({**had_by_default, **mine}, after)
+        if keep != mine:
+            store.set_settings(c.id, keep)
+            changed += 1
+    return changed
+
+
+def edit(w) -> None:
+    """Chat > Defaults for new chats…: the dialog of Chat settings…, for the chats created from now on."""
+    from .menus import run_modal
+
+    current = {k: getattr(w.params, k) for k in SAMPLING_KEYS}
+    dlg = ChatSettingsDialog(w, "", current, "", w.ctx, BUILT_IN, for_new_chats=True)
+    if not run_modal(dlg):
+        return
+    before = w.params
+    after = save(dlg.values())
+    w.params = replace(before, **{k: getattr(after, k) for k in SAMPLING_KEYS})
+    kept = keep_chats(w.store, before, w.params)
+    note = "new chats start from these settings" + ("; the chats made before keep what they had" if kept else "")
+    w.statusBar().showMessage(note, 8000)
+    w.log_line(note)

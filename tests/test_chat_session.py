@@ -1,0 +1,133 @@
+"""app/chat_session.py without a window (no Qt imported): drafts, an edit of the last turn that
+keeps it until the new message is sent, and a regenerated reply's versions, on a real SQLite store."""
+import sys
+
+from app.chat_session import ChatSession, Draft, shown_version, with_versions
+from app.store import Store
+
+
+def chat(tmp_path):
+    store = Store(tmp_path / "chats.sqlite3")
+    s = ChatSession(store, None)
+    cid = s.add_user("What is the capital of France?", {}, title="What is the capital of France?")
+    store.add_message(cid, "assistant", "Paris.", meta={"stats": "12 tokens"})
+    return store, s
+
+
+def test_no_qt_is_imported():
+    import subprocess
+
+    code = "import sys, app.chat_session, app.store; print(any(m.startswith('PySide6') for m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_the_first_message_makes_and_names_the_chat(tmp_path):
+    store, s = chat(tmp_path)
+    assert store.conversation(s.cid).title == "What is the capital of France?"
+    assert [m.role for m in s.messages()] == ["user", "assistant"] and s.draft.empty
+
+
+def test_an_edit_keeps_the_turn_until_the_new_message_is_sent(tmp_path):
+    store, s = chat(tmp_path)
+    draft = s.begin_edit(Draft("half a thought"))
+    assert draft.text == "What is the capital of France?"
+    assert [m.content for m in s.messages()] == ["What is the capital of France?", "Paris."]  # untouched
+    assert s.editing() == [m.id for m in s.messages()]
+    s.add_user("What is the capital of Italy?", {}, title="x")
+    assert [m.content for m in s.messages()] == ["What is the capital of Italy?"] and s.edit is None
+    assert store.conversation(s.cid).title == "What is the capital of France?"  # a named chat keeps its name
+
+
+def test_a_cancelled_edit_gives_back_the_draft_and_the_turn(tmp_path):
+    store, s = chat(tmp_path)
+    s.begin_edit(Draft("half a thought"))
+    assert s.cancel_edit() == Draft("half a thought") and s.edit is None
+    assert [m.content for m in s.messages()] == ["What is the capital of France?", "Paris."]
+
+
+def test_an_edited_message_with_documents_attaches_its_files_again(tmp_path):
+    store = Store(tmp_path / "chats.sqlite3")
+    s = ChatSession(store, None)
+    meta = {"typed": "summarise", "attachments": [{"name": "a.txt", "path": str(tmp_path / "a.txt"), "size": 3}]}
+    s.add_user("Document 1: a.txt\n\nabc\n\nEnd of document 1: a.txt\n\nsummarise", meta, title="summarise")
+    draft = s.begin_edit(Draft())
+    assert draft.text == "summarise" and draft.paths == [str(tmp_path / "a.txt")]
+
+
+def test_regenerating_keeps_every_version_and_switching_sends_the_one_shown(tmp_path):
+    store, s = chat(tmp_path)
+    earlier = s.take_last_reply()
+    assert earlier == [{"content": "Paris.", "meta": {"stats": "12 tokens"}}]
+    assert [m.role for m in s.messages()] == ["user"]  # the new reply streams into a new row
+    store.add_message(s.cid, "assistant", "It is Paris.", meta=with_versions(earlier, "It is Paris.", {"stats": "9"}))
+    reply = s.messages()[-1]
+    assert shown_version(reply) == (1, 2)
+    assert s.show_version(reply.id, 0)
+    reply = s.messages()[-1]
+    assert reply.content == "Paris." and reply.meta["stats"] == "12 tokens" and shown_version(reply) == (0, 2)
+    # a third version keeps both earlier ones, whichever was shown
+    third = s.take_last_reply()
+    assert [v["content"] for v in third] == ["Paris.", "It is Paris."]
+    assert not s.show_version(reply.id, 5)
+
+
+# ---- the reply in progress, against the real engine thread on the tiny model ----------------------
+def engine_backend(tiny, events):
+    from app.chat_backend import LocalBackend
+    from engine.protocol import Load, Loaded
+    from engine.session import Session
+
+    session = Session(events.put).start()
+    session.submit(Load(path=str(tiny), device="cpu", dtype="fp32", placement="cpu", ctx=256))
+    while True:
+        ev = events.get(timeout=120)
+        if isinstance(ev, Loaded):
+            break
+    session.loaded.generator.eos_ids.clear()
+    return session, LocalBackend(session.submit, lambda: ev)
+
+
+def run_reply(chat, backend, events, history, **kw):
+    from engine.generate import SamplingParams
+    from engine.protocol import Done, ErrorEvent, Token
+
+    reply = chat.start_reply(backend, history, SamplingParams(max_new_tokens=8), None, now=0.0, **kw)
+    drawn = []
+    while True:
+        ev = events.get(timeout=120)
+        if getattr(ev, "request_id", None) != reply.request:
+            continue
+        if isinstance(ev, Token):
+            drawn += chat.reply_token(ev, now=0.5)
+        elif isinstance(ev, Done):
+            return ev, chat.reply_done(ev, stats="8 tokens"), drawn
+        elif isinstance(ev, ErrorEvent):
+            return ev, chat.reply_failed(ev.message), drawn
+
+
+def test_a_reply_is_owned_by_the_chat_session_from_start_to_end(tiny, tmp_path, window_cache):
+    import queue
+
+    from engine.client import end_session
+
+    events = queue.Queue()
+    session, backend = engine_backend(tiny, events)
+    try:
+        store = Store(tmp_path / "chats.sqlite3")
+        chat = ChatSession(store, None)
+        chat.add_user("hello", {}, title="hello")
+        done, meta, drawn = run_reply(chat, backend, events, [{"role": "user", "content": "hello"}])
+        assert not chat.generating and len(done.token_ids) == 8
+        text = "".join(t for kind, t in drawn if kind == "content")
+        last = chat.messages()[-1]
+        assert last.role == "assistant" and last.complete and last.content == done.content == text
+        assert meta["model"] == tiny.name and meta["stats"] == "8 tokens"
+        # again, as Regenerate does: the first answer kept as a version
+        earlier = chat.take_last_reply()
+        done2, meta2, _ = run_reply(chat, backend, events, [{"role": "user", "content": "hello"}], earlier=earlier)
+        last = chat.messages()[-1]
+        assert [v["content"] for v in last.meta["versions"]] == [done.content, done2.content]
+        assert shown_version(last) == (1, 2)
+    finally:
+        end_session(session)
