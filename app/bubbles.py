@@ -156,8 +156,12 @@ def versions(frame: QTextFrame | DocumentEnd, palette: QPalette, mid, shown: int
         cur.setBlockFormat(fmt)
     for arrow, j, tip in (("‹", shown - 1, "The answer before"), (None, None, None), ("›", shown + 1, "The answer after")):
         if arrow is None:
-            cur.insertText(f"  {shown + 1}/{count}  ", small(palette, 0.6))
+            cur.insertText(f"  answer {shown + 1} of {count}  ", small(palette, 0.7))
         elif 0 <= j < count:
-            cur.insertText(arrow, link(small(palette, 0.75, bold=True), f"version:{mid}:{j}", tip))
+            fmt = small(palette, 0.95, bold=True)
+            fmt.setFontPointSize(fmt.fontPointSize() + 3)  # a target a finger or a mouse finds
+            cur.insertText(f" {arrow} ", link(fmt, f"version:{mid}:{j}", tip))
         else:
-            cur.insertText(arrow, small(palette, 0.25))
+            fmt = small(palette, 0.3, bold=True)
+            fmt.setFontPointSize(fmt.fontPointSize() + 3)
+            cur.insertText(f" {arrow} ", fmt)

@@ -199,8 +199,8 @@ def test_regenerate_keeps_the_earlier_answers_as_versions_to_switch_between(qtbo
     assert [m.role for m in msgs] == ["user", "assistant"]
     second = msgs[-1]
     assert [v["content"] for v in second.meta["versions"]] == [first.content, second.content]
-    assert "1/2" not in window.chat.toPlainText() and "2/2" in window.chat.toPlainText()
+    assert "answer 1 of 2" not in window.chat.toPlainText() and "answer 2 of 2" in window.chat.toPlainText()
     window.chat.anchorClicked.emit(__import__("PySide6.QtCore", fromlist=["QUrl"]).QUrl(f"version:{second.id}:0"))
     shown = window.store.messages(window.cid)[-1]
-    assert shown.content == first.content and "1/2" in window.chat.toPlainText()
+    assert shown.content == first.content and "answer 1 of 2" in window.chat.toPlainText()
     assert window.history()[-1]["content"] == first.content  # the next turn sends the version shown
