@@ -1,5 +1,5 @@
 """The settings new chats start from (Chat > Defaults for new chats…), remembered across starts in
-the window's QSettings (app/theme.py settings()).
+the app's QSettings (app/theme.py settings()).
 
 Built in: a mild repetition penalty, 1.1, as llama.cpp and LM Studio use by default: without one a
 small model asked for a table repeated its rows for 756 tokens. The user's own replace them once set
@@ -53,18 +53,18 @@ def keep_chats(store, before: SamplingParams, after: SamplingParams) -> int:
     return changed
 
 
-def edit(w) -> None:
-    """Chat > Defaults for new chats…: the dialog of Chat settings…, for the chats created from now on."""
+def edit(parent, store, params: SamplingParams, model_ctx: int = 0) -> tuple[SamplingParams, str] | None:
+    """Chat > Defaults for new chats…: the dialog of Chat settings…, over `parent`, for the chats created
+    from now on; params: the defaults in use, model_ctx: the model's context length (0: not known).
+    Accepted: (the new defaults, a note to show the user), every chat in store keeping what it had
+    (keep_chats); cancelled: None, nothing changed."""
     from .menus import run_modal
 
-    current = {k: getattr(w.params, k) for k in SAMPLING_KEYS}
-    dlg = ChatSettingsDialog(w, "", current, "", w.ctx, BUILT_IN, for_new_chats=True)
+    current = {k: getattr(params, k) for k in SAMPLING_KEYS}
+    dlg = ChatSettingsDialog(parent, "", current, "", model_ctx, BUILT_IN, for_new_chats=True)
     if not run_modal(dlg):
-        return
-    before = w.params
+        return None
     after = save(dlg.values())
-    w.params = replace(before, **{k: getattr(after, k) for k in SAMPLING_KEYS})
-    kept = keep_chats(w.store, before, w.params)
-    note = "new chats start from these settings" + ("; the chats made before keep what they had" if kept else "")
-    w.statusBar().showMessage(note, 8000)
-    w.log_line(note)
+    new = replace(params, **{k: getattr(after, k) for k in SAMPLING_KEYS})
+    kept = keep_chats(store, params, new)
+    return new, "new chats start from these settings" + ("; the chats made before keep what they had" if kept else "")

@@ -3,7 +3,7 @@ picked (temperature, top-p, top-k), how strongly repeating is avoided, how much 
 model sees (context length), and the chat's system prompt, with named presets.
 
 Stored with the chat (the store's `settings` column, JSON) as the values that differ from the
-defaults: a chat nobody set up holds {} and follows the window's defaults (`window.params`). New
+defaults: a chat nobody set up holds {} and follows the defaults it is given (app/chat_defaults.py). New
 chats start from the defaults, not from the last chat's settings: a chat's settings belong to what
 it is for (a story at 0.9, code at 0), and a system prompt carried over unseen into a new topic
 would change its answers without the user knowing why.
@@ -16,7 +16,7 @@ prompt and the newest user message are never left out. What fits is the chat's c
 quarter of the context length. Tokens are counted with the model's tokenizer; the chat template's
 own tokens are measured from the template (two small renders), or estimated for a served model.
 
-Presets are kept across starts in the window's QSettings (app/theme.py settings()).
+Presets are kept across starts in the app's QSettings (app/theme.py settings()).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from engine.generate import SamplingParams
 
 from . import theme
 
-# new chats' built-in defaults (the window's `params` holds the user's own: app/chat_defaults.py); a mild
+# new chats' built-in defaults (the user's own: app/chat_defaults.py saved()); a mild
 # repetition penalty, as llama.cpp and LM Studio use
 DEFAULTS = SamplingParams(max_new_tokens=1024, repetition_penalty=1.1)
 PRESETS_KEY = "chat/system_prompt_presets"
@@ -354,19 +354,18 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def edit(w) -> None:
-    """Chat > Chat settings…: the current chat's (a new one if none is open)."""
+def edit(parent, store, cid: int, model_ctx: int = 0, defaults: SamplingParams = DEFAULTS) -> bool:
+    """Chat > Chat settings…: chat `cid`'s, in a dialog over `parent`; model_ctx: the model's context
+    length (0: not known), defaults: what the chat's settings differ from. Accepted, they are stored
+    and True returned (the caller shows it: the context indicator counts against the chat's memory,
+    context_for); cancelled, False and nothing changes."""
     from .menus import run_modal
 
-    if w.cid is None:
-        w.new_chat()
-    cid = w.cid
-    c = w.store.conversation(cid)
-    dlg = ChatSettingsDialog(w, c.title, c.settings, c.system_prompt, w.ctx, w.params)
-    if run_modal(dlg):
-        w.store.set_settings(cid, overrides(dlg.values(), w.params))
-        if dlg.system_prompt() != c.system_prompt:
-            w.store.set_system_prompt(cid, dlg.system_prompt())
-        w.statusBar().showMessage("settings saved for this chat", 8000)
-        if cid == w.cid:  # the context indicator counts against the chat's memory
-            w.composer.show_context(w.composer.used, limit=context_for(w.store, cid, w.ctx))
+    c = store.conversation(cid)
+    dlg = ChatSettingsDialog(parent, c.title, c.settings, c.system_prompt, model_ctx, defaults)
+    if not run_modal(dlg):
+        return False
+    store.set_settings(cid, overrides(dlg.values(), defaults))
+    if dlg.system_prompt() != c.system_prompt:
+        store.set_system_prompt(cid, dlg.system_prompt())
+    return True

@@ -30,15 +30,16 @@ from .panel import LivePanel
 from .panel_switch import PanelSwitch
 from .quality_slider import QualitySlider
 from .progress_row import ProgressRow
-from .reply_flow import ReplyFlow
+from .reply_flow import ReplyFlow, ReplyHooks
 from .serving import LocalServer, ServerBox, ServerDialog
 from .store import Store
+from .window_wiring import WindowWiring
 from .waiting import ReplyWait
 
 log = logging.getLogger("mixdesk")
 
 
-class MainWindow(QMainWindow):
+class MainWindow(QMainWindow, WindowWiring):
     def __init__(self, store: Store, model: str = "demo", session_kwargs: dict | None = None,
                  device: str | None = None, dtype: str = "auto"):
         super().__init__()
@@ -50,7 +51,6 @@ class MainWindow(QMainWindow):
         self.log_lines: list[str] = []
         self.cid: int | None = None
         self.sessions: dict = {}  # chat id -> its ChatSession (draft, edit, versions) while the window is open
-        self.reply = ReplyFlow(self)  # the reply in progress: send, stream, save, end
         self.count_tokens = None
         self.ctx = 0
         self.loading = False
@@ -60,9 +60,10 @@ class MainWindow(QMainWindow):
         self.local = LocalBackend(lambda cmd: self.bridge.send(cmd), lambda: self.model_info)  # the engine, as a backend
         self.server = LocalServer(self)
         self.device, self.dtype = device, dtype  # what File > Open model opens models with
-        self.models = ModelSwitch(self)
-        self._build()
         self.wait = ReplyWait(self.statusBar(), self)
+        self._build()
+        self.models = ModelSwitch(self.switch_parts())  # handed its parts, not the window (app/window_wiring.py)
+        self.remote_parts = self.remote_parts_of()  # app/remote.py's connect, disconnect, show_mode
         self._follow()
         self.set_theme(theme.saved(), remember=False)
         self.refresh_conversations()
@@ -71,8 +72,9 @@ class MainWindow(QMainWindow):
         self._store_timer.start()
         self._store_tick()
         self.gpu_offer.check()
-        window_state.restore(self)  # geometry, slider and the chat that was open
-        window_state.follow(self)
+        shown = (self.panel_switch, self.enter_sends_action)  # geometry, slider and the chat that was open:
+        window_state.restore(self, self.splitter, *shown, self.slider, self.store, self.open_chat)
+        window_state.follow(self.slider, self.sidebar.selected, *shown, self.store.path)
         self.load_model(model, device, dtype)
 
     # ---- layout ----
@@ -105,6 +107,12 @@ class MainWindow(QMainWindow):
         self.chat.version_requested.connect(self.show_version)
         cl.addWidget(self.chat, 1)
         self.composer = Composer()
+        self.reply = ReplyFlow(self.chat, self.composer, self.store, self.engine, self.wait, ReplyHooks(  # send ... end
+            session=lambda: self.chat_session, cid=lambda: self.cid, chat_sent=self._chat_sent,
+            backend=lambda: self.backend, params=lambda: self.params, ctx=lambda: self.ctx,
+            status=lambda m, ms: self.statusBar().showMessage(m, ms), log=lambda m: self.log_line(m),
+            chat_changed=lambda: self.refresh_conversations(),
+            ended=lambda: (self.redraw_chat(), self.models.reply_ended())))  # a model checked meanwhile loads
         self.composer.send_requested.connect(self.send)
         self.composer.stop_requested.connect(self.stop)
         self.composer.regenerate_requested.connect(self.reply.regenerate)
@@ -130,7 +138,8 @@ class MainWindow(QMainWindow):
         self.progress, self.cancel_btn = self.progress_row.bar, self.progress_row.cancel
         self.statusBar().addPermanentWidget(self._undo_btn)
 
-        menus.build(self)
+        acts = menus.build(self.menuBar(), self.menu_commands())  # the actions kept: checked from code
+        self.server_action, self.enter_sends_action, self.theme_actions = acts.server, acts.enter_sends, acts.themes
 
     def _follow(self) -> None:
         """Each reader of the engine's events subscribes to the controller's signals."""
@@ -188,21 +197,15 @@ class MainWindow(QMainWindow):
 
     def _enter_chat(self) -> None:
         gone = self.composer.show_draft(self.chat_session.draft)
-        self.show_editing()
+        self.reply.show_editing()
         if gone:
             self.statusBar().showMessage(f"no longer there, not attached: {', '.join(gone)}", 15000)
 
-    def show_editing(self) -> None:
-        editing = self.chat_session.edit is not None
-        self.composer.set_editing(editing)
-        if editing:
-            self.statusBar().showMessage("Editing your last message: it and its reply are replaced when you send "
-                                         "(Cancel edit keeps them)", 15000)
-
-    def cancel_edit(self) -> None:
-        self.composer.show_draft(self.chat_session.cancel_edit())
-        self.show_editing()
-        self.statusBar().showMessage("Edit cancelled: the message and its reply are as they were", 8000)
+    def _chat_sent(self, cid: int, session: ChatSession) -> None:
+        """Send wrote to chat cid (made then if none was shown): the chat shown, its session kept."""
+        self.cid = cid
+        self.sessions.pop(None, None)
+        self.sessions[cid] = session
 
     def show_version(self, mid: int, j: int) -> None:
         """A regenerated reply's ‹ ›: that version shown, and sent to the model from now on."""
@@ -295,10 +298,10 @@ class MainWindow(QMainWindow):
 
     def connect_remote(self, choice: tuple[str, str, str] | None = None) -> bool:
         """File > Connect to a server (the dialog), or straight to choice = (url, key, model)."""
-        return remote.connect(self, choice)
+        return remote.connect(self.remote_parts, choice)
 
     def disconnect_remote(self) -> None:
-        remote.disconnect(self)
+        remote.disconnect(self.remote_parts)
 
     # ---- engine events (app/engine_controller.py: each widget follows what it shows) ----
     def on_events(self, batch: list) -> None:
@@ -419,7 +422,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, e):
         self.reply.save_partial()
-        window_state.save(self)
+        window_state.save(self, self.splitter, self.store.path, self.cid)
         self.server.stop()
         self.bridge.shutdown(timeout=10.0)
         self._store_timer.stop()

@@ -4,7 +4,9 @@ it fails after the old one was let go, the old one comes back (ModelSwitch, the 
 model and the browser's choice)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 
 def display_name(spec: str) -> str:
@@ -30,8 +32,23 @@ def reason(message: str, spec: str) -> str:
     return line
 
 
+@dataclass(frozen=True)
+class SwitchParts:
+    """What a switch uses of the window: its collaborators, and its state as small callables."""
+    bridge: object  # the engine bridge: send(command) -> request id; session.last_loaded
+    bar: object  # the model bar (app/model_bar.py): setText, show_model
+    composer: object  # its send_btn; show_context (app/composer.py)
+    progress: object  # the status bar's progress row (app/progress_row.py): hide
+    panel: object  # the live panel: reset_speeds
+    say: Callable[[str], None]  # on the status line (30 s) and in the log
+    log: Callable[[str], None]  # in the log only
+    generating: Callable[[], bool]  # a reply is in progress
+    remote: Callable[[], bool]  # the chat goes to a served model (its reply is not the local model's)
+    set_loading: Callable[[bool], None]  # Send waits for a model (the window's `loading`)
+
+
 class ModelSwitch:
-    """File > Open model (and the picker, a folder, a hub id, the demo) for the window w. The model
+    """File > Open model (and the picker, a folder, a hub id, the demo), given the window's parts. The model
     in use stays loaded, and the chat usable (Send too), until the new one has been checked
     (the engine's check_model query, engine/queries.py); only then is it loaded, and Send waits for
     it. A reply sent meanwhile is the old model's: the load waits for it to end (a Load releases the model
@@ -41,8 +58,8 @@ class ModelSwitch:
     (The engine now validates the folder before it releases the model in use, too; the check here
     also reads the tokenizer and the chat template, which load reads only after the release.)"""
 
-    def __init__(self, w):
-        self.w = w
+    def __init__(self, parts: SwitchParts):
+        self.parts = parts
         self.current: tuple | None = None  # (path, device, dtype) of the model in use
         self.pending: tuple | None = None  # the one being opened
         self.check_id = self.load_id = None  # the engine's ids of the check and the load in progress
@@ -61,17 +78,17 @@ class ModelSwitch:
         return self.pending is not None and self.check_id is None and self.ready is None
 
     def open(self, spec: tuple, check: bool = True) -> None:
-        w = self.w
+        p = self.parts
         self.pending, self.failed, self.ready = spec, None, None
         if self.current is None or not check:  # nothing to keep: load it at once
             self._load(spec[0])
             return
-        w.loading = False  # the chat goes on with the model in use while the new one is checked
-        w.send_btn.setEnabled(not w.generating)
-        w.model_label.setText(f"opening {display_name(spec[0])}… (the chat goes on with {display_name(self.current[0])} until it is ready)")
+        p.set_loading(False)  # the chat goes on with the model in use while the new one is checked
+        p.composer.send_btn.setEnabled(not p.generating())
+        p.bar.setText(f"opening {display_name(spec[0])}… (the chat goes on with {display_name(self.current[0])} until it is ready)")
         from engine.protocol import Query
 
-        self.check_id = w.bridge.send(Query(name="check_model", args={"spec": spec[0]}))
+        self.check_id = p.bridge.send(Query(name="check_model", args={"spec": spec[0]}))
 
     def reply_ended(self) -> None:
         """The window's reply ended: a model checked while it ran is loaded now."""
@@ -90,13 +107,13 @@ class ModelSwitch:
         """The engine loads it now (it lets the model in use go first): Send waits for it."""
         from engine.protocol import Load
 
-        w = self.w
-        w.loading = True
-        w.send_btn.setEnabled(False)
-        w.model_label.setText(f"loading {display_name(self.pending[0])}…; Send waits for it")
+        p = self.parts
+        p.set_loading(True)
+        p.composer.send_btn.setEnabled(False)
+        p.bar.setText(f"loading {display_name(self.pending[0])}…; Send waits for it")
         _, device, dtype = self.pending
         self.building = False
-        self.load_id = w.bridge.send(Load(path=path, device=device, dtype=dtype))
+        self.load_id = p.bridge.send(Load(path=path, device=device, dtype=dtype))
 
     def on_event(self, ev) -> bool:
         """The window's engine events that answer a switch; True when handled here."""
@@ -105,21 +122,21 @@ class ModelSwitch:
         rid = getattr(ev, "request_id", None)
         if isinstance(ev, QueryDone) and rid is not None and rid == self.check_id:
             self.check_id = None
-            w = self.w
-            if w.generating and w.remote is None:  # a reply of the model in use: loading would cut it off
+            p = self.parts
+            if p.generating() and not p.remote():  # a reply of the model in use: loading would cut it off
                 self.ready = ev.value
-                w.model_label.setText(f"{display_name(self.pending[0])} is ready: it loads when this reply ends "
+                p.bar.setText(f"{display_name(self.pending[0])} is ready: it loads when this reply ends "
                                       f"(the chat goes on with {display_name(self.current[0])} until then)")
             else:
                 self._load(ev.value)
             return True
         if isinstance(ev, ErrorEvent) and rid is not None and rid in (self.check_id, self.load_id):
             # a Load that failed before the engine released the model in use leaves it announced
-            released = rid == self.load_id and self.w.bridge.session.last_loaded is None
+            released = rid == self.load_id and self.parts.bridge.session.last_loaded is None
             self._failed(ev.message, after_unload=released)
             return True
         if isinstance(ev, Progress) and ev.stage == "machine" and self.pending is not None:
-            self.w.model_label.setText(f"Measuring this machine once (about 20 s), then opening "
+            self.parts.bar.setText(f"Measuring this machine once (about 20 s), then opening "
                                        f"{display_name(self.pending[0])}…")
             return False  # the progress row shows it too
         if isinstance(ev, Progress) and ev.stage == "load" and self.load_id is not None:
@@ -138,18 +155,18 @@ class ModelSwitch:
         return False
 
     def _failed(self, message: str, after_unload: bool) -> None:
-        w = self.w
+        p = self.parts
         spec = self.pending
         why = reason(message, spec[0])
         self.check_id = self.load_id = self.ready = None
-        w.progress.hide()
-        w.cancel_btn.hide()
-        w.log_line(f"error: {spec[0]} could not be opened: {message}")
+        p.progress.hide()  # its bar and its Cancel
+        p.log(f"error: {spec[0]} could not be opened: {message}")
         if not after_unload and self.current is not None:  # the model in use was never let go
-            self.pending, w.loading = None, False
-            w.model_bar()
-            w.send_btn.setEnabled(not w.generating)
-            self._say(f"{why} — {display_name(spec[0])} could not be opened. Still using {display_name(self.current[0])}.")
+            self.pending = None
+            p.set_loading(False)
+            p.bar.show_model()
+            p.composer.send_btn.setEnabled(not p.generating())
+            p.say(f"{why} — {display_name(spec[0])} could not be opened. Still using {display_name(self.current[0])}.")
             return
         previous = self.current
         self.current = None
@@ -157,13 +174,14 @@ class ModelSwitch:
             self.failed = (display_name(spec[0]), why)
             self.pending = previous
             self._load(previous[0])
-            w.model_label.setText(f"{why} — {display_name(spec[0])} could not be loaded. Reopening {display_name(previous[0])}…")
+            p.bar.setText(f"{why} — {display_name(spec[0])} could not be loaded. Reopening {display_name(previous[0])}…")
             return
-        self.pending, w.loading = None, False
+        self.pending = None
+        p.set_loading(False)
         if self.failed is not None:
             why = f"{why} (after {self.failed[0]} could not be loaded: {self.failed[1]})"
-        w.model_label.setText(f"{why} — could not load {display_name(spec[0])}")
-        self._say(f"{why} — {display_name(spec[0])} could not be loaded. Open another model (File > Open model…).")
+        p.bar.setText(f"{why} — could not load {display_name(spec[0])}")
+        p.say(f"{why} — {display_name(spec[0])} could not be loaded. Open another model (File > Open model…).")
 
     def loaded(self) -> None:
         """After the window showed a Loaded: the old model's figures go (the chat's context as it
@@ -171,13 +189,9 @@ class ModelSwitch:
         that fell back is said."""
         if self.switched:
             self.switched = False
-            self.w.composer.show_context(None)
-            self.w.panel.reset_speeds()
+            self.parts.composer.show_context(None)
+            self.parts.panel.reset_speeds()
         if self.failed is not None and self.pending is None and self.current is not None:
             spec, why = self.failed
             self.failed = None
-            self._say(f"{why} — {spec} could not be loaded. {display_name(self.current[0])} is back.")
-
-    def _say(self, text: str) -> None:
-        self.w.statusBar().showMessage(text, 30000)
-        self.w.log_line(text)
+            self.parts.say(f"{why} — {spec} could not be loaded. {display_name(self.current[0])} is back.")

@@ -18,6 +18,8 @@ import json
 import ssl
 import threading
 import time
+from dataclasses import dataclass
+from typing import Callable
 from urllib.parse import urlsplit
 
 from PySide6.QtCore import QObject, Signal
@@ -177,49 +179,67 @@ class RemoteChat(QObject):
 
 
 # ---- the window's side: File > Connect to a server, File > Use the local model ----
-def connect(w, choice: tuple[str, str, str] | None = None) -> bool:
+@dataclass(frozen=True)
+class RemoteParts:
+    """What connect, disconnect and show_mode use of the window: its widgets, and its state as small
+    callables."""
+    engine: object  # the engine controller (app/engine_controller.py): listen(source), remote_active
+    bar: object  # the model bar (app/model_bar.py): remote, setText, show_model
+    composer: object  # its send_btn
+    slider: object  # the quality slider (it acts on the local engine)
+    panel: object  # the live panel: placement_box, mode
+    current: Callable[[], "RemoteChat | None"]  # the served model the chat goes to, if any
+    use: Callable[["RemoteChat | None"], None]  # the chat goes there from now on (None: the local model)
+    ask: Callable[[], "tuple[str, str, str] | None"]  # File > Connect to a server's dialog: its choice, or None
+    generating: Callable[[], bool]  # a reply is in progress
+    stop: Callable[[], None]  # stop it
+    local_ready: Callable[[], bool]  # a local model is loaded and none is being opened
+    say: Callable[[str], None]  # on the status line (8 s)
+    log: Callable[[str], None]  # in the log
+    owner: object = None  # the QObject parent of each RemoteChat
+
+
+def connect(p: RemoteParts, choice: tuple[str, str, str] | None = None) -> bool:
     """Chat with a served model: `choice` (url, key, model), or the one the user gives in the
     Connect dialog. True when the chat now goes there."""
-    from .menus import run_modal
-    from .serving import ConnectDialog
-
     if choice is None:
-        dlg = ConnectDialog(w)
-        if not run_modal(dlg):
+        choice = p.ask()
+        if choice is None:
             return False
-        choice = dlg.choice()
-    if w.generating:
-        w.stop()
-    w.remote = RemoteChat(*choice, parent=w)
-    w.engine.listen(w.remote)
-    show_mode(w, True)
-    w.statusBar().showMessage(f"the chat now goes to {w.remote.label}", 8000)
-    w.log_line(f"chatting with {w.remote.label}")
+    if p.generating():
+        p.stop()
+    chat = RemoteChat(*choice, parent=p.owner)
+    p.use(chat)
+    p.engine.listen(chat)
+    show_mode(p, True)
+    p.say(f"the chat now goes to {chat.label}")
+    p.log(f"chatting with {chat.label}")
     return True
 
 
-def disconnect(w) -> None:
-    if w.remote is None:
-        w.statusBar().showMessage("The chat already uses the local model", 8000)
+def disconnect(p: RemoteParts) -> None:
+    if p.current() is None:
+        p.say("The chat already uses the local model")
         return
-    if w.generating:
-        w.stop()
-    w.remote = None
-    show_mode(w, False)
-    w.statusBar().showMessage("the chat uses the local model again", 8000)
+    if p.generating():
+        p.stop()
+    p.use(None)
+    show_mode(p, False)
+    p.say("the chat uses the local model again")
 
 
-def show_mode(w, on: bool) -> None:
+def show_mode(p: RemoteParts, on: bool) -> None:
     """Remote: the panel says where the chat goes, and the placement controls (which act on the
     local engine) are hidden; the local model stays loaded for when the chat comes back."""
-    w.engine.remote_active = on  # the local engine's Stats are not the chat's meanwhile
-    w.model_label.remote = on
-    w.slider.setVisible(not on)
-    w.panel.placement_box.setVisible(not on)
-    w.panel.mode.setText(f"remote: {w.remote.label}" if on else "")
+    p.engine.remote_active = on  # the local engine's Stats are not the chat's meanwhile
+    p.bar.remote = on
+    p.slider.setVisible(not on)
+    p.panel.placement_box.setVisible(not on)
+    chat = p.current()
+    p.panel.mode.setText(f"remote: {chat.label}" if on else "")
     if on:
-        w.model_label.setText(f"<b>{w.remote.model}</b> · remote, at {w.remote.base}")
-        w.send_btn.setEnabled(not w.generating)
+        p.bar.setText(f"<b>{chat.model}</b> · remote, at {chat.base}")
+        p.composer.send_btn.setEnabled(not p.generating())
     else:
-        w.model_bar()
-        w.send_btn.setEnabled(not w.generating and w.model_info is not None and not w.loading)
+        p.bar.show_model()
+        p.composer.send_btn.setEnabled(not p.generating() and p.local_ready())

@@ -7,17 +7,37 @@ Send (the typed text and its documents), Stop, Regenerate (the earlier answers k
 Edit last (the turn kept until the edited message is sent), and the reply's end: finished, stopped,
 or failed (what streamed is kept, marked).
 
-It follows the engine controller's reply signals (app/engine_controller.py)."""
+It follows the engine controller's reply signals (app/engine_controller.py). It is handed what it
+uses (the chat view, the composer, the store, the engine controller, the reply's wait) and, for what
+belongs to the window, the hooks of ReplyHooks: it never holds the window."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 from . import chat_settings, documents, reply_footer
 
 
+@dataclass(frozen=True)
+class ReplyHooks:
+    """What the reply reads of the window, and what it tells it."""
+    session: Callable[[], object]  # the ChatSession of the chat shown (app/chat_session.py)
+    cid: Callable[[], int | None]  # the chat shown (None: none yet)
+    chat_sent: Callable[[int, object], None]  # Send wrote to chat cid (maybe just created): it is the one shown
+    backend: Callable[[], object]  # where replies come from (app/chat_backend.py)
+    params: Callable[[], object]  # the sampling defaults new chats start from
+    ctx: Callable[[], int]  # the local model's context
+    status: Callable[[str, int], None]  # a note on the status bar, for so many ms
+    log: Callable[[str], None]  # a line of the window's log
+    chat_changed: Callable[[], None]  # the sidebar, drawn again
+    ended: Callable[[], None]  # the reply ended: the chat redrawn, a model waiting for it loads
+
+
 class ReplyFlow:
-    def __init__(self, window):
-        self.w = window
+    def __init__(self, chat, composer, store, engine, wait, hooks: ReplyHooks):
+        self.chat, self.composer, self.store, self.engine, self.wait = chat, composer, store, engine, wait
+        self.hooks = hooks
         self.session = None  # the ChatSession whose reply is in progress (None: none is)
 
     @property
@@ -38,110 +58,126 @@ class ReplyFlow:
     def history(self) -> chat_settings.History:
         """The chat's system prompt and the messages that fit in its context length (app/chat_settings.py),
         fitted to the backend's context (a served model fits its own)."""
-        w = self.w
-        f = w.backend.fitting()
-        return chat_settings.messages_for(w.store, w.cid, f.count_tokens, f.ctx, f.prompt_ids, w.params)
+        h = self.hooks
+        f = h.backend().fitting()
+        return chat_settings.messages_for(self.store, h.cid(), f.count_tokens, f.ctx, f.prompt_ids, h.params())
 
     def think(self) -> bool | None:
         """The Think switch as the composer shows it (None: the model has none)."""
-        w = self.w
-        return w.composer.think_btn.isChecked() if w.backend.thinking_switch else None
+        return self.composer.think_btn.isChecked() if self.hooks.backend().thinking_switch else None
 
     def send(self) -> None:
-        w = self.w
-        text = w.input.toPlainText().strip()
-        if self.generating or (not text and not w.docs) or not w.send_btn.isEnabled():
+        c, h = self.composer, self.hooks
+        docs = c.attachments.docs
+        text = c.input.toPlainText().strip()
+        if self.generating or (not text and not docs) or not c.send_btn.isEnabled():
             return
-        content = documents.prompt_with_documents(text, w.docs)
-        meta = {"attachments": documents.attachment_meta(w.docs), "typed": text} if w.docs else {}
+        content = documents.prompt_with_documents(text, docs)
+        meta = {"attachments": documents.attachment_meta(docs), "typed": text} if docs else {}
         if self.think() is not None:
             meta["think"] = self.think()
         # content: what the model reads; an edited turn is replaced only now (app/chat_session.py)
-        session = w.chat_session
-        w.cid = session.add_user(content, meta, title=text or w.docs[0].name)
-        w.sessions.pop(None, None)
-        w.sessions[w.cid] = session
-        w.input.clear()
-        w.attachments.clear()
-        w.show_editing()
-        w.refresh_conversations()
-        w.chat.show_messages(w.store.messages(w.cid))
+        session = h.session()
+        cid = session.add_user(content, meta, title=text or docs[0].name)
+        h.chat_sent(cid, session)
+        c.input.clear()
+        c.attachments.clear()
+        self.show_editing()
+        h.chat_changed()
+        self.chat.show_messages(self.store.messages(cid))
         self.start()
 
     def start(self, earlier: list[dict] | None = None) -> None:
         """The reply to the chat's history as the store holds it (earlier: the versions it follows)."""
-        w = self.w
-        history, params = self.history(), chat_settings.params_for(w.store, w.cid, w.params)
+        h = self.hooks
+        history, params = self.history(), chat_settings.params_for(self.store, h.cid(), h.params())
         if history.note:  # the chat is longer than its context length: said, and logged
-            w.statusBar().showMessage(history.note, 15000)
-            w.log_line(history.note)
-        if w.backend.local:
-            w.wait.reply_started()  # says so if a calibration step holds it back
-        self.session = w.chat_session
-        reply = self.session.start_reply(w.backend, history, params, self.think(), earlier, now=time.monotonic())
-        w.composer.set_generating(True)
-        w.chat.begin_stream(key=reply.mid)
-        w.engine.reply_request = reply.request
+            h.status(history.note, 15000)
+            h.log(history.note)
+        backend = h.backend()
+        if backend.local:
+            self.wait.reply_started()  # says so if a calibration step holds it back
+        self.session = h.session()
+        reply = self.session.start_reply(backend, history, params, self.think(), earlier, now=time.monotonic())
+        self.composer.set_generating(True)
+        self.chat.begin_stream(key=reply.mid)
+        self.engine.reply_request = reply.request
 
     def stop(self) -> None:
         if self.generating:
-            self.w.backend.stop(self.request)
+            self.hooks.backend().stop(self.request)
 
     def regenerate(self) -> None:
-        w = self.w
-        if self.generating or w.cid is None:
+        h = self.hooks
+        cid = h.cid()
+        if self.generating or cid is None:
             return
-        if w.chat_session.edit is not None:
-            w.cancel_edit()
-        earlier = w.chat_session.take_last_reply()  # the answers so far stay, as versions (‹ 1/2 ›)
-        if w.store.messages(w.cid):
-            w.chat.show_messages(w.store.messages(w.cid))
+        if h.session().edit is not None:
+            self.cancel_edit()
+        earlier = h.session().take_last_reply()  # the answers so far stay, as versions (‹ 1/2 ›)
+        if self.store.messages(cid):
+            self.chat.show_messages(self.store.messages(cid))
             self.start(earlier)
 
     def edit_last(self) -> None:
         """Edit last: the last message back in the composer (its files attached again), the turn kept
         in the store until the edited one is sent; clicked again while editing, the edit is cancelled."""
-        w = self.w
-        if self.generating or w.cid is None:
+        h = self.hooks
+        if self.generating or h.cid() is None:
             return
-        if w.chat_session.edit is not None:
-            w.cancel_edit()
+        if h.session().edit is not None:
+            self.cancel_edit()
             return
-        draft = w.chat_session.begin_edit(w.composer.draft())
+        draft = h.session().begin_edit(self.composer.draft())
         if draft is not None:
-            w.composer.show_draft(draft)
-            w.show_editing()
+            self.composer.show_draft(draft)
+            self.show_editing()
+
+    def show_editing(self) -> None:
+        """The composer shows whether the last message is being edited (and the status bar says so)."""
+        editing = self.hooks.session().edit is not None
+        self.composer.set_editing(editing)
+        if editing:
+            self.hooks.status("Editing your last message: it and its reply are replaced when you send "
+                              "(Cancel edit keeps them)", 15000)
+
+    def cancel_edit(self) -> None:
+        self.composer.show_draft(self.hooks.session().cancel_edit())
+        self.show_editing()
+        self.hooks.status("Edit cancelled: the message and its reply are as they were", 8000)
 
     # ---- the reply streaming ----
     def on_token(self, ev) -> None:
         if not self.generating:
             return
-        w = self.w
-        w.wait.reply_streaming()
+        self.wait.reply_streaming()
+        chat = self.chat
         for kind, x in self.session.reply_token(ev, time.monotonic()):
             if kind == "content":
-                w.chat.add_text(x)
+                chat.add_text(x)
             elif kind == "reasoning":
-                w.chat.add_reasoning(x)
+                chat.add_reasoning(x)
             else:  # the answer (or a tool call) began: the reasoning's header says how long
-                w.chat.thought_done(x)
+                chat.thought_done(x)
 
     def on_done(self, ev) -> None:
         if not self.generating:
             return
-        w = self.w
-        w.wait.reply_streaming()
-        stats, detail = reply_footer.footer(ev, w.wait.stats_note() if w.backend.local else "")
+        h = self.hooks
+        self.wait.reply_streaming()
+        backend = h.backend()
+        stats, detail = reply_footer.footer(ev, self.wait.stats_note() if backend.local else "")
         used = ev.prompt_tokens + len(ev.token_ids)
         meta = self.session.reply_done(ev, stats=stats, stats_detail=detail, context=used,  # the chat's context
-                                       context_model=w.backend.name)  # indicator, reopened with the same model
-        w.chat.end_stream(stats, ev.content, meta)
+                                       context_model=backend.name)  # indicator, reopened with the same model
+        self.chat.end_stream(stats, ev.content, meta)
         self._ended()
-        w.composer.show_context(used, w.ctx, limit=chat_settings.context_for(w.store, w.cid, w.ctx))
+        ctx = h.ctx()
+        self.composer.show_context(used, ctx, limit=chat_settings.context_for(self.store, h.cid(), ctx))
 
     def model_name(self) -> str:
         """The model the chat talks to ("": none known yet)."""
-        return self.w.backend.name
+        return self.hooks.backend().name
 
     def context_of(self, messages) -> int | None:
         """The context the chat's last reply used, as its message keeps it (None: not known, or
@@ -155,23 +191,21 @@ class ReplyFlow:
     def failed(self, message: str) -> None:
         """The reply in progress ended with an error: what streamed is kept (marked), or the empty row
         goes; "generating" ends."""
-        w = self.w
         if not self.generating:
             return
-        w.wait.reply_streaming()
+        self.wait.reply_streaming()
         note = self.session.reply_failed(message)
         if note:
-            w.chat.end_stream(note)
-        w.chat.show_messages(w.store.messages(w.cid))
+            self.chat.end_stream(note)
+        self.chat.show_messages(self.store.messages(self.hooks.cid()))
         self._ended()
 
     def _ended(self) -> None:
         self.session = None
-        w = self.w
-        w.engine.reply_request = None
-        w.composer.set_generating(False)
-        w.redraw_chat()  # the theme changed while it streamed
-        w.models.reply_ended()  # a model checked while the reply ran loads now (Send waits for it)
+        self.engine.reply_request = None
+        self.composer.set_generating(False)
+        self.hooks.ended()  # the chat redrawn (the theme changed while it streamed); a model checked while
+        # the reply ran loads now (Send waits for it)
 
     def save_partial(self) -> None:
         """At close: what streamed so far, kept as an interrupted reply."""

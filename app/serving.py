@@ -217,3 +217,11 @@ class ConnectDialog(QDialog):
 
     def choice(self) -> tuple[str, str, str]:
         return self.url.text().strip(), self.key.text().strip(), self.models.currentText().strip()
+
+
+def ask_connection(parent) -> tuple[str, str, str] | None:
+    """File > Connect to a server's dialog (modal): the endpoint chosen (url, key, model), None if cancelled."""
+    from .menus import run_modal
+
+    dlg = ConnectDialog(parent)
+    return dlg.choice() if run_modal(dlg) else None

@@ -1,7 +1,7 @@
-"""Help > Keyboard shortcuts…: every shortcut the window has, read when the dialog opens: the menu
+"""Help > Keyboard shortcuts…: every shortcut the menus hold, read when the dialog opens: the menu
 actions' own (QAction.shortcuts(), in the words the menus show them in), then the message box's
-keys as the composer takes them at that moment (Enter sends only where the composer says so: its
-`enter_sends`, a bool or a callable, when it has one; Ctrl+Enter always sends, through Chat > Send)."""
+keys as the caller says the composer takes them at that moment (`enter_sends`: whether Enter sends;
+Ctrl+Enter always sends, through Chat > Send). It is handed the menu bar and that bool, nothing more."""
 from __future__ import annotations
 
 from PySide6.QtGui import QKeySequence
@@ -15,8 +15,9 @@ def native(keys) -> str:
     return QKeySequence(keys).toString(QKeySequence.SequenceFormat.NativeText)
 
 
-def menu_shortcuts(window) -> list[tuple[str, str]]:
-    """(menu path, its keys) for every menu action with a shortcut, in menu order."""
+def menu_shortcuts(menu_bar) -> list[tuple[str, str]]:
+    """(menu path, its keys) for every action with a shortcut in menu_bar (a QMenuBar, or anything with
+    actions() whose menus hold them), in menu order."""
     rows: list[tuple[str, str]] = []
 
     def walk(menu, path: str) -> None:
@@ -29,17 +30,14 @@ def menu_shortcuts(window) -> list[tuple[str, str]]:
             elif a.shortcuts():
                 rows.append((name, ", ".join(s.toString(QKeySequence.SequenceFormat.NativeText)
                                              for s in a.shortcuts())))
-    for top in window.menuBar().actions():
+    for top in menu_bar.actions():
         if top.menu() is not None:
             walk(top.menu(), top.text().replace("&", ""))
     return rows
 
 
-def composer_keys(composer) -> list[tuple[str, str]]:
-    """The message box's keys, as the composer takes them now."""
-    enter_sends = getattr(composer, "enter_sends", False)
-    if callable(enter_sends):
-        enter_sends = enter_sends()
+def composer_keys(enter_sends: bool) -> list[tuple[str, str]]:
+    """The message box's keys: enter_sends, whether Enter sends a message (else it adds a line)."""
     box = f"Message box{SEP}"
     rows = ([(f"{box}Send the message", "Enter, Ctrl+Enter"), (f"{box}New line", "Shift+Enter")] if enter_sends else
             [(f"{box}Send the message", "Ctrl+Enter"), (f"{box}New line", "Enter, Shift+Enter")])
@@ -48,13 +46,14 @@ def composer_keys(composer) -> list[tuple[str, str]]:
 
 
 class ShortcutsDialog(QDialog):
-    """The table of shortcuts (action, keys), read-only."""
+    """The table of shortcuts (action, keys), read-only: menu_bar's actions', then the message box's
+    (enter_sends: whether Enter sends); parent: the dialog's parent widget."""
 
-    def __init__(self, window):
-        super().__init__(window)
+    def __init__(self, menu_bar, enter_sends: bool, parent=None):
+        super().__init__(parent)
         self.setWindowTitle("Keyboard shortcuts")
         self.resize(560, 520)
-        rows = menu_shortcuts(window) + composer_keys(window.composer)
+        rows = menu_shortcuts(menu_bar) + composer_keys(bool(enter_sends))
         self.table = QTableWidget(len(rows), 2)
         self.table.setHorizontalHeaderLabels(["Action", "Keys"])
         self.table.verticalHeader().hide()

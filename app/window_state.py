@@ -5,6 +5,9 @@ built; saved as they change (the slider, the chat) and at close (the geometry), 
 most the last resize."""
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Callable
+
 from PySide6.QtCore import QByteArray
 
 from . import theme
@@ -12,37 +15,40 @@ from . import theme
 GROUP = "window"
 
 
-def _chat_key(w) -> str:
-    """The open chat is remembered per chat database (another file numbers its chats its own way)."""
+def _chat_key(store_path) -> str:
+    """The open chat is remembered per chat database, at store_path (another file numbers its chats its own way)."""
     import hashlib
 
-    return "window/chat-" + hashlib.sha1(str(w.store.path.resolve()).encode()).hexdigest()[:12]
+    return "window/chat-" + hashlib.sha1(str(Path(store_path).resolve()).encode()).hexdigest()[:12]
 
 
-def restore(w) -> None:
-    """Geometry, column widths, slider and the last chat of window w, where saved (and still there)."""
+def restore(top, splitter, panel_switch, enter_sends, slider, store, open_chat: Callable[[int], object]) -> None:
+    """Geometry (of top, the top-level widget), column widths (splitter), whether the live panel is
+    shown (panel_switch), Enter sends (enter_sends: Settings > Enter sends message, a checkable
+    QAction), the slider, and the last chat of store (open_chat(cid) opens it), where saved (and still there)."""
     s = theme.settings()
     geometry, split = s.value("window/geometry"), s.value("window/splitter")
     if isinstance(geometry, QByteArray) and not geometry.isEmpty():
-        w.restoreGeometry(geometry)
+        top.restoreGeometry(geometry)
     if isinstance(split, QByteArray) and not split.isEmpty():
-        w.splitter.restoreState(split)
-    w.panel_switch.show(_bool(s.value("window/panel"), True))  # after the widths: shown, it is never a sliver
-    w.enter_sends_action.setChecked(_bool(s.value("window/enter_sends"), True))  # Settings > Enter sends message
-    slider = _float(s.value("window/slider"))
-    if slider is not None:
-        w.slider.set_value(slider)  # its debounced signal sends SetSlider: the engine plans for it
-    cid = _int(s.value(_chat_key(w)))
-    if cid is not None and any(c.id == cid for c in w.store.conversations()):
-        w.open_chat(cid)
+        splitter.restoreState(split)
+    panel_switch.show(_bool(s.value("window/panel"), True))  # after the widths: shown, it is never a sliver
+    enter_sends.setChecked(_bool(s.value("window/enter_sends"), True))  # Settings > Enter sends message
+    value = _float(s.value("window/slider"))
+    if value is not None:
+        slider.set_value(value)  # its debounced signal sends SetSlider: the engine plans for it
+    cid = _int(s.value(_chat_key(store.path)))
+    if cid is not None and any(c.id == cid for c in store.conversations()):
+        open_chat(cid)
 
 
-def follow(w) -> None:
-    """Save the slider and the open chat as they change."""
-    w.slider.changed.connect(lambda v: theme.settings().setValue("window/slider", float(v)))
-    w.sidebar.selected.connect(lambda cid: theme.settings().setValue(_chat_key(w), int(cid)))
-    w.panel_switch.changed.connect(lambda on: theme.settings().setValue("window/panel", bool(on)))
-    w.enter_sends_action.toggled.connect(lambda on: theme.settings().setValue("window/enter_sends", bool(on)))
+def follow(slider, chat_selected, panel_switch, enter_sends, store_path) -> None:
+    """Save the slider, the open chat (chat_selected: a signal that carries the chat id picked), the
+    live panel's switch and Enter sends (a checkable QAction) as they change."""
+    slider.changed.connect(lambda v: theme.settings().setValue("window/slider", float(v)))
+    chat_selected.connect(lambda cid: theme.settings().setValue(_chat_key(store_path), int(cid)))
+    panel_switch.changed.connect(lambda on: theme.settings().setValue("window/panel", bool(on)))
+    enter_sends.toggled.connect(lambda on: theme.settings().setValue("window/enter_sends", bool(on)))
 
 
 def forget() -> None:
@@ -52,14 +58,16 @@ def forget() -> None:
     s.sync()
 
 
-def save(w) -> None:
+def save(top, splitter, store_path, cid: int | None) -> None:
+    """At close: the geometry of top (the top-level widget), the column widths (splitter) and the chat
+    open (cid, None: none) of the chat database at store_path."""
     s = theme.settings()
-    s.setValue("window/geometry", w.saveGeometry())
-    s.setValue("window/splitter", w.splitter.saveState())
-    if w.cid is not None:
-        s.setValue(_chat_key(w), int(w.cid))
+    s.setValue("window/geometry", top.saveGeometry())
+    s.setValue("window/splitter", splitter.saveState())
+    if cid is not None:
+        s.setValue(_chat_key(store_path), int(cid))
     else:
-        s.remove(_chat_key(w))
+        s.remove(_chat_key(store_path))
     s.sync()
 
 

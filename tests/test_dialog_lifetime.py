@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 pytest.importorskip("PySide6")
+from PySide6.QtCore import QObject  # noqa: E402
 from PySide6.QtGui import QAction  # noqa: E402
 from PySide6.QtWidgets import QLabel, QMainWindow, QMessageBox, QPushButton, QWidget  # noqa: E402
 from shiboken6 import Shiboken  # noqa: E402
@@ -23,20 +24,32 @@ from shiboken6 import Shiboken  # noqa: E402
 from window_helpers import on_modal  # noqa: E402
 
 
+class EngineStandIn(QObject):
+    """app/engine_controller.py's side of Connect: it takes a RemoteChat's events (and parents it)."""
+    remote_active = False
+
+    def listen(self, source) -> None:
+        pass
+
+
 class StandIn(QMainWindow):
     """What the dialogs' openers use of MainWindow, without a model behind it."""
 
     def __init__(self):
         super().__init__()
-        self.generating, self.remote, self.lines = False, None, []
+        self.generating, self.remote, self.lines, self.model_info, self.loading = False, None, [], None, False
         self.slider, self.model_label, self.send_btn = QWidget(self), QLabel(self), QPushButton(self)
+        self.composer = SimpleNamespace(send_btn=self.send_btn)
         self.panel = SimpleNamespace(placement_box=QWidget(self), mode=QLabel(self))
-        self.engine = SimpleNamespace(listen=lambda source: None, remote_active=False)  # app/engine_controller.py
+        self.engine = EngineStandIn(self)
         self.server_action = QAction(self)
         self.server_action.setCheckable(True)
         self.log_lines = ["12:00:00 loaded tiny"]
 
     def on_events(self, events) -> None:
+        pass
+
+    def stop(self) -> None:
         pass
 
     def log_line(self, line: str) -> None:
@@ -62,14 +75,16 @@ def w(qtbot):
 
 def test_connect_dialog_is_deleted_accepted_or_cancelled(qtbot, w):
     from app import remote
+    from app.window_wiring import WindowWiring
 
+    parts = WindowWiring.remote_parts_of(w)  # what MainWindow hands app/remote.py
     def fill(d):
         d.url.setText("http://127.0.0.1:9/v1")
         d.models.setEditText("some-model")
         d.accept()
-    assert opened_and_deleted(qtbot, lambda: remote.connect(w), fill)
+    assert opened_and_deleted(qtbot, lambda: remote.connect(parts), fill)
     assert w.remote.model == "some-model" and w.remote.base == "http://127.0.0.1:9/v1"  # read before deletion
-    assert not opened_and_deleted(qtbot, lambda: remote.connect(w), lambda d: d.reject())
+    assert not opened_and_deleted(qtbot, lambda: remote.connect(parts), lambda d: d.reject())
 
 
 def test_server_dialog_is_deleted(qtbot, w):
@@ -83,7 +98,7 @@ def test_log_box_is_deleted(qtbot, w):
     from app import menus
 
     texts = []
-    opened_and_deleted(qtbot, lambda: menus.show_log(w), lambda d: (texts.append(d.text()), d.accept()))
+    opened_and_deleted(qtbot, lambda: menus.show_log(w.log_lines, w), lambda d: (texts.append(d.text()), d.accept()))
     assert texts == ["12:00:00 loaded tiny"]
     from app.log_view import LogView
 

@@ -204,3 +204,31 @@ def test_regenerate_keeps_the_earlier_answers_as_versions_to_switch_between(qtbo
     shown = window.store.messages(window.cid)[-1]
     assert shown.content == first.content and "answer 1 of 2" in window.chat.toPlainText()
     assert window.history()[-1]["content"] == first.content  # the next turn sends the version shown
+
+
+def test_help_log_scrolls_shows_the_whole_reason_and_copies(qtbot, window):
+    """A refused model's reason was only in Help > Log, a message box that cut long lines and could
+    not scroll; the log is now a view that scrolls, wraps and copies."""
+    from PySide6.QtWidgets import QPlainTextEdit
+
+    from app.log_view import LogView
+    from window_helpers import on_modal
+
+    long_reason = "x.gguf: the file says its architecture is 'nonesuch', which Mixdesk does not run " * 3
+    for i in range(300):
+        window.log_line(f"line {i}")
+    window.log_line(f"error: {long_reason}")
+    seen = []
+
+    def look(d):
+        seen.append((d.text(), d.view.verticalScrollBar().maximum(), isinstance(d.view, QPlainTextEdit)))
+        d.copy_btn.click()
+        seen.append(d.copy_btn.text())
+        d.reject()
+
+    on_modal(look, LogView)
+    menu_actions(window)["Help/Log"].trigger()
+    (text, scroll_max, plain), said = seen
+    assert long_reason.strip() in text and "line 0" in text  # nothing cut
+    assert plain and scroll_max > 0  # it scrolls
+    assert said == "Copied" and long_reason.strip() in QApplication.clipboard().text()

@@ -60,9 +60,7 @@ class PlanInputs:
     dense_prefill_s: float = 0.0  # time per prompt token outside the experts, in a prefill
     unit: int = 1  # experts per planning unit (a reduced problem, see `reduced`): memory scales by it
     streams: int = 1  # sequences decoding together (the cost model's batch > 1, see above)
-    # the sensitivities are a stand-in (uniform, ASSUMED) while this model's calibration has not
-    # measured them: `choose` then trades no quality, whatever the slider (see there)
-    provisional: bool = False
+    provisional: bool = False  # sensitivities ASSUMED until calibrated: `choose` trades no quality
 
     @property
     def tiers(self) -> list[Tier]:
@@ -391,10 +389,8 @@ def _scale_of(pts: list[Plan]) -> SliderScale:
 def choose(points: list[Plan], slider: float, inp: PlanInputs, scale: SliderScale | None = None) -> Plan:
     """The fastest plan whose loss meets the slider's target (the least-loss plan when none does).
     `scale` is slider_scale(inp), passed in by callers that re-plan often with the same inputs.
-    Provisional inputs (no calibration yet) give the least-loss plan the budgets allow: a guessed
-    sensitivity picks 4-bit experts blindly, and on the demo one such plan (133 of 240 experts at
-    cpu-4, two of its layers 8x more sensitive than the rest) turned "Paris" into a French loop.
-    4 bits are used before calibration only where memory leaves no other choice."""
+    Provisional inputs (no calibration yet): the least-loss plan the budgets allow (a guessed
+    sensitivity picked the demo's 4-bit experts blindly and turned "Paris" into a French loop)."""
     if inp.provisional:
         return points[0]
     scale = scale or slider_scale(inp)
