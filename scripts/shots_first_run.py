@@ -35,22 +35,26 @@ def _grab(w, path: Path) -> Path:
     return path
 
 
-def first_start(app, out: Path, theme_name: str, size: tuple[int, int]) -> list[Path]:
-    from PySide6.QtWidgets import QApplication  # noqa: F401
-
+def _window(theme_name: str, size: tuple[int, int]):
+    """The app's window on the demo (a throwaway chat database), in a theme and a size, shown."""
     from app.main_window import MainWindow
     from app.store import Store
+
+    store = Store(Path(tempfile.mkdtemp(prefix="mixdesk-shots-chats-")) / "chats.sqlite3")
+    w = MainWindow(store, model=_demo_or_tiny())
+    w.set_theme(theme_name, remember=False)
+    w.resize(*size)
+    w.show()
+    return w, store, f"{theme_name.lower()}-{size[0]}x{size[1]}"
+
+
+def first_start(app, out: Path, theme_name: str, size: tuple[int, int]) -> list[Path]:
     from engine.sampling import SamplingParams
 
     os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="mixdesk-shots-cache-")  # nothing measured yet
-    store = Store(Path(tempfile.mkdtemp(prefix="mixdesk-shots-chats-")) / "chats.sqlite3")
-    w = MainWindow(store, model=_demo_or_tiny())
-    tag = f"{theme_name.lower()}-{size[0]}x{size[1]}"
+    w, store, tag = _window(theme_name, size)
     shots = []
     try:
-        w.set_theme(theme_name, remember=False)
-        w.resize(*size)
-        w.show()
         wait(app, lambda: "Measuring this machine" in w.model_label.text(), 60)
         wait(app, lambda: False, 1.5)
         shots.append(_grab(w, out / f"first-start-{tag}.png"))
@@ -71,19 +75,12 @@ def first_start(app, out: Path, theme_name: str, size: tuple[int, int]) -> list[
 
 
 def versions_and_panel(app, out: Path, theme_name: str, size: tuple[int, int]) -> list[Path]:
-    from app.main_window import MainWindow
-    from app.store import Store
     from engine.sampling import SamplingParams
     from window_helpers import menu_actions
 
-    store = Store(Path(tempfile.mkdtemp(prefix="mixdesk-shots-chats-")) / "chats.sqlite3")
-    w = MainWindow(store, model=_demo_or_tiny())
-    tag = f"{theme_name.lower()}-{size[0]}x{size[1]}"
+    w, store, tag = _window(theme_name, size)
     shots = []
     try:
-        w.set_theme(theme_name, remember=False)
-        w.resize(*size)
-        w.show()
         if not wait(app, lambda: w.send_btn.isEnabled() and w.ctx > 0, 600):
             raise RuntimeError("the model did not load")
         w.params = SamplingParams(max_new_tokens=60)

@@ -31,13 +31,7 @@ from window_helpers import menu_actions, no_uncaught_exceptions, on_modal  # noq
 NEW_CHATS_KEY = "chat/new_chat_defaults"  # app/chat_defaults.py: where the defaults are remembered
 
 
-def say(qtbot, w, text, n=8):
-    w.params = SamplingParams(max_new_tokens=n)
-    w.input.setPlainText(text)
-    assert w.send_btn.isEnabled()
-    qtbot.mouseClick(w.send_btn, Qt.LeftButton)
-    qtbot.waitUntil(lambda: not w.generating, timeout=60_000)
-    return w.store.messages(w.cid)[-1]
+from test_window_flows import say  # noqa: E402  (types a message, clicks Send, returns the reply)
 
 
 def open_hub(qtbot, w, spec: str) -> None:
