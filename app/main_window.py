@@ -350,8 +350,8 @@ class MainWindow(QMainWindow, WindowWiring):
         self.chat.code_style = theme.apply(name, remember)
         self.panel.set_dark(theme.is_dark(QApplication.palette()))
         self.theme_actions[name].setChecked(True)
-        self.chat.stale_colours = True  # code blocks in the new style (the palette's change follows)
-        self.redraw_chat()
+        self.chat.stale_colours = True  # code blocks in the new style: redrawn once, with the palette's change
+        self._restyle.start()
 
     def redraw_chat(self) -> None:
         """The chat shown drawn again in the theme's colours, once no reply streams into it (a reply

@@ -34,21 +34,15 @@ def wide(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(wide, tmp_path_factory):
     """The reply with every expert pinned at 16 bits on the CPU (`--placement cpu`)."""
-    import os
-
-    before = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("pinned-cache"))
-    client = Client()
-    try:
-        client.load(str(wide), placement="cpu", device="cpu", dtype="fp32", ctx=256)
-        client.session.loaded.generator.eos_ids.clear()  # every reply runs to TOKENS
-        done = client.generate(messages=QUESTION, params=SamplingParams(max_new_tokens=TOKENS), fresh=True)
-    finally:
-        client.close()
-        if before is None:
-            os.environ.pop("XDG_CACHE_HOME", None)
-        else:
-            os.environ["XDG_CACHE_HOME"] = before
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("pinned-cache")))
+        client = Client()
+        try:
+            client.load(str(wide), placement="cpu", device="cpu", dtype="fp32", ctx=256)
+            client.session.loaded.generator.eos_ids.clear()  # every reply runs to TOKENS
+            done = client.generate(messages=QUESTION, params=SamplingParams(max_new_tokens=TOKENS), fresh=True)
+        finally:
+            client.close()
     assert len(done.token_ids) == TOKENS
     return done
 

@@ -42,7 +42,7 @@ def measure_dense_prefill_s(model: MoEModel, hw: HardwareProfile, tokens: int = 
     """Time per prompt token outside the experts in a prefill: a measured prefill (best of 2) minus
     the modelled time of the expert batches it actually ran. Timed as a prefill runs (recording
     would take the native routed call away), then replayed with recording for the routes."""
-    from .planner import batch_ratio
+    from .batch_scaling import batch_ratio
 
     ids = torch.randint(3, model.dims.vocab, (tokens,), generator=torch.Generator().manual_seed(0))
     best = float("inf")

@@ -32,13 +32,13 @@ Everything here is numpy on small arrays: no torch, no I/O.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
 
 from ..placement import Placement, Tier
+from .batch_scaling import batch_ratio, expected_runs  # noqa: F401 - the cost model's batches
 
 GRID_LAMBDA = 48
 GRID_MU = 10
@@ -76,19 +76,6 @@ class PlanInputs:
         tier = "cpu-16" if self.cpu_only else "gpu-16"
         r = batch_ratio(self.batch_scale.get(tier), self.streams, self.dense_bytes / max(self.layers, 1))
         return self.dense_s * r / self.streams
-
-
-def expected_runs(p, streams: int, table, nbytes: float) -> np.ndarray:
-    """An expert's expected cost in one decode step, in batch-1 runs, when each of `streams`
-    tokens picks it with probability p: E[batch_ratio(n)] for n ~ Binomial(streams, p). At one
-    stream that is p."""
-    p = np.clip(np.asarray(p, dtype=np.float64), 0.0, 1.0)
-    if streams <= 1:
-        return p
-    out = np.zeros_like(p)
-    for n in range(1, streams + 1):
-        out += math.comb(streams, n) * p ** n * (1 - p) ** (streams - n) * batch_ratio(table, n, nbytes)
-    return out
 
 
 @dataclass(frozen=True)
@@ -403,28 +390,6 @@ def choose(points: list[Plan], slider: float, inp: PlanInputs, scale: SliderScal
     if not meeting:
         return points[0]  # the least loss the budget allows
     return max(meeting, key=lambda p: p.tok_s)
-
-
-def _ratio(rows, n: float) -> float:
-    b = [row[0] for row in rows]
-    r = [row[1] for row in rows]
-    if n >= b[-1]:
-        return r[-1] * n / b[-1]  # past the table: linear
-    return float(np.interp(n, b, r))
-
-
-def batch_ratio(table, n: float, nbytes: float = 0.0) -> float:
-    """Time for n tokens at once / time for one, for an expert of nbytes. table: a list of
-    [batch, ratio], or {"small": ..., "large": ..., "bytes": [small, large]} (interpolated in
-    log bytes between the two measured sizes). Below one expected token the expert runs with
-    probability ~n."""
-    if n <= 1.0 or not table:
-        return max(n, 0.0)
-    if isinstance(table, list):
-        return _ratio(table, n)
-    lo, hi = (float(x) for x in table["bytes"])
-    w = float(np.clip((np.log(max(nbytes, 1.0)) - np.log(lo)) / (np.log(hi) - np.log(lo)), 0.0, 1.0))
-    return (1 - w) * _ratio(table["small"], n) + w * _ratio(table["large"], n)
 
 
 def prefill_s(inp: PlanInputs, placement: Placement, tokens: int) -> float:
