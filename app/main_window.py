@@ -29,7 +29,7 @@ from .model_switch import ModelSwitch
 from .panel import LivePanel
 from .panel_switch import PanelSwitch
 from .quality_slider import QualitySlider
-from .progress_row import ProgressRow
+from .progress_row import ProgressRow, StatusBar
 from .reply_flow import ReplyFlow, ReplyHooks
 from .serving import LocalServer, ServerBox, ServerDialog
 from .store import Store
@@ -60,6 +60,7 @@ class MainWindow(QMainWindow, WindowWiring):
         self.local = LocalBackend(lambda cmd: self.bridge.send(cmd), lambda: self.model_info)  # the engine, as a backend
         self.server = LocalServer(self)
         self.device, self.dtype = device, dtype  # what File > Open model opens models with
+        self.setStatusBar(StatusBar())  # says when its room changes (the progress row fits itself to it)
         self.wait = ReplyWait(self.statusBar(), self)
         self._build()
         self.models = ModelSwitch(self.switch_parts())  # handed its parts, not the window (app/window_wiring.py)

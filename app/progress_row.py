@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from PySide6.QtCore import QEvent, QObject, Qt
-from PySide6.QtWidgets import QPushButton, QSizeGrip, QWidget
+from PySide6.QtCore import QEvent, QObject, Qt, Signal
+from PySide6.QtWidgets import QPushButton, QSizeGrip, QStatusBar, QWidget
 
 from .elided_bar import ElidedBar
 
@@ -30,8 +30,26 @@ def label(stage: str, what: str, background: bool) -> str:
     return STAGES.get(stage, stage.capitalize())
 
 
+class StatusBar(QStatusBar):
+    """The window's status bar, saying when its room changed (resized, or a widget beside the message
+    shown or hidden). Not an event filter on it: a filter (a Python QObject that outlives the bar's
+    own destructor, as its child) is still called while the bar is being destroyed, and reading the
+    bar's message then reads freed memory. A virtual override is not called once destruction began."""
+    relaid = Signal()
+
+    def resizeEvent(self, e) -> None:
+        super().resizeEvent(e)
+        self.relaid.emit()
+
+    def event(self, e) -> bool:
+        done = super().event(e)
+        if e.type() == QEvent.LayoutRequest:
+            self.relaid.emit()
+        return done
+
+
 class ProgressRow(QObject):
-    def __init__(self, status_bar, stop: Callable[[], object], loading: Callable[[], bool]):
+    def __init__(self, status_bar: StatusBar, stop: Callable[[], object], loading: Callable[[], bool]):
         super().__init__(status_bar)
         self.status = status_bar
         self.bar = ElidedBar(minimumWidth=MIN_WIDTH, maximumWidth=MAX_WIDTH)
@@ -43,15 +61,10 @@ class ProgressRow(QObject):
         self.loading = loading
         status_bar.addPermanentWidget(self.bar)
         status_bar.addPermanentWidget(self.cancel)
-        status_bar.messageChanged.connect(lambda _m: self.fit())
-        status_bar.installEventFilter(self)  # resized, or a widget beside the bar shown or hidden
+        status_bar.messageChanged.connect(self.fit)  # bound methods: let go of when this row is deleted
+        status_bar.relaid.connect(self.fit)
 
-    def eventFilter(self, obj, e) -> bool:
-        if e.type() in (QEvent.Resize, QEvent.LayoutRequest):
-            self.fit()
-        return False
-
-    def fit(self) -> None:
+    def fit(self, _message: str = "") -> None:
         """The bar as wide as the status line's message leaves it (MIN_WIDTH..MAX_WIDTH)."""
         message = self.status.currentMessage()
         width = MAX_WIDTH

@@ -34,7 +34,18 @@ def open_window(qtbot, tiny, tmp_path, calibrated=True, **session):
 def window(qtbot, tiny, tmp_path, monkeypatch, window_cache):
     w = open_window(qtbot, tiny, tmp_path)
     yield w
+    close_and_delete(w)
+
+
+def close_and_delete(w) -> None:
+    """Close the window and destroy it now, in its own test: left to pytest-qt's deleteLater, it is
+    destroyed in the next test's event loop, during that test's model load, and whatever goes wrong
+    in a window's destruction would then show in the wrong test."""
+    from PySide6.QtCore import QCoreApplication, QEvent
+
     w.close()
+    w.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.DeferredDelete)
 
 
 def send(qtbot, w, text, max_new_tokens=24):
