@@ -33,11 +33,14 @@ PATHS = ("portable C", "AVX2", "AVX-512 VNNI")
 FMT = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
 
 
-ABI = 5  # mdk_abi() of the library these structs match (cpu.c)
+ABI = 6  # mdk_abi() of the library these structs match (cpu.c)
 
 
 class Matrix(ctypes.Structure):
-    _fields_ = [("fmt", c_int), ("n", c_int), ("k", c_int), ("w", c_void_p), ("d", c_void_p), ("m", c_void_p)]
+    """mdk.h's mdk_matrix. raw (GGUF block formats): 0 the kernels' tiles, 1 the file's own rows (n rows
+    of k / block ggml blocks), rows r >= n_lo read from w_hi when that is set (gate's and up's rows)."""
+    _fields_ = [("fmt", c_int), ("n", c_int), ("k", c_int), ("w", c_void_p), ("d", c_void_p), ("m", c_void_p),
+                ("raw", c_int), ("w_hi", c_void_p), ("n_lo", c_int)]
 
 
 class ExpertDesc(ctypes.Structure):
@@ -141,6 +144,11 @@ def _declare(lib) -> None:
     lib.mdk_wq_unpack.argtypes, lib.mdk_wq_unpack.restype = [i, vp, i, i, vp], i
     lib.mdk_wq_dequantize.argtypes, lib.mdk_wq_dequantize.restype = [i, vp, i, i, i, i, vp], None
     lib.mdk_quantize_blocks.argtypes, lib.mdk_quantize_blocks.restype = [i, vp, i, i, i, vp, i], i
+    lib.mdk_raw_dequantize.argtypes, lib.mdk_raw_dequantize.restype = [POINTER(Matrix), i, i, vp], None
+    lib.mdk_guard_add.argtypes, lib.mdk_guard_add.restype = [vp, sz], i  # guard.c: SIGBUS in mapped files
+    lib.mdk_guard_remove.argtypes, lib.mdk_guard_remove.restype = [i], None
+    lib.mdk_guard_faults.argtypes, lib.mdk_guard_faults.restype = [i], i
+    lib.mdk_guard_reinstall.restype = i
     lib.mdk_matmul.argtypes = [POINTER(Matrix), vp, i, i, vp, i]
     lib.mdk_matmul.restype = i
     lib.mdk_experts.argtypes = [vp, i, vp, vp, vp, vp, i, i, vp, i, i]

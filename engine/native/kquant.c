@@ -325,13 +325,15 @@ MDK_API void mdk_wq_dequantize(int fmt, const uint8_t *tiles, int n, int k, int 
 }
 
 void mdk_wq_rows(const mdk_matrix *w, int r0, int r1, const mdk_q8 *a, float *y) {
-    if (MDK_IS_Q4(w->fmt)) mdk_q4_rows(w, r0, r1, a, y);
+    if (w->raw) mdk_raw_rows_multi(w, r0, r1, &a, 1, &y);  /* the file's rows (kraw.c) */
+    else if (MDK_IS_Q4(w->fmt)) mdk_q4_rows(w, r0, r1, a, y);
     else if (MDK_IS_QB(w->fmt)) mdk_qb_rows(w, r0, r1, a, y);
     else kq_rows(w, r0, r1, a, y);
 }
 
 void mdk_wq_rows_multi(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y) {
-    if (MDK_IS_Q4(w->fmt)) mdk_q4_rows_multi(w, r0, r1, a, nt, y);
+    if (w->raw) mdk_raw_rows_multi(w, r0, r1, a, nt, y);
+    else if (MDK_IS_Q4(w->fmt)) mdk_q4_rows_multi(w, r0, r1, a, nt, y);
     else if (MDK_IS_QB(w->fmt)) mdk_qb_rows_multi(w, r0, r1, a, nt, y);
     else kq_rows_multi(w, r0, r1, a, nt, y);
 }

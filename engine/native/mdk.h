@@ -59,6 +59,11 @@ typedef struct {
     int n, k;         /* rows (out features), columns (in features) */
     const void *w;    /* weights; for MDK_Q4 the packed nibbles [n, k/2] */
     const uint16_t *d, *m;  /* MDK_Q4 only: fp16 scale and minimum [n, k/32] */
+    int raw;          /* GGUF block formats: 0 the kernel's tiles (kquant.c, qblock.c); 1 the file's own
+                         rows: n rows of k / block ggml blocks, row-major (kraw.c), e.g. a mapped file */
+    const void *w_hi; /* raw only, or NULL: rows r >= n_lo are at w_hi + (r - n_lo) * row bytes, not at
+                         w + r * row bytes (an expert's w13: gate's rows and up's, two places in a file) */
+    int n_lo;
 } mdk_matrix;
 
 enum { MDK_ACT_SILU = 0, MDK_ACT_SWIGLU_OAI = 1 };
@@ -105,6 +110,10 @@ typedef struct {          /* one token's activation, quantised for the int8 dot 
     float *dx;            /* [k/32] scale per natural block */
     float *sx;            /* [k/32] dx * sum(q) of the block (for the minimum term) */
     int16_t *s16;         /* [k/16] sum(q) of each half block (Q6_K's sub-blocks of 16: its -32 offset term) */
+    unsigned long long gen;  /* this quantisation's number, unique in the process (mdk_q8_init and
+                                mdk_quantize_act set a new one; mdk_quantize_act_range, which tasks run on
+                                parts of one activation at once, does not: init before it). kraw_x86.c keeps
+                                each thread's copies of a token in its kernels' order under it */
 } mdk_q8;
 size_t mdk_q8_bytes(int k);
 void mdk_q8_init(mdk_q8 *a, void *mem, int k);
@@ -116,7 +125,8 @@ void mdk_q4_rows_multi(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const 
 MDK_API void mdk_q4_dequantize_fmt(const uint8_t *packed, int fmt, int n, int k, float *out);
 
 /* ---- kquant.c (Q4_K, Q5_K, Q6_K) and qblock.c (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) ----
- * raw: GGUF's own rows, n rows of (k / block) blocks in ggml's block structs, as the file holds them.
+ * raw: GGUF's own rows, n rows of (k / block) blocks in ggml's block structs, as the file holds them;
+ * multiplied in place where mdk_matrix.raw is set (kraw.c: no copy, e.g. a read-only mapped file).
  * tiles: the kernel's layout, built from raw at load ("repack"); the same bytes a weight as raw
  * (bytes_for(fmt, n, k) == n * raw row bytes) unless a comment in the file says otherwise and why.
  * The generic entry points (kquant.c) dispatch on fmt to the qblock.c functions of the same shape. */
@@ -126,6 +136,9 @@ MDK_API int mdk_wq_unpack(int fmt, const uint8_t *tiles, int n, int k, uint8_t *
 MDK_API void mdk_wq_dequantize(int fmt, const uint8_t *tiles, int n, int k, int r0, int r1, float *out); /* rows r0..r1-1 */
 void mdk_wq_rows(const mdk_matrix *w, int r0, int r1, const mdk_q8 *a, float *y);  /* as mdk_q4_rows, any MDK_IS_INT fmt */
 void mdk_wq_rows_multi(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y);
+/* kraw.c, kraw_x86.c: the same products and values on raw rows (w->raw = 1), any row range */
+void mdk_raw_rows_multi(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y);
+MDK_API void mdk_raw_dequantize(const mdk_matrix *w, int r0, int r1, float *out);  /* rows r0..r1-1 [r1-r0, k] */
 size_t mdk_qb_bytes(int fmt, int n, int k);                                /* qblock.c, for MDK_IS_QB */
 int mdk_qb_pack(int fmt, const uint8_t *raw, int n, int k, uint8_t *tiles);
 int mdk_qb_unpack(int fmt, const uint8_t *tiles, int n, int k, uint8_t *raw);

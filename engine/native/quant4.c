@@ -23,6 +23,7 @@
 #include "mdk.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,11 +39,16 @@ static const uint8_t ID_Q[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 1
 
 size_t mdk_q8_bytes(int k) { return (size_t)k + 2 * (size_t)(k / 32) * sizeof(float) + (size_t)(k / 16) * 2 + 128; }
 
+static atomic_ullong q8_gen;  /* the last mdk_q8.gen handed out */
+
+static unsigned long long next_gen(void) { return atomic_fetch_add(&q8_gen, 1) + 1; }
+
 void mdk_q8_init(mdk_q8 *a, void *mem, int k) {
     a->dx = (float *)mem;
     a->sx = a->dx + k / 32;
     a->q = (int8_t *)(a->sx + k / 32);
     a->s16 = (int16_t *)(a->q + k);  /* k is a multiple of 32: aligned */
+    a->gen = next_gen();
 }
 
 /* Quantise x[e0..e1) (multiples of 32) into a, per block of 32. */
@@ -67,7 +73,10 @@ void mdk_quantize_act_range(const float *x, int k, int e0, int e1, mdk_q8 *a) {
     }
 }
 
-void mdk_quantize_act(const float *x, int k, mdk_q8 *a) { mdk_quantize_act_range(x, k, 0, k, a); }
+void mdk_quantize_act(const float *x, int k, mdk_q8 *a) {
+    mdk_quantize_act_range(x, k, 0, k, a);
+    a->gen = next_gen();
+}
 
 /* ---------------- weights: quantise and repack, dequantise ---------------- */
 MDK_API size_t mdk_q4_bytes(int n, int k) { return (size_t)((n + 15) / 16) * (size_t)(k / 32) * TB; }

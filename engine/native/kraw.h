@@ -1,0 +1,51 @@
+/* What kraw.c (portable) and kraw_x86.c (AVX-512 VNNI, AVX2) share: the raw block sizes, where a
+ * row of a raw matrix lives (one place, or gate's rows in one and up's in another), the per-thread
+ * buffer the SIMD kernels prepare each token's activation in, and the SIMD entry point. Internal. */
+#ifndef MDK_KRAW_H
+#define MDK_KRAW_H
+
+#include "mdk.h"
+
+static inline int kraw_qk(int fmt) { return MDK_IS_KQ(fmt) ? 256 : 32; }  /* weights a block */
+
+static inline int kraw_bsize(int fmt) {  /* bytes a ggml block */
+    switch (fmt) {
+    case MDK_Q4K: return 144;
+    case MDK_Q5K: return 176;
+    case MDK_Q6K: return 210;
+    case MDK_Q8_0: return 34;
+    case MDK_Q4_0: return 18;
+    case MDK_Q4_1: return 20;
+    case MDK_Q5_0: return 22;
+    case MDK_Q5_1: return 24;
+    default: return 0;
+    }
+}
+
+static inline size_t kraw_row_bytes(int fmt, int k) { return (size_t)(k / kraw_qk(fmt)) * (size_t)kraw_bsize(fmt); }
+
+/* row r of a raw matrix: w + r * rb, or w_hi + (r - n_lo) * rb for r >= n_lo when w_hi is set */
+static inline const uint8_t *kraw_row(const mdk_matrix *w, int r, size_t rb) {
+    if (w->w_hi && r >= w->n_lo) return (const uint8_t *)w->w_hi + (size_t)(r - w->n_lo) * rb;
+    return (const uint8_t *)w->w + (size_t)r * rb;
+}
+
+#if defined(_MSC_VER)
+#define MDK_TLS __declspec(thread)
+#else
+#define MDK_TLS _Thread_local
+#endif
+
+void *mdk_raw_alloc(size_t bytes);  /* 64-byte aligned, or NULL */
+void mdk_raw_free(void *p);
+
+/* kraw.c's portable terms of blocks b0..b1-1 of one row of a 32-weight format against one token */
+float mdk_raw_blocks_dot(int fmt, const uint8_t *row, int b0, int b1, const mdk_q8 *a);
+
+#if MDK_X86
+/* rows r0..r1-1 against nt (1..4) tokens on the active SIMD path; 0 when that path has no kernel for
+ * w->fmt (or the buffer failed): the caller then runs the portable one */
+int mdk_raw_x86(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y);
+#endif
+
+#endif
