@@ -321,6 +321,10 @@ class MainWindow(QMainWindow, WindowWiring):
         self.loading = self.models.busy  # a Loaded of the model in use while another is being opened: still busy
         self.send_btn.setEnabled(not self.generating and not self.loading)
         self.log_line(f"loaded {ev.name}: {ev.description}")
+        if getattr(ev, "memory", ""):
+            self.log_line(ev.memory)
+            if "read from disk" in ev.memory:  # paging: said where it is seen, not only in the log
+                self.statusBar().showMessage(ev.memory.split(". ", 1)[1], 30000)
         self.models.loaded()
 
     def _on_progress(self, ev) -> None:

@@ -39,6 +39,11 @@ def _meter() -> QProgressBar:
     return bar
 
 
+MAPPED_TIP = ("The model's weights used as the file holds them are read straight from the file, not copied: "
+              "the system keeps the parts in use in RAM as file cache, shares it, and frees it when other "
+              "programs need memory (then reads it again from disk, slower). They do not count against the "
+              "RAM budget above, which is the memory Mixdesk owns.")
+
 class LivePanel(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -60,6 +65,12 @@ class LivePanel(QWidget):
         form.addRow("VRAM, others", self.vram_others)
         form.addRow("VRAM, free", self.vram_free)
         form.addRow("RAM, model", self.ram)
+        self.mapped = _meter()  # the model's bytes served from its file, and how much of them is in RAM now
+        self.mapped.setToolTip(MAPPED_TIP)
+        form.addRow("Mapped from the file", self.mapped)
+        self._mapped_label = form.labelForField(self.mapped)
+        self.mapped.hide()
+        self._mapped_label.hide()
         self.mode = QLabel("")
         self.mode.setWordWrap(True)
         form.addRow(self.mode)
@@ -165,7 +176,14 @@ class LivePanel(QWidget):
                 bar.setFormat(f"{v / GIB:.2f} GiB")
         self.ram.setValue(int(1000 * s.ram_held / max(s.ram_budget, 1)))
         self.ram.setFormat(f"{s.ram_held / GIB:.2f} GiB of {s.ram_budget / GIB:.1f} GiB budget")
-        self.ram.setToolTip(f"RAM the model holds: {self.ram.format()}")
+        self.ram.setToolTip(f"RAM the model holds, its own memory: {self.ram.format()}")
+        mapped = getattr(s, "ram_mapped", 0)
+        self.mapped.setVisible(mapped > 0)
+        self._mapped_label.setVisible(mapped > 0)
+        if mapped:
+            resident = min(getattr(s, "rss_file", 0), mapped)  # the process's file pages (libraries too)
+            self.mapped.setValue(int(1000 * resident / mapped))
+            self.mapped.setFormat(f"{mapped / GIB:.1f} GiB · about {resident / GIB:.1f} GiB of it in RAM now")
         rates = f"writing {s.decode_tok_s:.1f} tokens/s · reading the prompt {s.prefill_tok_s:.0f} tokens/s"
         if not s.generating:  # the speeds are the last reply's; the chart draws only while one runs
             rates = f"idle · last reply: {rates}" if s.decode_tok_s else "idle"

@@ -34,7 +34,8 @@ def stack(parts: list):
     """[q; k; v] as one matrix where they can be one (all tensors, or one block format), else Stacked."""
     if all(isinstance(p, torch.Tensor) for p in parts):
         return torch.cat(parts)
-    if all(isinstance(p, BlockQuant) for p in parts) and len({p.qtype for p in parts}) == 1:
+    if all(isinstance(p, BlockQuant) and not p.mapped for p in parts) and len({p.qtype for p in parts}) == 1:
+        # (the file's own mapped rows stay three matrices: one would be a copy)
         raw = torch.cat([p.raw() for p in parts])
         return BlockQuant.from_raw(parts[0].qtype, raw, (sum(p.shape[0] for p in parts), parts[0].shape[1]))
     return Stacked(parts)
@@ -50,3 +51,14 @@ def embed_rows(embed, ids: torch.Tensor) -> torch.Tensor:
 
 def nbytes(t) -> int:
     return t.nbytes
+
+
+def mapped_nbytes(t) -> int:
+    """Bytes of a weight (a tensor, a BlockQuant, Stacked parts, an expert's w13 and w2) that are a
+    mapped model file's pages (file-backed, the page cache's: engine/gguf/reader.py `view`), not
+    memory the process owns."""
+    if isinstance(t, Stacked):
+        return sum(mapped_nbytes(p) for p in t.parts)
+    if hasattr(t, "w13") and hasattr(t, "w2"):
+        return mapped_nbytes(t.w13) + mapped_nbytes(t.w2)
+    return t.nbytes if getattr(t, "mapped", False) else 0

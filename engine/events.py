@@ -84,6 +84,7 @@ class Loaded:
     reply_format: str = "plain"  # how its replies are read (engine/formats.FORMATS)
     takes_tools: bool = False  # its chat template renders `tools` (else a request with tools is refused)
     thinking_switch: bool = False  # its template can switch reasoning off (Generate.thinking=False)
+    memory: str = ""  # where its weights are, in words, where some are read from the mapped file
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,9 +138,11 @@ class Stats:
     vram_free: int
     vram_others: int
     vram_budget: int
-    ram_held: int
+    ram_held: int  # RAM the model holds that the process owns (anonymous memory)
     rss: int
     ram_budget: int
+    ram_mapped: int = 0  # the model's bytes served from its mapped file (page cache, evictable)
+    rss_file: int = 0  # of rss, the file-backed pages resident now (a mapped file's, read so far)
     tiers: dict = field(default_factory=dict)
     ctx_used: int = 0
     ctx_max: int = 0

@@ -50,8 +50,29 @@ class LoadedModel:
                       params=d.layers * d.experts * d.expert_params() + self.model.dense_params(),
                       count_tokens=lambda text: len(tok.encode(text, add_special_tokens=False)),
                       prompt_ids=p.chat, max_token_chars=p.max_token_chars, reply_format=t.format,
-                      takes_tools=t.takes_tools, thinking_switch=t.thinking_switch,
+                      takes_tools=t.takes_tools, thinking_switch=t.thinking_switch, memory=self.memory_note(),
                       **getattr(self.ckpt, "bar_fields", dict)())
+
+    def memory_note(self) -> str:
+        """Where the weights are, in words, for a model that reads some from its mapped file: how much
+        is mapped and how much is the process's own memory, and a plain warning when the mapped part
+        is larger than the memory free for it (it then pages: runs, slower)."""
+        import psutil
+
+        eb, m = self.model.expert_bytes(), self.model
+        mapped = eb["mapped"] + m.dense_mapped_bytes()
+        if not mapped:
+            return ""
+        own = eb["host"] + m.dense_bytes() - m.dense_mapped_bytes()
+        gb = 1e9
+        note = (f"{mapped / gb:.1f} GB of weights are read from the file as they are used (mapped: file cache the "
+                f"system shares and can free), {own / gb:.1f} GB are in Mixdesk's own memory")
+        mi = psutil.Process().memory_info()
+        room = psutil.virtual_memory().available + min(getattr(mi, "shared", 0), mapped)  # ours already in RAM too
+        if mapped > room:
+            note += (f". The file is larger than the {room / gb:.1f} GB of memory free for it: it will read from "
+                     "disk as it runs, slower; closing other programs speeds it up")
+        return note
 
 
 def parse_placement(spec: str, ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype,
@@ -100,7 +121,11 @@ def auto_placement(ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype, bud
                     cpu4_share=cpu4_share(ckpt))
     from dataclasses import replace
 
-    inp = replace(inp, cpu_only=inp.cpu_only or accel.cpu_only, provisional=True)
+    from .tier_bytes import mapped_bytes
+
+    mapped, dense_mapped = mapped_bytes(ckpt, dtype, accel.cpu_only)
+    inp = replace(inp, cpu_only=inp.cpu_only or accel.cpu_only, provisional=True, mapped_bytes=mapped,
+                  dense_mapped=dense_mapped)
     budgets = budgets or default_budgets(inp.cpu_only, accel.device)
     p = plan(inp, budgets, slider)
     if not p.fits:

@@ -17,21 +17,39 @@ def lifetime_peak_rss() -> int | None:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
+def rss_parts(pid: int | str = "self") -> tuple[int, int]:
+    """(RssAnon, RssFile) of a process in bytes, from /proc/PID/status: the memory it owns, and the
+    file pages it has mapped that are resident (page cache the OS can evict). (0, 0) where unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if line.startswith(("RssAnon", "RssFile")))
+        return tuple(int(fields[k].split()[0]) * 1024 for k in ("RssAnon", "RssFile"))
+    except (OSError, KeyError, ValueError):
+        return 0, 0
+
+
 class PeakRSS:
-    """`with PeakRSS() as p: ...` then p.peak: the largest RSS sampled every `period` seconds."""
+    """`with PeakRSS() as p: ...` then p.peak: the largest RSS sampled every `period` seconds, and
+    p.peak_anon / p.peak_file the largest anonymous (the process's own memory) and file-backed (a
+    mapped model file's pages: page cache) parts of it (Linux; 0 elsewhere)."""
 
     def __init__(self, period: float = 0.005):
         self.period = period
-        self.peak = 0
+        self.peak = self.peak_anon = self.peak_file = 0
         self._proc = psutil.Process()
         self._stop = threading.Event()
 
+    def _sample(self) -> None:
+        self.peak = max(self.peak, self._proc.memory_info().rss)
+        anon, file = rss_parts()
+        self.peak_anon, self.peak_file = max(self.peak_anon, anon), max(self.peak_file, file)
+
     def _run(self) -> None:
         while not self._stop.wait(self.period):
-            self.peak = max(self.peak, self._proc.memory_info().rss)
+            self._sample()
 
     def __enter__(self) -> "PeakRSS":
-        self.peak = self._proc.memory_info().rss
+        self._sample()
         self._t = threading.Thread(target=self._run, name="peak-rss", daemon=True)
         self._t.start()
         return self
@@ -39,4 +57,4 @@ class PeakRSS:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._t.join()
-        self.peak = max(self.peak, self._proc.memory_info().rss)
+        self._sample()

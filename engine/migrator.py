@@ -53,8 +53,9 @@ class Migrator:
         self._stop = False
         self.counters = Counters()
         eb = model.expert_bytes()
-        self._experts = [eb["accelerator"], eb["host"]]
-        self._dense = model.dense_bytes()
+        self._experts = [eb["accelerator"], eb["host"], eb.get("mapped", 0)]  # [2]: the mapped file's pages
+        self._dense_mapped = model.dense_mapped_bytes()
+        self._dense = model.dense_bytes() - self._dense_mapped  # what the process owns of it
         self.dense_on_accelerator = dense_on_accelerator
         self._current: list | None = None  # [move, build steps, seconds so far]: the engine thread's build
         self._step_s = 0.0  # how long one build step takes (an average), to stop before the budget ends
@@ -67,16 +68,32 @@ class Migrator:
     @property
     def held(self) -> tuple[int, int]:
         """(vram, ram) bytes the model holds, counted as the planner counts them: the dense part
-        is on the accelerator unless the plan is CPU-only."""
+        is on the accelerator unless the plan is CPU-only; RAM is what the process owns (a mapped
+        file's pages are page cache, already in the free memory the budgets add this to)."""
         d = self._dense
         return (self._experts[0] + (d if self.dense_on_accelerator else 0),
                 self._experts[1] + (0 if self.dense_on_accelerator else d))
+
+    def _count(self, form, sign: int) -> None:
+        from .dense_forms import mapped_nbytes
+
+        if form.tier.on_accelerator:
+            self._experts[0] += sign * form.nbytes
+            return
+        m = mapped_nbytes(form)
+        self._experts[1] += sign * (form.nbytes - m)
+        self._experts[2] += sign * m
+
+    @property
+    def mapped(self) -> int:
+        """Bytes of the model served from its mapped file (page cache, not the process's memory)."""
+        return self._experts[2] + (0 if self.dense_on_accelerator else self._dense_mapped)
 
     def recount(self) -> None:
         """Count held bytes anew (after something outside the migrator replaced experts)."""
         with self.lock:
             eb = self.model.expert_bytes()
-            self._experts = [eb["accelerator"], eb["host"]]
+            self._experts = [eb["accelerator"], eb["host"], eb.get("mapped", 0)]
 
     @property
     def pending(self) -> bool:
@@ -162,8 +179,8 @@ class Migrator:
     def _install(self, move: Move, form, secs: float) -> None:
         with self.lock:
             old = self.model.install(move.layer, move.expert, form)
-            self._experts[0 if old.tier.on_accelerator else 1] -= old.nbytes
-            self._experts[0 if form.tier.on_accelerator else 1] += form.nbytes
+            self._count(old, -1)
+            self._count(form, +1)
         with self._cv:
             self._want.pop((move.layer, move.expert), None)
         c = self.counters

@@ -109,6 +109,9 @@ class MoEModel:
         def matrix(name: str):
             """A matrix the forward multiplies: a tensor, or the file's blocks (engine/dense_forms.py)."""
             if self.file_dense and ckpt.tensor_type(name) in BLOCK_TYPES:
+                view = ckpt.raw_view(name)  # the mapped file's rows; None where they must be reordered
+                if view is not None:
+                    return BlockQuant.from_file(ckpt.tensor_type(name), [view], shapes[name])
                 return BlockQuant.from_raw(ckpt.tensor_type(name), ckpt.read_raw(name), shapes[name])
             if dense_blocks is not None and accel.type == "cpu" and not self.file_dense:
                 return BlockQuant.quantize(dense(name), dense_blocks)
@@ -197,20 +200,38 @@ class MoEModel:
 
     # ---- memory ----
     def expert_bytes(self) -> dict[str, int]:
-        """Resident bytes of experts, by device kind ('accelerator' / 'host')."""
-        out = {"accelerator": 0, "host": 0}
+        """Bytes of the experts: 'accelerator' (VRAM), 'host' (RAM the process owns: anonymous) and
+        'mapped' (the model file's own pages, served from its mapping: page cache, not counted
+        against free RAM; engine/gguf/reader.py)."""
+        from .dense_forms import mapped_nbytes
+
+        out = {"accelerator": 0, "host": 0, "mapped": 0}
         for block in self.moe:
             for ex in block.experts:
-                out["accelerator" if ex.tier.on_accelerator else "host"] += ex.nbytes
+                if ex.tier.on_accelerator:
+                    out["accelerator"] += ex.nbytes
+                    continue
+                m = mapped_nbytes(ex)
+                out["host"] += ex.nbytes - m
+                out["mapped"] += m
         return out
 
-    def dense_bytes(self) -> int:
+    def _dense_weights(self) -> list:
         ts = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
         for layer in self.layers:
             ts += layer.tensors()
         ts += [b.gate for b in self.moe]
         ts += [t for b in self.moe if b.shared for t in (b.shared[0].w13, b.shared[0].w2, b.shared[1])]
-        return sum(t.nbytes for t in ts)
+        return ts
+
+    def dense_bytes(self) -> int:
+        return sum(t.nbytes for t in self._dense_weights())
+
+    def dense_mapped_bytes(self) -> int:
+        """Of dense_bytes, those served from the mapped file (not the process's own memory)."""
+        from .dense_forms import mapped_nbytes
+
+        return sum(mapped_nbytes(t) for t in self._dense_weights())
 
     def dense_params(self) -> int:
         """Weights outside the experts (a count, whatever format each matrix is in)."""

@@ -22,6 +22,7 @@ class MemorySample:
     ram_total: int = 0
     ram_available: int = 0
     rss: int = 0
+    rss_file: int = 0  # of rss, file-backed pages (a mapped model file's): the page cache's, evictable
 
 
 class MemorySource(Protocol):
@@ -50,9 +51,10 @@ class SystemSource:
 
     def sample(self) -> MemorySample:
         vm = psutil.virtual_memory()
-        rss = self._proc.memory_info().rss
+        mi = self._proc.memory_info()
+        rss, rss_file = mi.rss, getattr(mi, "shared", 0)  # Linux: RssFile + RssShmem
         if self._handle is None:
-            return MemorySample(ram_total=vm.total, ram_available=vm.available, rss=rss)
+            return MemorySample(ram_total=vm.total, ram_available=vm.available, rss=rss, rss_file=rss_file)
         import pynvml
 
         info = pynvml.nvmlDeviceGetMemoryInfo(self._handle)
@@ -65,7 +67,8 @@ class SystemSource:
                     ours = p.usedGpuMemory or 0
         except Exception:
             pass
-        return MemorySample(info.total, info.free, max(int(info.used) - ours, 0), vm.total, vm.available, rss)
+        return MemorySample(info.total, info.free, max(int(info.used) - ours, 0), vm.total, vm.available, rss,
+                            rss_file)
 
 
 class ScriptedSource:

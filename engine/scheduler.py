@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from . import errorlog, native
+from . import errorlog, mapped, native
 from .errors import MixdeskError
 from .generate import Done, Generator, Need
 from .kv_cache import KVCaches
@@ -223,6 +223,7 @@ class Scheduler:
             r = reading[0]
             try:
                 logits = self.gen.forward(r.need)
+                mapped.check()  # a model file changed under the step: no token from it
             except Exception as e:  # noqa: BLE001 - this request ends with it
                 self._fail(r, e, "generating")
             else:
@@ -238,6 +239,7 @@ class Scheduler:
             logits = self.gen.retrying(lambda: model.forward(
                 torch.tensor([r.need.feed[0] for r in decoding]), [r.need.cache for r in decoding],
                 [r.need.pos for r in decoding]))
+            mapped.check()
         except Exception as e:  # noqa: BLE001 - every request of this step ends with it
             log = None if isinstance(e, MixdeskError) else errorlog.record(e, "generating")
             for r in decoding:

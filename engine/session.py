@@ -18,9 +18,9 @@ from typing import Callable
 
 import torch
 
-from . import errorlog, queries
+from . import errorlog, mapped, queries
 from .placement.controller import PlacementController
-from .protocol import (EngineStopped, Generate, Load, Loaded, Progress, Query, QueryDone, Reading, Reprofile,
+from .protocol import (EngineStopped, ErrorEvent, Generate, Load, Loaded, Progress, Query, QueryDone, Reading, Reprofile,
                        SetBudgets, SetSlider, Shutdown, Stop)
 from .scheduler import Request, Scheduler
 from .telemetry import Telemetry
@@ -105,6 +105,19 @@ class Session:
             self._guard("calibrating", ctl.calibrate_slice)
         while (query := sched.admit()) is not None:
             self._guard(f"the query {query.cmd.name!r}", lambda: self._query(query), query)
+        if self.loaded is not None:
+            self._check_files()
+
+    def _check_files(self) -> None:
+        """A model file truncated or overwritten while mapped (engine/mapped.py): the model is closed,
+        with one error naming the file; the replies it was writing ended with the same words."""
+        parts = getattr(getattr(self.loaded.ckpt, "file", None), "parts", None) or []
+        path = mapped.faulted(parts)
+        if path is None:
+            return
+        self._unload()
+        mapped.forget_faults(parts)
+        self.publish(ErrorEvent(message=f"{path}: {mapped.CHANGED}", kind="ModelError"))
 
     def _guard(self, what: str, fn, req: Request | None = None) -> None:
         """Run fn; an exception becomes an ErrorEvent (req's own, if given); the engine carries on."""

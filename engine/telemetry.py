@@ -60,5 +60,6 @@ class Telemetry:
         return Stats(decode_tok_s=self.decode_tok_s, prefill_tok_s=self.prefill_tok_s, vram_held=held[0],
                      vram_free=s.vram_free if s else 0, vram_others=s.vram_used_by_others if s else 0,
                      vram_budget=b.vram, ram_held=held[1], rss=s.rss if s else 0, ram_budget=b.ram,
+                     ram_mapped=controller.mapped, rss_file=s.rss_file if s else 0,
                      tiers=counts, ctx_used=ctx_used, ctx_max=loaded.generator.ctx,
                      cpu_only=loaded.accel.cpu_only, cpu_kernel=native.status(), generating=busy)

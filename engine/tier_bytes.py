@@ -18,6 +18,28 @@ def tier_bytes_of_dims(d, itemsize: int) -> dict[str, int]:
     return {"gpu-16": n * itemsize, "cpu-16": n * itemsize, "gpu-4": n * 9 // 16, "cpu-4": cpu4}
 
 
+def mapped_bytes(ckpt, dtype=None, cpu_only: bool = True) -> tuple[dict[str, int], int]:
+    """Of one expert's bytes per CPU tier, and of the dense part's (where it is on the CPU), those a
+    model serves from its mapped file (file-backed page cache, not memory the process owns): a GGUF
+    file's own blocks, below fp32 (fp32, the reference precision, holds dequantisations), when the
+    native kernels run the file's layout (engine/mapped.py serving). ({}, 0) otherwise."""
+    import torch
+
+    from . import mapped
+
+    if not getattr(ckpt, "is_gguf", False) or dtype == torch.float32 or not mapped.serving():
+        return {}, 0
+    from .blockquant import NATIVE
+    from .gguf.tiers import mapped_nbytes as expert_mapped
+
+    dense = 0
+    if cpu_only:
+        for hf in ckpt.expected.dense:
+            if ckpt.tensor_type(hf) in NATIVE and ckpt.raw_view_ok(hf):
+                dense += ckpt.info(hf).nbytes
+    return expert_mapped(ckpt), dense
+
+
 def tier_bytes(ckpt, itemsize: int) -> dict[str, int]:
     """For this checkpoint: its shape, and for a GGUF file what its experts hold."""
     sizes = tier_bytes_of_dims(ckpt.dims, itemsize)

@@ -41,6 +41,9 @@ class StandInModel:
     def dense_bytes(self):
         return DENSE
 
+    def dense_mapped_bytes(self):  # none of it served from a mapped file
+        return 0
+
     def build(self, layer, expert, tier, threads=None):
         return Form(tier)
 

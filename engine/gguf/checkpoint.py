@@ -232,6 +232,27 @@ class GGUFCheckpoint:
         base = 0 if r.expert is None else r.expert * (t.rows // self.dims.experts)
         return t.qtype, self._rows(t, base + r.row0, r.rows)
 
+    def expert_view(self, layer: int, expert: int, w: str) -> tuple[GT, torch.Tensor]:
+        """As expert_raw, but the rows where the file is mapped (engine/gguf/reader.py `view`): no
+        copy, read-only, file-backed memory."""
+        r = self._experts[layer, w][expert]
+        t = self.file.tensors[r.tensor]
+        base = 0 if r.expert is None else r.expert * (t.rows // self.dims.experts)
+        rb = t.row_bytes
+        return t.qtype, self.file.view(t, (base + r.row0) * rb, r.rows * rb).view(r.rows, rb)
+
+    def raw_view_ok(self, hf_name: str) -> bool:
+        """Whether raw_view gives this dense tensor (its rows in the engine's order)."""
+        return not (self.permuted and hf_name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")))
+
+    def raw_view(self, hf_name: str) -> torch.Tensor | None:
+        """A dense tensor's rows where the file is mapped, [rows, row_bytes] uint8, or None where the
+        file's row order is not the engine's (llama's permuted q and k rows: read_raw reorders them)."""
+        if not self.raw_view_ok(hf_name):
+            return None
+        t = self._dense[hf_name]
+        return self.file.view(t).view(t.rows, t.row_bytes)
+
     def expert_float(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact dequantisation in fp32: w13 [2I, D] (gate rows, then up rows), w2 [D, I]."""
         d = self.dims

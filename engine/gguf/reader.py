@@ -1,17 +1,24 @@
 """A GGUF model as the user holds it: one .gguf file, a folder holding one, or a split set
-(name-00001-of-00003.gguf ..., as llama.cpp's gguf-split writes it), with its tensors read by
-positional reads into buffers the caller owns.
+(name-00001-of-00003.gguf ..., as llama.cpp's gguf-split writes it), with its tensors either mapped
+or read.
 
-Why positional reads and not the mapping gguf.GGUFReader makes: pages of a mapping stay counted in
-the process's RSS while it is mapped, so reading every expert once through one would count the
-whole file; os.preadv leaves the file in the page cache only and RSS follows what the engine keeps
-(the same reason as engine/safetensors_file.py). Nothing is ever written next to the file.
+- `view`: the tensor's bytes where the file is mapped read-only (no copy). What the engine keeps in
+  the file's own blocks (the experts and dense matrices the native kernels run on the file's rows)
+  is served from here: those pages are the page cache's, file-backed (RssFile, not RssAnon), which
+  the OS shares, and evicts under pressure and reads back on the next touch, so a model larger than
+  free memory still runs (slower, paging), as llama.cpp's does. A file truncated while mapped would
+  raise SIGBUS on the next touch: engine/native's guard turns that into an error (engine/mapped.py).
+- `read_bytes`: positional reads into a buffer the caller owns, for what is converted anyway (a
+  dequantisation, a re-quantised form): the read leaves the file in the page cache only.
+Nothing is ever written next to the file.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import re
 import threading
+import warnings
 from pathlib import Path
 
 import torch
@@ -79,6 +86,7 @@ class GGUFFile:
                     raise ModelError(h.path, f"is corrupt: tensor '{name}' is also in {self.tensors[name].path.name}")
                 self.tensors[name] = t
         self._fds: dict[Path, int] = {}
+        self._maps: dict[Path, mmap.mmap] = {}
         self._lock = threading.Lock()
 
     def _check_split(self) -> None:
@@ -103,13 +111,46 @@ class GGUFFile:
     # ---- reading ---------------------------------------------------------------------------------
     def _fd(self, path: Path) -> int:
         with self._lock:
-            fd = self._fds.get(path)
-            if fd is None:
+            return self._fd_locked(path)
+
+    def _fd_locked(self, path: Path) -> int:
+        fd = self._fds.get(path)
+        if fd is None:
+            try:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY)
+            except OSError as e:
+                raise ModelError(path, f"cannot be opened: {e.strerror or e}") from None
+        return fd
+
+    def _map(self, path: Path) -> mmap.mmap:
+        with self._lock:
+            m = self._maps.get(path)
+            if m is None:
+                fd = self._fd_locked(path)
                 try:
-                    fd = self._fds[path] = os.open(path, os.O_RDONLY)
-                except OSError as e:
-                    raise ModelError(path, f"cannot be opened: {e.strerror or e}") from None
-            return fd
+                    m = self._maps[path] = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+                except (OSError, ValueError) as e:
+                    raise ModelError(path, f"cannot be mapped: {getattr(e, 'strerror', None) or e}") from None
+                from .. import mapped
+
+                mapped.watch(m, path)  # a truncation while mapped: an error for this model, not a crash
+            return m
+
+    def view(self, t: TensorInfo, offset: int = 0, nbytes: int | None = None) -> torch.Tensor:
+        """Bytes offset..offset+nbytes of tensor t's data as a uint8 tensor over the read-only mapping
+        of its file: no copy, never to be written (the pages are the file's). The tensor keeps the
+        mapping alive."""
+        nbytes = t.nbytes - offset if nbytes is None else nbytes
+        if not 0 <= offset <= offset + nbytes <= t.nbytes:
+            raise ValueError(f"bytes {offset}..{offset + nbytes} of {t.name} ({t.nbytes} bytes)")
+        m = self._map(t.path)
+        if t.start + offset + nbytes > len(m):
+            raise ModelError(t.path, f"is truncated: tensor '{t.name}' ends past the end of the file")
+        if nbytes == 0:
+            return torch.empty(0, dtype=torch.uint8)
+        with warnings.catch_warnings():  # "not writable": by design, it is the file's read-only pages
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.frombuffer(m, dtype=torch.uint8, count=nbytes, offset=t.start + offset)
 
     def read_bytes(self, t: TensorInfo, offset: int = 0, nbytes: int | None = None,
                    out: torch.Tensor | None = None) -> torch.Tensor:
@@ -132,7 +173,15 @@ class GGUFFile:
         return out
 
     def close(self) -> None:
+        """Close the files. A mapping stays while a tensor viewing it lives (the model using it), and
+        goes with the last of them."""
         with self._lock:
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+            for m in self._maps.values():
+                try:
+                    m.close()
+                except BufferError:  # views still alive: unmapped when they go
+                    pass
+            self._maps.clear()

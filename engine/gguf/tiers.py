@@ -2,8 +2,9 @@
 
 A GGUF file is the source of truth, as a 16-bit checkpoint is for safetensors, but its experts are
 already quantised, and quantising them again would round twice. So the tiers mean, per expert:
-- cpu-16 ("the file's precision on the CPU"): the file's own blocks, repacked for the native
-  kernel (engine/blockquant.py), no second rounding; F16/BF16/F32 experts as 16-bit tensors. At
+- cpu-16 ("the file's precision on the CPU"): the file's own blocks, where the file is mapped
+  (the native kernels run its row layout: no copy, file-backed memory; engine/blockquant.py), no
+  second rounding; F16/BF16/F32 experts as 16-bit tensors. At
   fp32, the reference precision, and without the native library: the exact dequantisation.
 - cpu-4: per matrix, the file's blocks where they are 4-bit already (Q4_K, Q4_0, Q4_1, MXFP4: they
   cannot rise or fall), and the exact dequantisation re-quantised to the cpu-4 format
@@ -32,9 +33,11 @@ def is_four_bit(qtype) -> bool:
     return GT(qtype) in FOUR_BIT
 
 
-def _block_form(qtype, raw: torch.Tensor, shape: tuple[int, int]):
+def _block_form(qtype, parts: list[torch.Tensor], shape: tuple[int, int]):
+    """The file's rows (one view, or gate's and up's) as a BlockQuant the native kernels run: on the
+    mapped file itself where they run its layout (BlockQuant.from_file), else repacked into tiles."""
     try:
-        return BlockQuant.from_raw(qtype, raw, shape) if qtype in NATIVE else None
+        return BlockQuant.from_file(qtype, parts, shape) if qtype in NATIVE else None
     except ValueError:
         return None
 
@@ -48,8 +51,8 @@ def file_form(ckpt, layer: int, expert: int, tier: Tier, dtype: torch.dtype, glu
 
     if not native.available():
         return None
-    (tg, gate), (tu, up), (td, down) = (ckpt.expert_raw(layer, expert, w) for w in ("w1", "w3", "w2"))
-    if tg == tu == td == GT.MXFP4:
+    (tg, gate), (tu, up), (td, down) = (ckpt.expert_view(layer, expert, w) for w in ("w1", "w3", "w2"))
+    if tg == tu == td == GT.MXFP4:  # (repacked from a copy: MXFP4 has no kernel on the file's layout yet)
         (b13, s13), (b2, s2) = ckpt.expert_mxfp4(layer, expert)
         w13, w2 = MX4Native.pack(b13, s13), MX4Native.pack(b2, s2)
         return QuantExpert(tier, w13, w2, CPU, glu) if w13 is not None and w2 is not None else None
@@ -62,10 +65,10 @@ def file_form(ckpt, layer: int, expert: int, tier: Tier, dtype: torch.dtype, glu
         return cpu4_quantize(exact[which])
 
     if tg == tu and (not four_bit_only or is_four_bit(tg)):
-        w13 = _block_form(tg, torch.cat([gate, up]), (2 * d.ffn, d.hidden))
+        w13 = _block_form(tg, [gate, up], (2 * d.ffn, d.hidden))
     else:  # gate and up cannot share one w13 matrix in two formats; or they drop to 4 bits
         w13 = requantised(0) if four_bit_only else None
-    w2 = (_block_form(td, down, (d.hidden, d.ffn)) if not four_bit_only or is_four_bit(td) else requantised(1))
+    w2 = (_block_form(td, [down], (d.hidden, d.ffn)) if not four_bit_only or is_four_bit(td) else requantised(1))
     if w13 is None or w2 is None:
         return None
     return QuantExpert(tier, w13, w2, CPU, glu)
@@ -121,6 +124,20 @@ def tier_nbytes(ckpt) -> dict[str, int]:
             b = n * t.row_bytes
             own += b
             four += b if is_four_bit(t.qtype) else cpu4_nbytes(n, k)
+    return {"cpu-16": own // max(d.layers, 1), "cpu-4": four // max(d.layers, 1)}
+
+
+def mapped_nbytes(ckpt) -> dict[str, int]:
+    """Of tier_nbytes, the bytes served from the mapped file (its blocks the native kernels run as
+    they are: every block matrix at cpu-16; the 4-bit ones at cpu-4), averaged over the layers."""
+    d = ckpt.dims
+    own = four = 0
+    for layer in range(d.layers):
+        for w, n in (("w1", d.ffn), ("w3", d.ffn), ("w2", d.hidden)):
+            t = ckpt.expert_raw_info(layer, 0, w)
+            if GT(t.qtype) in NATIVE:
+                own += n * t.row_bytes
+                four += n * t.row_bytes if is_four_bit(t.qtype) else 0
     return {"cpu-16": own // max(d.layers, 1), "cpu-4": four // max(d.layers, 1)}
 
 

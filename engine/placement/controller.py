@@ -71,6 +71,11 @@ class PlacementController:
         return self.migrator.held if self.migrator is not None else (0, 0)
 
     @property
+    def mapped(self) -> int:
+        """Bytes of the model served from its mapped file."""
+        return self.migrator.mapped if self.migrator is not None else 0
+
+    @property
     def calibrating(self) -> bool:
         return self.profiling.calibrating
 
@@ -206,8 +211,12 @@ class PlacementController:
 
     def _use_profile(self, mp) -> None:
         ld = self.loaded
+        from ..tier_bytes import mapped_bytes
+
+        experts_mapped, _ = mapped_bytes(ld.ckpt, ld.model.dtype, ld.accel.cpu_only)
         self._use_inputs(self.profiling.inputs(mp, ld.accel, ld.ckpt.dims, ld.model.dense_bytes(),
-                                               self.profiling.timings, self.plan_streams))
+                                               self.profiling.timings, self.plan_streams,
+                                               (experts_mapped, ld.model.dense_mapped_bytes())))
 
     def _use_inputs(self, inputs: PlanInputs) -> None:
         self.inputs = inputs

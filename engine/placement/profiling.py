@@ -37,7 +37,9 @@ class Profiling:
     def progress(self, stage: str):
         return lambda d, t, w="": self.emit(Progress(stage=stage, done=d, total=t, what=w))
 
-    def inputs(self, mp, accel, dims, dense_bytes: int, timings: tuple[float, float], streams: int) -> PlanInputs:
+    def inputs(self, mp, accel, dims, dense_bytes: int, timings: tuple[float, float], streams: int,
+               mapped: tuple[dict, int] = ({}, 0)) -> PlanInputs:
+        """mapped: of the bytes, those served from the mapped file (engine/tier_bytes.py mapped_bytes)."""
         from ..planning.hardware import load_or_measure, tier_costs
         from ..planning.inputs import from_profiles
 
@@ -54,7 +56,7 @@ class Profiling:
             inp = replace(inp, provisional=True)
         if self.tiers is not None:
             inp = replace(inp, tier_costs={t: c for t, c in inp.tier_costs.items() if Tier(t) in self.tiers})
-        return replace(inp, streams=streams)
+        return replace(inp, streams=streams, mapped_bytes=mapped[0], dense_mapped=mapped[1])
 
     def plan_from_cache(self, ckpt, cmd: Load, budgets, slider: float, streams: int) -> Placement | None:
         """The placement planned from this model's cached profile and dense timings, before the
@@ -77,7 +79,10 @@ class Profiling:
         timings = dense_timings(mp, accel.device, dtype)
         if timings is None:
             return None
-        inp = self.inputs(mp, accel, ckpt.dims, dense_bytes_of(ckpt.dims, dtype), timings, streams)
+        from ..tier_bytes import mapped_bytes
+
+        inp = self.inputs(mp, accel, ckpt.dims, dense_bytes_of(ckpt.dims, dtype), timings, streams,
+                          mapped_bytes(ckpt, dtype, accel.cpu_only))
         p = plan(inp, budgets(inp.cpu_only, accel), slider)
         return p.placement if p.fits else None
 

@@ -65,6 +65,9 @@ class Fit:
     four_bit: float  # share of experts at 4 bits at that best quality
     need: int  # the least memory any placement needs (dense part + every expert at its smallest)
     note: str  # what the prediction assumes (for a tooltip)
+    mapped: int = 0  # of the best plan, bytes served from the mapped file (page cache, not counted in `ram`)
+    paging_tok_s: float = 0.0  # > 0: the file does not fit in free memory beside the rest; the predicted
+    #                            speed while it pages (reads from disk as it runs)
 
     def line(self) -> str:
         """One line in plain words."""
@@ -79,15 +82,20 @@ class Fit:
         speed = f"about {_rate(self.best_tok_s)} tok/s {quality}"
         if self.fastest_tok_s > self.best_tok_s * 1.05:
             speed += f", up to {_rate(self.fastest_tok_s)} tok/s at fastest"
+        mapped = f" in memory + {_gb(self.mapped)} mapped from the file" if self.mapped else ""
         if self.cpu_only or self.vram == 0:
-            where = f"CPU only: {_gb(self.ram)} of {_gb(b.ram)} RAM"
+            where = f"CPU only: {_gb(self.ram)} of {_gb(b.ram)} RAM{mapped}"
         else:
-            where = f"fits: {_gb(self.vram)} of {_gb(b.vram)} VRAM + {_gb(self.ram)} RAM"
+            where = f"fits: {_gb(self.vram)} of {_gb(b.vram)} VRAM + {_gb(self.ram)} RAM{mapped}"
+        if self.paging_tok_s:
+            return (f"{where} · larger than free memory: it will read from disk as it runs, about "
+                    f"{_rate(self.paging_tok_s)} tok/s (close programs for {_rate(self.best_tok_s)})")
         return f"{where} · {speed}"
 
     def details(self) -> str:
         """The technical terms, for a tooltip."""
-        return (f"planner's prediction for this machine: VRAM {self.vram / GB:.2f} GB, RAM {self.ram / GB:.2f} GB "
+        mapped = f" + {self.mapped / GB:.2f} GB mapped from the file" if self.mapped else ""
+        return (f"planner's prediction for this machine: VRAM {self.vram / GB:.2f} GB, RAM {self.ram / GB:.2f} GB{mapped} "
                 f"(budgets: VRAM {self.budgets.vram / GB:.2f} GB, RAM {self.budgets.ram / GB:.2f} GB); "
                 f"decode {self.best_tok_s:.2f} tok/s at slider 1, {self.fastest_tok_s:.2f} at slider 0; "
                 f"least memory any placement needs {self.need / GB:.2f} GB. {self.note}")
@@ -101,9 +109,36 @@ def fit_of(inp: PlanInputs, budgets: Budgets, note: str = "") -> Fit:
     counts = best.counts()
     n = max(sum(counts.values()), 1)
     four = sum(c for t, c in counts.items() if t.endswith("-4")) / n
-    smallest = min(inp.expert_bytes[t.value] for t in inp.tiers)
-    need = inp.dense_bytes + smallest * inp.layers * inp.experts
-    return Fit(best.fits, inp.cpu_only, best.vram, best.ram, budgets, best.tok_s, fastest.tok_s, four, need, note)
+    smallest = min(inp.expert_bytes[t.value] - inp.mapped_bytes.get(t.value, 0) for t in inp.tiers)
+    need = inp.dense_bytes - (inp.dense_mapped if inp.cpu_only else 0) + smallest * inp.layers * inp.experts
+    mapped = mapped_total(inp, best)
+    return Fit(best.fits, inp.cpu_only, best.vram, best.ram, budgets, best.tok_s, fastest.tok_s, four, need, note,
+               mapped, paging_speed(inp, best, mapped, budgets))
+
+
+# ASSUMED: what a consumer NVMe drive reads in the scattered 1-4 MB pieces experts are (not measured
+# here); the paging prediction says so
+DISK_READ = 1.5e9
+
+
+def mapped_total(inp: PlanInputs, p) -> int:
+    """Bytes of plan p served from the mapped model file."""
+    counts = p.counts()
+    return sum(n * inp.mapped_bytes.get(t, 0) for t, n in counts.items()) + (inp.dense_mapped if inp.cpu_only else 0)
+
+
+def paging_speed(inp: PlanInputs, p, mapped: int, budgets: Budgets) -> float:
+    """0 when the mapped file fits in the memory left beside the plan's own; else the predicted tok/s
+    while it pages: the share of a token's expert reads that misses RAM comes from disk (DISK_READ)."""
+    from .inputs import RAM_MARGIN
+
+    room = budgets.ram / (1 - RAM_MARGIN) - p.ram  # available memory left for the file's pages
+    if not mapped or mapped <= room:
+        return 0.0
+    miss = 1 - max(room, 0) / mapped
+    per_token = sum(inp.top_k * inp.layers * inp.mapped_bytes.get(t, 0) * n / max(inp.layers * inp.experts, 1)
+                    for t, n in p.counts().items())
+    return 1 / (1 / max(p.tok_s, 1e-9) + miss * per_token / DISK_READ)
 
 
 def _raw_config(config: dict | str | Path) -> tuple[dict, Path]:
@@ -153,11 +188,12 @@ def predict_gguf(path: str | Path, hw: HardwareProfile, budgets: Budgets | None 
     from ..gguf import open_gguf
     from ..gguf.tiers import requantised_share
     from ..tier_bytes import tier_bytes
-    from .inputs import from_dims
+    from .inputs import from_dims, with_mapping
 
     ck = open_gguf(path)
     try:
         inp = from_dims(ck.dims, hw, 2, sizes=tier_bytes(ck, 2), cpu4_share=requantised_share(ck))
+        inp = with_mapping(inp, ck)
         label = ck.format_label()
     finally:
         ck.close()

@@ -137,6 +137,16 @@ def from_dims(d, hw: HardwareProfile, itemsize: int = 2, sensitivity: float = AS
                       scale, dense_s / 8)  # dense prefill per token: ASSUMED 8x cheaper than a decode step
 
 
+def with_mapping(inp: PlanInputs, ckpt) -> PlanInputs:
+    """inp with what ckpt serves from its mapped file (engine/tier_bytes.py mapped_bytes; bf16)."""
+    from dataclasses import replace
+
+    from ..tier_bytes import mapped_bytes
+
+    experts, dense = mapped_bytes(ckpt, None, inp.cpu_only)
+    return replace(inp, mapped_bytes=experts, dense_mapped=dense)
+
+
 def from_config(config_path: Path, hw: HardwareProfile, sensitivity: float = ASSUMED_SENSITIVITY) -> tuple[PlanInputs, str]:
     """Plan a model from its config.json alone: uniform popularity, one assumed sensitivity for
     every 4-bit expert, this machine's measured CPU tiers and the reference GPU above."""
@@ -172,6 +182,7 @@ def from_gguf(path: Path, hw: HardwareProfile, sensitivity: float = ASSUMED_SENS
         gpu = {"gpu-16": REFERENCE_GPU["gpu-16"], "gpu-4": REFERENCE_GPU["gpu-4"]}
         inp = from_dims(ck.dims, hw, 2, sensitivity, gpu_costs=gpu, sizes=tier_bytes(ck, 2),
                         cpu4_share=requantised_share(ck))
+        inp = with_mapping(inp, ck)
         label = ck.format_label()
     finally:
         ck.close()

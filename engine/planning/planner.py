@@ -61,6 +61,11 @@ class PlanInputs:
     unit: int = 1  # experts per planning unit (a reduced problem, see `reduced`): memory scales by it
     streams: int = 1  # sequences decoding together (the cost model's batch > 1, see above)
     provisional: bool = False  # sensitivities ASSUMED until calibrated: `choose` trades no quality
+    # of expert_bytes, per CPU tier, the bytes served from the mapped model file (its own blocks:
+    # page cache, not RAM the process owns; engine/gguf/reader.py): they cost no RAM budget. A file
+    # larger than free memory pages, as llama.cpp's does (engine/tier_bytes.py paging)
+    mapped_bytes: dict = field(default_factory=dict)
+    dense_mapped: int = 0  # of dense_bytes, likewise (a CPU-only plan's dense part)
 
     @property
     def tiers(self) -> list[Tier]:
@@ -127,12 +132,15 @@ def _tables(inp: PlanInputs):
         time[:, j] = inp.unit * runs * (fixed + per_byte * b)
         if t.bits < 16:
             loss[:, j] = share * np.asarray(inp.sensitivity[t.value], dtype=np.float64).reshape(-1)
-        (vram if t.on_accelerator else ram)[:, j] = b * inp.unit
+        if t.on_accelerator:
+            vram[:, j] = b * inp.unit
+        else:
+            ram[:, j] = (b - inp.mapped_bytes.get(t.value, 0)) * inp.unit
     return tiers, time, loss, vram, ram
 
 
 def _fixed_memory(inp: PlanInputs) -> tuple[int, int]:
-    return (0, inp.dense_bytes) if inp.cpu_only else (inp.dense_bytes, 0)
+    return (0, inp.dense_bytes - inp.dense_mapped) if inp.cpu_only else (inp.dense_bytes, 0)
 
 
 def _greedy(inp: PlanInputs, budgets: Budgets, time, loss, vram, ram, lam_grid) -> np.ndarray:
@@ -247,7 +255,7 @@ def reduced(inp: PlanInputs, units: int = 256) -> tuple[PlanInputs, np.ndarray]:
         sens[t] = (np.bincount(unit_of, weights=w, minlength=units) / np.maximum(u_share, 1e-300))[None].tolist()
     small = PlanInputs(1, units, inp.top_k, (tuple(u_share.tolist()),), sens, inp.expert_bytes, inp.tier_costs,
                        inp.dense_bytes, inp.dense_s, inp.cpu_only, inp.batch_scale, inp.dense_prefill_s, unit=m,
-                       streams=inp.streams)
+                       streams=inp.streams, mapped_bytes=inp.mapped_bytes, dense_mapped=inp.dense_mapped)
     return small, unit_of
 
 

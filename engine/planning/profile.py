@@ -231,6 +231,10 @@ def calibrate_steps(model: MoEModel, ids: list[int], tiers: tuple[Tier, ...] = (
             worst = max(sum(s * v for s, v in zip(share, energy[u.value][l])) for u in tiers)
             scale = layer_kl[l] / worst if worst > 0 else 0.0
             sens[t.value].append([scale * v for v in energy[t.value][l]])
+    if getattr(ckpt, "is_gguf", False):  # its CPU tiers hold the file's own blocks (engine/gguf/tiers.py),
+        from ..gguf.tiers import tier_nbytes  # not the 16-bit and re-quantised forms measured above
+
+        sizes.update(tier_nbytes(ckpt))
     return ModelProfile(key=model_key(ckpt.folder), layers=d.layers, experts=d.experts,
                         calibration_tokens=len(ids), popularity=popularity, sensitivity=sens, error=err,
                         layer_kl=layer_kl, expert_bytes=sizes, dtype=str(model.dtype).replace("torch.", ""))

@@ -112,6 +112,8 @@ def cmd_chat(a, on_event=None) -> int:
         loaded = _load(client, a)
         if not a.quiet:
             print(loaded.description, file=sys.stderr)
+            if loaded.memory:
+                print(loaded.memory, file=sys.stderr)
             if a.prompt is None:
                 print("Type a message; /help lists the commands, /exit ends the chat.", file=sys.stderr)
         system = [{"role": "system", "content": a.system}] if a.system else []
@@ -194,6 +196,8 @@ def cmd_bench(a) -> int:
             loaded = _load(client, a)
             load_s = time.perf_counter() - t0
             print(loaded.description)
+            if loaded.memory:
+                print(loaded.memory)
             g = torch.Generator().manual_seed(0)
             vocab = client.query("vocab")
             prompt = torch.randint(10, vocab, (a.prompt_tokens,), generator=g).tolist()
@@ -208,6 +212,9 @@ def cmd_bench(a) -> int:
     print(f"prefill         {a.prompt_tokens / max(best.prefill_s, 1e-9):8.1f} tok/s ({a.prompt_tokens} tokens)")
     print(f"decode          {best.decode_tok_s:8.2f} tok/s ({len(best.token_ids)} tokens, best of {a.repeats})")
     print(f"peak RSS        {peak.peak / 2**20:8.0f} MiB (now {psutil.Process().memory_info().rss / 2**20:.0f} MiB)")
+    if peak.peak_anon:
+        print(f"peak anonymous  {peak.peak_anon / 2**20:8.0f} MiB (Mixdesk's own memory)")
+        print(f"peak file-backed{peak.peak_file / 2**20:8.0f} MiB (the mapped file's pages: page cache)")
     if cuda_peak is not None:
         print(f"peak VRAM       {cuda_peak / 2**20:8.0f} MiB")
     else:

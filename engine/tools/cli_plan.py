@@ -41,13 +41,21 @@ def table(points, note: str = "", inp=None) -> str:
     """The frontier as a Markdown table; with the planner's inputs, a predicted prefill column too."""
     from ..planning.planner import prefill_s
 
+    from ..planning.fit import mapped_total
+
     pre = f" prefill {PREFILL_TOKENS} tok, s (pred.) |" if inp is not None else ""
-    rows = [f"| # | {'tiers':<44} | tok/s (pred.) |{pre} quality loss (KL) | VRAM GB | RAM GB |",
-            "|---|---|---|" + ("---|" if inp is not None else "") + "---|---|---|"]
+    maps = inp is not None and (inp.mapped_bytes or inp.dense_mapped)
+    rows = [f"| # | {'tiers':<44} | tok/s (pred.) |{pre} quality loss (KL) | VRAM GB | RAM GB |"
+            + (" mapped GB |" if maps else ""),
+            "|---|---|---|" + ("---|" if inp is not None else "") + "---|---|---|" + ("---|" if maps else "")]
     for i, p in enumerate(points):
         tiers = ", ".join(f"{n} {t}" for t, n in sorted(p.counts().items()))
         cell = f" {prefill_s(inp, p.placement, PREFILL_TOKENS):8.2f} |" if inp is not None else ""
-        rows.append(f"| {i} | {tiers:<44} | {p.tok_s:13.2f} |{cell} {p.loss:12.4f} | {p.vram / GB:7.2f} | {p.ram / GB:6.2f} |")
+        rows.append(f"| {i} | {tiers:<44} | {p.tok_s:13.2f} |{cell} {p.loss:12.4f} | {p.vram / GB:7.2f} | {p.ram / GB:6.2f} |"
+                    + (f" {mapped_total(inp, p) / GB:9.2f} |" if maps else ""))
+    if maps:
+        rows.append("\nRAM GB: memory Mixdesk owns (counted against the RAM budget); mapped GB: the file's own "
+                    "blocks, read from the file as it runs (page cache: shared, and freed when memory is short)")
     if note:
         rows.append(f"\n{note}")
     if points and not points[0].fits:

@@ -1,0 +1,191 @@
+"""A GGUF file's own blocks are served from its read-only mapping (issue 38): the CPU tiers and the
+dense matrices the native kernels run point into the file's pages (no copy: page cache, not the
+process's memory), the planner and the window count those bytes apart from the memory Mixdesk owns,
+and a file truncated while in use is one error for that model, never a crash."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as GT
+
+from engine import native
+from engine.blockquant import BlockQuant
+from engine.gguf.writer import write_gguf
+from engine.load import load
+from engine.placement import Tier
+from engine.sources.tiny_model import write_tiny_model
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="native library not built")
+
+SHAPE = dict(layers=2, hidden=256, ffn=512, experts=8, top_k=2, heads=4, kv_heads=2, vocab=320)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def file(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mapped")
+    src = write_tiny_model(root / "src", "qwen3_moe", **SHAPE)
+    return write_gguf(src, root / "qwen3-q4_k_m.gguf", "q4_k_m")[0]
+
+
+def mapping_range(ckpt) -> tuple[int, int]:
+    m = ckpt.file._map(ckpt.file.path)
+    base = np.frombuffer(m, dtype=np.uint8).ctypes.data
+    return base, base + len(m)
+
+
+def points_into(t: torch.Tensor, span) -> bool:
+    return span[0] <= t.data_ptr() and t.data_ptr() + t.numel() <= span[1]
+
+
+def parts_of(bq: BlockQuant) -> list[torch.Tensor]:
+    return list(bq.file_rows) if bq.file_rows is not None else [bq.packed]
+
+
+def test_the_cpu_tiers_and_dense_matrices_are_the_files_own_pages(file):
+    ld = load(file, placement="cpu", device="cpu", dtype="bf16")
+    try:
+        ck, m = ld.ckpt, ld.model
+        span = mapping_range(ck)
+        for block in m.moe:
+            for ex in block.experts:
+                for w in (ex.w13, ex.w2):
+                    assert isinstance(w, BlockQuant) and w.mapped
+                    assert all(points_into(p, span) for p in parts_of(w)), "a copy, not the file's pages"
+        eb = m.expert_bytes()
+        file_experts = sum(ck.expert_raw_info(l, 0, w).nbytes for l in range(ck.dims.layers) for w in ("w1", "w2", "w3"))
+        assert eb["host"] == 0 and eb["mapped"] == file_experts
+        assert m.dense_mapped_bytes() > 0.5 * m.dense_bytes()  # the attention and output matrices (norms are copies)
+        # cpu-4 keeps the Q4_K gate/up mapped; a Q6_K down is re-quantised: owned memory, counted so
+        layer = next((l for l in range(ck.dims.layers) if ck.expert_raw(l, 0, "w2")[0] == GT.Q6_K), None)
+        if layer is not None:
+            q = m.build(layer, 0, Tier.CPU4)
+            assert q.w13.mapped and not getattr(q.w2, "mapped", False)
+        # the file's blocks exactly: the mapped rows dequantise to the file's values
+        exact13, exact2 = ck.expert_float(0, 1)
+        ex = m.moe[0].experts[1]
+        assert torch.equal(ex.w13.dequantize(), exact13) and torch.equal(ex.w2.dequantize(), exact2)
+    finally:
+        ld.ckpt.close()
+
+
+def test_the_mapped_model_answers_as_the_copied_one(file, monkeypatch):
+    """Served from the mapping (the kernels on the file's rows) or repacked into tiles (MIXDESK_RAW_KERNELS=0):
+    the same logits within float summation order, the same greedy tokens."""
+    ids = torch.tensor([[1, 5, 9, 14, 2, 7, 30, 41]])
+
+    def logits():
+        ld = load(file, placement="cpu", device="cpu", dtype="bf16")
+        try:
+            with torch.no_grad():
+                return ld.model.forward(ids[0], ld.model.new_cache(32), 0, all_logits=True).float()
+        finally:
+            ld.ckpt.close()
+
+    a = logits()
+    monkeypatch.setenv("MIXDESK_RAW_KERNELS", "0")
+    b = logits()
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+    assert float((a - b).abs().max()) <= 2e-2 * float(b.abs().max()), float((a - b).abs().max())
+
+
+def test_the_planner_counts_the_files_pages_apart_from_owned_memory(file):
+    """A file's own blocks cost no RAM budget: under a budget smaller than the file, every expert stays
+    at cpu-16 (the file's precision); the fit line says what is mapped; a file larger than the memory
+    left pages, with its predicted speed said."""
+    from engine.gguf import open_gguf
+    from engine.planning.fit import fit_of
+    from engine.planning.hardware import HardwareProfile
+    from engine.planning.inputs import from_dims, with_mapping
+    from engine.planning.planner import Budgets, plan
+    from engine.tier_bytes import tier_bytes
+
+    ck = open_gguf(file)
+    try:
+        hw = HardwareProfile("test", True, {"cpu-16": [2e-5, 1 / 20e9], "cpu-4": [2e-5, 1 / 35e9]}, None, None, 0,
+                             64 * 10**9)
+        inp = with_mapping(from_dims(ck.dims, hw, 2, sizes=tier_bytes(ck, 2), dense_bytes=ck.dense_nbytes()), ck)
+        assert inp.mapped_bytes["cpu-16"] == tier_bytes(ck, 2)["cpu-16"] and inp.dense_mapped > 0
+        file_bytes = ck.path.stat().st_size
+        owned = inp.dense_bytes - inp.dense_mapped
+        p = plan(inp, Budgets(vram=0, ram=owned + 1), 1.0)
+        assert p.fits and set(p.counts()) == {"cpu-16"} and p.ram <= owned
+        fit = fit_of(inp, Budgets(vram=0, ram=10 * file_bytes))
+        assert "mapped from the file" in fit.line() and fit.paging_tok_s == 0
+        tight = fit_of(inp, Budgets(vram=0, ram=owned + 1000))
+        assert tight.fits and tight.paging_tok_s > 0 and "read from disk" in tight.line(), tight.line()
+        assert tight.paging_tok_s < tight.best_tok_s
+    finally:
+        ck.close()
+
+
+TRUNCATE = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, sys.argv[3])
+    from engine.client import Client, EngineError
+    from engine.sampling import SamplingParams
+    path, whole = sys.argv[1], sys.argv[2]
+    c = Client()
+    c.load(path, placement="cpu", device="cpu", dtype="bf16")
+    c.wait_calibrated()
+    c.generate(prompt_ids=[1, 2, 3], params=SamplingParams(max_new_tokens=2))
+    os.truncate(path, int(sys.argv[4]))
+    try:
+        c.generate(prompt_ids=[4, 5, 6, 7, 8], params=SamplingParams(max_new_tokens=8))
+        print("NO ERROR")
+    except EngineError as e:
+        print("ERROR:", e)
+    c.load(whole, placement="cpu", device="cpu", dtype="bf16")  # the engine goes on: another model opens
+    done = c.generate(prompt_ids=[1, 2, 3], params=SamplingParams(max_new_tokens=2))
+    print("AGAIN:", len(done.token_ids) if hasattr(done, "token_ids") else "ok")
+    c.close()
+""")
+
+
+@pytest.mark.parametrize("keep", ["half", "nothing"], ids=["truncated", "emptied (a drive gone)"])
+def test_a_file_truncated_while_in_use_is_one_error_not_a_crash(file, tmp_path, window_cache, keep):
+    """The file cut short (or emptied, as a file on a drive that went away reads) under the running
+    model: the next touch of a lost page raises SIGBUS; the guard answers it, the reply ends with one
+    error naming the file, the model is closed, and the engine opens another."""
+    import shutil
+
+    victim = tmp_path / "victim.gguf"
+    shutil.copy(file, victim)
+    size = victim.stat().st_size
+    cut = size // 2 if keep == "half" else 0
+    r = subprocess.run([sys.executable, "-c", TRUNCATE, str(victim), str(file), str(ROOT), str(cut)],
+                       capture_output=True, text=True, timeout=300, env={**os.environ})
+    assert r.returncode == 0, f"the process died (rc {r.returncode}):\n{r.stderr[-3000:]}"
+    assert f"ERROR: {victim}: changed on disk while in use" in r.stdout, r.stdout + r.stderr[-2000:]
+    assert "AGAIN:" in r.stdout
+
+
+def test_the_window_says_what_is_read_from_the_file(qtbot, file, tmp_path, window_cache):
+    """The memory panel: Mixdesk's own memory on the RAM meter, the file's pages on their own meter
+    (how much is mapped, how much of it is in RAM now), explained in its tooltip; the log says it."""
+    pytest.importorskip("PySide6")
+    from app.main_window import MainWindow
+    from app.store import Store
+
+    w = MainWindow(Store(tmp_path / "chats.sqlite3"), model=str(file), session_kwargs={"poll_s": 0.1},
+                   device="cpu", dtype="bf16")
+    qtbot.addWidget(w)
+    w.show()
+    try:
+        qtbot.waitUntil(lambda: w.send_btn.isEnabled(), timeout=120_000)
+        panel = w.panel
+        qtbot.waitUntil(lambda: panel.mapped.isVisible(), timeout=30_000)
+        text = panel.mapped.format()
+        assert "GiB" in text and "in RAM now" in text, text
+        assert "read straight from the file" in panel.mapped.toolTip()
+        assert "own memory" in panel.ram.toolTip()
+        assert any("read from the file as they are used" in line for line in w.log_lines), "not in the log"
+    finally:
+        w.close()
