@@ -2,6 +2,12 @@
 
 Setup, once (about 5-15 minutes on 2 cores): `pip download --no-deps --no-binary :all: -d .bench/llama
 llama-cpp-python==0.3.36 && pip install .bench/llama/llama_cpp_python-0.3.36.tar.gz sentencepiece`.
+A build that runs on either CPU these machines have (no AMX: an AMX build segfaults on quantised
+models, see MACHINE-NOTES) took about 20 minutes with `nice -n 15`: CMAKE_BUILD_PARALLEL_LEVEL=2
+CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
+-DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
+-DGGML_AMX_BF16=OFF". Its CPU_REPACK buffer (on by default) copies Q4_K weights into anonymous memory at
+load; benchmarks/real_scale.py measures it with and without.
 Models are converted with the sdist's own convert_hf_to_gguf.py and quantised with
 llama_cpp.llama_model_quantize, cached under .bench/. `experts_only_q4_0` also writes a GGUF whose
 expert tensors alone are Q4_0 (quantised by gguf-py, llama.cpp's own Python package) and the rest
