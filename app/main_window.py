@@ -334,6 +334,10 @@ class MainWindow(QMainWindow, WindowWiring):
     def _on_error(self, ev) -> None:
         self.log_line(f"error: {ev.message}")
         self.statusBar().showMessage(ev.message.splitlines()[0], 15000)
+        if getattr(ev, "kind", "") == "ModelClosed":  # the engine closed the model (its file changed on disk)
+            self.model_info = None
+            self.send_btn.setEnabled(False)
+            self.model_label.setText(ev.message)
         if ev.message.startswith("calibrat"):
             self.wait.calibration(False)
 

@@ -336,6 +336,10 @@ class Checkpoint:
     def read(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
         return self.where[name].read(name, out)
 
+    def view(self, name: str) -> torch.Tensor:
+        """The tensor where its file is mapped, read-only, no copy (engine/safetensors_file.py)."""
+        return self.where[name].view(name)
+
     def read_rows(self, name: str, first: int, count: int) -> torch.Tensor:
         """Rows of a tensor's first dimension (one expert of a fused layer tensor)."""
         return self.where[name].read_rows(name, first, count)

@@ -59,6 +59,8 @@ def mapped_nbytes(t) -> int:
     memory the process owns."""
     if isinstance(t, Stacked):
         return sum(mapped_nbytes(p) for p in t.parts)
+    if getattr(t, "mapped", False):  # a BlockQuant on the file's rows, an expert on the file's tensors
+        return t.nbytes
     if hasattr(t, "w13") and hasattr(t, "w2"):
         return mapped_nbytes(t.w13) + mapped_nbytes(t.w2)
     return t.nbytes if getattr(t, "mapped", False) else 0

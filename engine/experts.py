@@ -143,6 +143,50 @@ class QuantExpert:
         return self.w2.matmul((F.silu(gate) * up).contiguous())  # [T, D]
 
 
+class MappedExpert16(Expert16):
+    """A cpu-16 expert whose weights are the checkpoint's own 16-bit tensors where its file is mapped
+    (w1, w3, w2: no copy, file-backed pages), run by the native kernels: gate's and up's rows are two
+    places in the file, one w13 to the kernel (mdk.h's w_hi). `w13` as one tensor is built only
+    where something asks for it (a copy to another device)."""
+
+    mapped = True
+
+    def __init__(self, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor):
+        self.tier, self.w1, self.w3, self.w2, self.glu = Tier.CPU16, w1, w3, w2, None
+        self.ffn = w2.shape[1]
+        fmt = native.FMT[w1.dtype]
+        self.desc = native.ExpertDesc(
+            native.Matrix(fmt, 2 * w1.shape[0], w1.shape[1], w1.data_ptr(), None, None, 0, w3.data_ptr(), w1.shape[0]),
+            native.matrix(w2))
+
+    @property
+    def w13(self) -> torch.Tensor:  # a copy: only for a move to another device
+        return torch.cat([self.w1, self.w3])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.w1, self.w3, self.w2))
+
+    def __deepcopy__(self, memo) -> "MappedExpert16":  # the file's pages are read-only: shared
+        return MappedExpert16(self.w1, self.w3, self.w2)
+
+
+def mapped_form(ckpt, layer: int, expert: int, dtype: torch.dtype) -> MappedExpert16 | None:
+    """cpu-16 from the mapped checkpoint file, where that is possible: the native kernels, a
+    checkpoint stored in `dtype` (no conversion), one tensor per weight (not a fused layer tensor),
+    no biases (engine/mapped.py serving says whether mapping is on)."""
+    from . import mapped
+
+    d = ckpt.dims
+    if (not mapped.serving() or not hasattr(ckpt, "view") or d.adapter.fused_experts or d.adapter.expert_bias
+            or d.act != "silu" or ckpt.dtype != dtype or dtype not in (torch.bfloat16, torch.float16)):
+        return None
+    w1, w3, w2 = (ckpt.view(expert_key(layer, expert, w, d)) for w in ("w1", "w3", "w2"))
+    if not all(t.is_contiguous() for t in (w1, w3, w2)):
+        return None
+    return MappedExpert16(w1, w3, w2)
+
+
 def _desc(w13: torch.Tensor, w2: torch.Tensor, glu: Glu | None = None) -> "native.ExpertDesc | None":
     """The native kernel's descriptor of a host expert, or None where torch runs it."""
     if not choice.expert(w13, w2):
@@ -237,6 +281,10 @@ def build_steps(ckpt: Checkpoint, layer: int, expert: int, tier: Tier, accel: to
     own = getattr(ckpt, "expert_build_steps", None)  # a GGUF file keeps its own formats (engine/gguf/tiers.py)
     if own is not None:
         return (yield from own(layer, expert, tier, accel, dtype, threads))
+    if tier == Tier.CPU16:
+        form = mapped_form(ckpt, layer, expert, dtype)
+        if form is not None:
+            return form
     w13, w2 = read_expert(ckpt, layer, expert)
     glu = read_glu(ckpt, layer, expert)
     yield

@@ -106,8 +106,22 @@ class MoEModel:
         self.file_dense = choice.file_blocks(ckpt, accel, dtype)
         shapes = dense_shapes(d)
 
+        # A 16-bit checkpoint's dense matrices at its own precision on the CPU: the file's tensors where
+        # it is mapped (no copy; engine/experts.py mapped_form does the same for the experts)
+        from . import mapped
+
+        map_dense = (accel.type == "cpu" and not getattr(ckpt, "is_gguf", False) and hasattr(ckpt, "view")
+                     and dtype in (torch.float16, torch.bfloat16) and mapped.serving())
+
         def matrix(name: str):
             """A matrix the forward multiplies: a tensor, or the file's blocks (engine/dense_forms.py)."""
+            if map_dense and ckpt.info(name).dtype == {torch.bfloat16: "BF16", torch.float16: "F16"}[dtype]:
+                t = ckpt.view(name)
+                why = weight_problem(t, dtype)
+                if why:
+                    raise ModelError(ckpt.where[name].path, f"tensor '{name}' {why}")
+                t.mapped = True  # (engine/dense_forms.py mapped_nbytes: the file's pages, not owned)
+                return t
             if self.file_dense and ckpt.tensor_type(name) in BLOCK_TYPES:
                 view = ckpt.raw_view(name)  # the mapped file's rows; None where they must be reordered
                 if view is not None:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import stat
 import struct
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +73,7 @@ class SafetensorsFile:
         except Exception:
             self._fh.close()
             raise
+        self._map: mmap.mmap | None = None
 
     def _parse_header(self) -> dict[str, TensorInfo]:
         size = os.fstat(self._fh.fileno()).st_size
@@ -157,5 +160,37 @@ class SafetensorsFile:
             raise ModelError(self.path, f"is truncated: tensor '{name}' could not be read whole")
         return out
 
+    def view(self, name: str) -> torch.Tensor:
+        """The tensor where the file is mapped read-only: no copy, never to be written (its pages are
+        the file's: page cache, not the process's memory; engine/gguf/reader.py says why). The
+        tensor keeps the mapping alive."""
+        info = self.tensors[name]
+        with self._lock:
+            if self._map is None:
+                try:
+                    self._map = mmap.mmap(self._fh.fileno(), 0, prot=mmap.PROT_READ)
+                except (OSError, ValueError) as e:
+                    raise ModelError(self.path, f"cannot be mapped: {getattr(e, 'strerror', None) or e}") from None
+                from . import mapped
+
+                mapped.watch(self._map, self.path)
+            m = self._map
+        if info.end > len(m):
+            raise ModelError(self.path, f"is truncated: tensor '{name}' ends past the end of the file")
+        dtype = READABLE[info.dtype]
+        if info.nbytes == 0:
+            return torch.empty(info.shape, dtype=dtype)
+        with warnings.catch_warnings():  # "not writable": by design
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.frombuffer(m, dtype=dtype, count=info.nbytes // torch.empty((), dtype=dtype).element_size(),
+                                    offset=info.start).view(info.shape)
+
     def close(self) -> None:
+        """Close the file; a mapping stays while a view of it lives (the model using it)."""
         self._fh.close()
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # views still alive: unmapped when they go
+                pass
+            self._map = None

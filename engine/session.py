@@ -117,7 +117,7 @@ class Session:
             return
         self._unload()
         mapped.forget_faults(parts)
-        self.publish(ErrorEvent(message=f"{path}: {mapped.CHANGED}", kind="ModelError"))
+        self.publish(ErrorEvent(message=f"{path}: {mapped.CHANGED}", kind="ModelClosed"))
 
     def _guard(self, what: str, fn, req: Request | None = None) -> None:
         """Run fn; an exception becomes an ErrorEvent (req's own, if given); the engine carries on."""

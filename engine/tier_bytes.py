@@ -8,6 +8,8 @@ the same where its experts are 4-bit already.
 """
 from __future__ import annotations
 
+import math
+
 
 def tier_bytes_of_dims(d, itemsize: int) -> dict[str, int]:
     """From the model's shape, for a 16-bit source."""
@@ -27,8 +29,21 @@ def mapped_bytes(ckpt, dtype=None, cpu_only: bool = True) -> tuple[dict[str, int
 
     from . import mapped
 
-    if not getattr(ckpt, "is_gguf", False) or dtype == torch.float32 or not mapped.serving():
+    if dtype == torch.float32 or not mapped.serving():
         return {}, 0
+    if not getattr(ckpt, "is_gguf", False):  # a 16-bit checkpoint's cpu-16 experts (engine/experts.py mapped_form)
+        d = ckpt.dims
+        same = dtype is None or dtype == ckpt.dtype
+        if (not same or d.adapter.fused_experts or d.adapter.expert_bias or d.act != "silu"
+                or ckpt.dtype not in (torch.bfloat16, torch.float16)):
+            return {}, 0
+        size = torch.empty((), dtype=ckpt.dtype).element_size()
+        dense = 0
+        if cpu_only:  # its embedding, output and o_proj matrices (engine/model.py matrix; q, k, v are stacked: a copy)
+            for name, shape in ckpt.expected.items():
+                if name.endswith(("embed_tokens.weight", "lm_head.weight", "o_proj.weight")) and ".experts." not in name:
+                    dense += math.prod(shape) * size
+        return {"cpu-16": d.expert_params() * size}, dense
     from .blockquant import NATIVE
     from .gguf.tiers import mapped_nbytes as expert_mapped
 

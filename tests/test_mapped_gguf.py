@@ -189,3 +189,107 @@ def test_the_window_says_what_is_read_from_the_file(qtbot, file, tmp_path, windo
         assert any("read from the file as they are used" in line for line in w.log_lines), "not in the log"
     finally:
         w.close()
+
+
+def test_a_file_truncated_under_the_window_is_said_and_the_window_stays(qtbot, file, tmp_path, window_cache):
+    """The model's file cut short while the window chats from it: the reply ends with the file named
+    and what happened, the model bar says it, Send waits for another model; the window lives on."""
+    import shutil
+
+    pytest.importorskip("PySide6")
+    from PySide6.QtCore import Qt
+
+    from app.main_window import MainWindow
+    from app.store import Store
+    from engine.sampling import SamplingParams
+
+    victim = tmp_path / "victim.gguf"
+    shutil.copy(file, victim)
+    w = MainWindow(Store(tmp_path / "chats.sqlite3"), model=str(victim), session_kwargs={"poll_s": 0.1},
+                   device="cpu", dtype="bf16")
+    qtbot.addWidget(w)
+    w.show()
+    try:
+        qtbot.waitUntil(lambda: w.send_btn.isEnabled(), timeout=120_000)
+        qtbot.waitUntil(lambda: not w.bridge.session.controller.calibrating, timeout=120_000)
+        os.truncate(victim, victim.stat().st_size // 3)
+        w.params = SamplingParams(max_new_tokens=8)
+        w.input.setPlainText("hello")
+        qtbot.mouseClick(w.send_btn, Qt.LeftButton)
+        said = lambda: any("changed on disk while in use" in line for line in w.log_lines)  # noqa: E731
+        qtbot.waitUntil(said, timeout=60_000)
+        qtbot.waitUntil(lambda: not w.generating, timeout=30_000)
+        assert "changed on disk" in w.model_label.text() and str(victim.name) in w.model_label.text()
+        assert not w.send_btn.isEnabled()
+        assert w.isVisible() and w.bridge.session.loaded is None  # closed; the engine thread goes on
+    finally:
+        w.close()
+
+
+def test_a_16_bit_checkpoints_cpu_experts_are_its_mapped_tensors(tmp_path, monkeypatch):
+    """A bf16 safetensors checkpoint at cpu-16 (its own precision): each expert's w1, w3 and w2 are
+    the file's tensors where it is mapped (gate's and up's rows in two places, one matrix to the
+    kernel), no copy; the logits are exactly those of the copied experts."""
+    from engine.experts import MappedExpert16
+    from engine.sources.tiny_model import write_tiny_mixtral
+
+    src = write_tiny_mixtral(tmp_path / "bf16", hidden=256, ffn=512, experts=4, dtype="bfloat16")
+    ids = torch.tensor([1, 5, 9, 14, 2, 7, 30, 41])
+
+    def run():
+        ld = load(src, placement="cpu", device="cpu", dtype="bf16")
+        try:
+            with torch.no_grad():
+                out = ld.model.forward(ids, ld.model.new_cache(32), 0, all_logits=True).float()
+            return out, ld.model.expert_bytes(), [ex for b in ld.model.moe for ex in b.experts]
+        finally:
+            ld.ckpt.close()
+
+    got, eb, forms = run()
+    d_bytes = sum(ex.nbytes for ex in forms)
+    assert all(isinstance(ex, MappedExpert16) for ex in forms)
+    assert eb["host"] == 0 and eb["mapped"] == d_bytes
+    monkeypatch.setenv("MIXDESK_RAW_KERNELS", "0")  # no mapping: the experts read into memory
+    want, eb2, forms2 = run()
+    assert not any(isinstance(ex, MappedExpert16) for ex in forms2) and eb2["host"] == d_bytes
+    assert torch.equal(got, want), float((got - want).abs().max())
+
+
+def test_the_model_browser_says_mapped_and_warns_of_paging(qtbot, file, window_cache, monkeypatch):
+    """File > Open model…'s recent GGUF: its line says what is read from the file apart from memory;
+    with less memory free than the file, that it will read from disk as it runs, and how fast."""
+    pytest.importorskip("PySide6")
+    from PySide6.QtCore import Qt
+
+    from app import theme
+    from app.model_picker import ModelPicker
+    from engine.gguf import open_gguf
+    from engine.planning import fit
+    from engine.planning.inputs import RAM_MARGIN
+    from engine.planning.planner import Budgets
+
+    ck = open_gguf(file)
+    try:
+        owned = ck.dense_nbytes() - sum(ck.info(h).nbytes for h in ck.expected.dense if ck.raw_view_ok(h)
+                                        and ck.tensor_type(h) not in (GT.F32, GT.F16, GT.BF16))
+    finally:
+        ck.close()
+    tight = Budgets(vram=0, ram=int((owned + file.stat().st_size // 4) * (1 - RAM_MARGIN)))
+    settings = theme.settings()
+    before = settings.value("recent_models", [])
+    settings.setValue("recent_models", [str(file)])
+    try:
+        for budgets, paging in ((Budgets(vram=0, ram=64 * 10**9), False), (tight, True)):
+            monkeypatch.setattr(fit, "machine_budgets", lambda hw, *a, _b=budgets, **k: _b)
+            picker = ModelPicker(None)
+            qtbot.addWidget(picker)
+            item = next(picker.list.item(i) for i in range(picker.list.count())
+                        if picker.list.item(i).data(Qt.UserRole) == str(file))
+            qtbot.waitUntil(lambda: "\n" in item.text(), timeout=30_000)
+            line = item.text().split("\n", 1)[1]
+            assert "mapped from the file" in line and "in memory" in line, line
+            assert ("read from disk as it runs" in line and "tok/s" in line) == paging, line
+            assert item.data(Qt.UserRole) == str(file)
+            picker.reject()
+    finally:
+        settings.setValue("recent_models", before)

@@ -186,34 +186,48 @@ static void dot4_avx2(int fmt, const void *w, size_t stride, const float *x, int
 }
 #endif
 
+/* Row r of W: rows n_lo.. come from w_hi where it is set (a mapped checkpoint's gate and up
+ * tensors, two places in its file, as one w13: mdk.h) */
+static inline const void *dense_row(const mdk_matrix *w, int r, size_t esz) {
+    if (w->w_hi && r >= w->n_lo) return (const char *)w->w_hi + (size_t)(r - w->n_lo) * w->k * esz;
+    return (const char *)w->w + (size_t)r * w->k * esz;
+}
+
+/* One row of W (F16/BF16/F32) dotted with x */
+static float dot_row(const mdk_matrix *w, const void *row, const float *x, const uint16_t *xbf) {
+    int k = w->k;
+#if MDK_X86
+    if (mdk_path == MDK_PATH_AVX512)
+        return (w->fmt == MDK_BF16 && xbf && mdk_has_bf16) ? dot_bf16((const uint16_t *)row, xbf, k)
+                                                           : dot_avx512(w->fmt, row, x, k);
+    if (mdk_path == MDK_PATH_AVX2) return dot_avx2(w->fmt, row, x, k);
+#endif
+    (void)xbf;
+    return dot_c(w->fmt, row, x, k);
+}
+
 /* y[0..r1-r0) = rows r0..r1-1 of W (F16/BF16/F32) dotted with x (fp32; xbf: the same in bf16, or NULL) */
 void mdk_dense_rows(const mdk_matrix *w, int r0, int r1, const float *x, const uint16_t *xbf, float *y) {
     int k = w->k;
     size_t esz = w->fmt == MDK_F32 ? 4 : 2;
     int r = r0;
 #if MDK_X86
-    for (; r + 4 <= r1 && mdk_path >= MDK_PATH_AVX2 && k >= 2048; r += 4) {
-        const void *row = (const char *)w->w + (size_t)r * k * esz;
+    while (r + 4 <= r1 && mdk_path >= MDK_PATH_AVX2 && k >= 2048) {
+        if (w->w_hi && r < w->n_lo && r + 4 > w->n_lo) {  /* 4 rows across the two parts: one by one */
+            for (int e = r + 4; r < e; r++) y[r - r0] = dot_row(w, dense_row(w, r, esz), x, xbf);
+            continue;
+        }
+        const void *row = dense_row(w, r, esz);
         if (mdk_path == MDK_PATH_AVX512 && w->fmt == MDK_BF16 && xbf && mdk_has_bf16)
             dot4_bf16((const uint16_t *)row, (size_t)k, xbf, k, y + (r - r0));
         else if (mdk_path == MDK_PATH_AVX512)
             dot4_avx512(w->fmt, row, (size_t)k, x, k, y + (r - r0));
         else
             dot4_avx2(w->fmt, row, (size_t)k, x, k, y + (r - r0));
+        r += 4;
     }
 #endif
-    for (; r < r1; r++) {
-        const void *row = (const char *)w->w + (size_t)r * k * esz;
-#if MDK_X86
-        if (mdk_path == MDK_PATH_AVX512) {
-            y[r - r0] = (w->fmt == MDK_BF16 && xbf && mdk_has_bf16) ? dot_bf16((const uint16_t *)row, xbf, k)
-                                                                     : dot_avx512(w->fmt, row, x, k);
-            continue;
-        }
-        if (mdk_path == MDK_PATH_AVX2) { y[r - r0] = dot_avx2(w->fmt, row, x, k); continue; }
-#endif
-        y[r - r0] = dot_c(w->fmt, row, x, k);
-    }
+    for (; r < r1; r++) y[r - r0] = dot_row(w, dense_row(w, r, esz), x, xbf);
 }
 
 /* As mdk_dense_rows for nt tokens (1..4): y[t][0..r1-r0). Where the weights and activations are
@@ -224,7 +238,7 @@ void mdk_dense_rows_multi(const mdk_matrix *w, int r0, int r1, const float *cons
     if (nt > 1 && mdk_path == MDK_PATH_AVX512 && w->fmt == MDK_BF16 && xbf && xbf[0] && mdk_has_bf16) {
         float out[4];
         for (int r = r0; r < r1; r++) {
-            dot_bf16_tokens((const uint16_t *)w->w + (size_t)r * w->k, xbf, nt, w->k, out);
+            dot_bf16_tokens((const uint16_t *)dense_row(w, r, 2), xbf, nt, w->k, out);
             for (int t = 0; t < nt; t++) y[t][r - r0] = out[t];
         }
         return;
