@@ -1,10 +1,11 @@
 """One .safetensors file, read lazily tensor by tensor.
 
-We parse the (documented, tiny) header ourselves instead of using safetensors' mmap so that each
-tensor can be read straight into a buffer the engine owns (a slice of a fused expert weight, a
-pinned staging buffer). An mmap keeps every page it has touched counted in the process's RSS for
-as long as it is mapped, which would double peak memory; positional reads leave the checkpoint in
-the OS page cache only, so peak RSS follows the placement.
+We parse the (documented, tiny) header ourselves. A tensor used as the file holds it (a cpu-16
+expert or dense matrix at the checkpoint's own precision) is a view of the file's read-only
+mapping (`view`: page cache, file-backed, not the process's memory; engine/gguf/reader.py says
+more); one converted on the way (to another dtype, to 4 bits, to the GPU) is read straight into a
+buffer the engine owns (`read`, `read_rows`: positional reads, which leave the file in the page
+cache only).
 
 Format: 8-byte little-endian header length N, N bytes of JSON {name: {dtype, shape, data_offsets}},
 then the data; offsets are relative to the end of the header.

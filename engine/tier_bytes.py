@@ -34,8 +34,8 @@ def mapped_bytes(ckpt, dtype=None, cpu_only: bool = True) -> tuple[dict[str, int
     if not getattr(ckpt, "is_gguf", False):  # a 16-bit checkpoint's cpu-16 experts (engine/experts.py mapped_form)
         d = ckpt.dims
         same = dtype is None or dtype == ckpt.dtype
-        if (not same or d.adapter.fused_experts or d.adapter.expert_bias or d.act != "silu"
-                or ckpt.dtype not in (torch.bfloat16, torch.float16)):
+        if (not same or not hasattr(ckpt, "view") or d.adapter.fused_experts or d.adapter.expert_bias
+                or d.act != "silu" or ckpt.dtype not in (torch.bfloat16, torch.float16)):
             return {}, 0
         size = torch.empty((), dtype=ckpt.dtype).element_size()
         dense = 0

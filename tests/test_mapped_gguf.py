@@ -293,3 +293,27 @@ def test_the_model_browser_says_mapped_and_warns_of_paging(qtbot, file, window_c
             picker.reject()
     finally:
         settings.setValue("recent_models", before)
+
+
+def test_what_the_planner_counts_as_mapped_is_what_the_model_maps(file, tmp_path):
+    """The planner's mapped bytes (before anything is built) equal the built model's, for a GGUF file
+    and a bf16 checkpoint; a source that cannot be mapped (a synthetic checkpoint) counts none."""
+    from engine.sources.synthetic import write_synthetic
+    from engine.sources.tiny_model import write_tiny_mixtral
+    from engine.tier_bytes import mapped_bytes
+
+    bf16 = write_tiny_mixtral(tmp_path / "bf16", hidden=256, ffn=512, experts=4, dtype="bfloat16")
+    for src in (file, bf16):
+        ld = load(src, placement="cpu", device="cpu", dtype="bf16")
+        try:
+            d, m = ld.ckpt.dims, ld.model
+            experts, dense = mapped_bytes(ld.ckpt, torch.bfloat16, True)
+            assert experts["cpu-16"] * d.layers * d.experts == m.expert_bytes()["mapped"], src
+            assert dense == m.dense_mapped_bytes(), src
+        finally:
+            ld.ckpt.close()
+    from engine.load import open_checkpoint
+
+    config = ROOT / "resources" / "mixtral-8x7b-config.json"
+    syn = open_checkpoint(write_synthetic(tmp_path / "syn", config))
+    assert mapped_bytes(syn, torch.bfloat16, True) == ({}, 0)
