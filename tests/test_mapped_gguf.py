@@ -317,3 +317,23 @@ def test_what_the_planner_counts_as_mapped_is_what_the_model_maps(file, tmp_path
     config = ROOT / "resources" / "mixtral-8x7b-config.json"
     syn = open_checkpoint(write_synthetic(tmp_path / "syn", config))
     assert mapped_bytes(syn, torch.bfloat16, True) == ({}, 0)
+
+
+def test_plan_from_the_header_alone_fits_on_this_machine_counting_the_mapped_file(tmp_path, window_cache):
+    """`mixdesk plan --config-only` on a full-size Qwen3-30B-A3B Q4_K_M (its header; the data a sparse
+    hole), no GPU budget given: planned for this machine as it is (its CPU; before, a GPU was assumed
+    into a zero VRAM budget and every file said 'NOTHING FITS'), the file's own blocks in the
+    'mapped GB' column, apart from the memory Mixdesk owns."""
+    import json
+
+    import gguf_files
+
+    cfg = json.loads((ROOT / "resources" / "qwen3-30b-a3b-config.json").read_text())
+    big = gguf_files.header_only(tmp_path / "Qwen3-30B-A3B-Q4_K_M.gguf", cfg)
+    r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "plan", "--model", str(big), "--config-only"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "NOTHING FITS" not in r.stdout and "mapped GB" in r.stdout, r.stdout
+    row = next(line for line in r.stdout.splitlines() if line.startswith("| 0 |"))
+    vram, ram, mapped_gb = (float(c) for c in row.strip("| ").split("|")[-3:])
+    assert vram == 0 and mapped_gb > ram, row

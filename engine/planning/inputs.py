@@ -170,23 +170,26 @@ def from_config(config_path: Path, hw: HardwareProfile, sensitivity: float = ASS
     return inp, note
 
 
-def from_gguf(path: Path, hw: HardwareProfile, sensitivity: float = ASSUMED_SENSITIVITY) -> tuple[PlanInputs, str]:
+def from_gguf(path: Path, hw: HardwareProfile, sensitivity: float = ASSUMED_SENSITIVITY,
+              assume_gpu: bool = True) -> tuple[PlanInputs, str]:
     """Plan a GGUF file from its header alone (no tensor read): its metadata gives the shape, its
-    tensor infos each expert's real bytes; otherwise as from_config."""
+    tensor infos each expert's real bytes; otherwise as from_config. assume_gpu False: for this
+    machine's CPU alone (its measured GPU tiers if it has them), the dense part in the file's blocks."""
     from ..gguf import open_gguf
     from ..gguf.tiers import requantised_share
     from ..tier_bytes import tier_bytes
 
     ck = open_gguf(path)
     try:
-        gpu = {"gpu-16": REFERENCE_GPU["gpu-16"], "gpu-4": REFERENCE_GPU["gpu-4"]}
+        gpu = {"gpu-16": REFERENCE_GPU["gpu-16"], "gpu-4": REFERENCE_GPU["gpu-4"]} if assume_gpu else None
+        cpu_alone = not assume_gpu and hw.cpu_only
         inp = from_dims(ck.dims, hw, 2, sensitivity, gpu_costs=gpu, sizes=tier_bytes(ck, 2),
-                        cpu4_share=requantised_share(ck))
+                        cpu4_share=requantised_share(ck), dense_bytes=ck.dense_nbytes() if cpu_alone else None)
         inp = with_mapping(inp, ck)
         label = ck.format_label()
     finally:
         ck.close()
+    where = f"GPU: {REFERENCE_GPU['name']}" if assume_gpu else ("no GPU: CPU only" if inp.cpu_only else "GPU tiers measured here")
     note = (f"from the GGUF header only ({label}): uniform popularity, ASSUMED sensitivity {sensitivity} "
-            f"for every 4-bit expert the file does not already hold; CPU tiers measured here; GPU: "
-            f"{REFERENCE_GPU['name']}")
+            f"for every 4-bit expert the file does not already hold; CPU tiers measured here; {where}")
     return inp, note

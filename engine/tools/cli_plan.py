@@ -98,8 +98,8 @@ def cmd_plan(a) -> int:
 
         cfg = Path(a.model or "")
         hw = load_or_measure(torch.device("cpu"))
-        if is_gguf(cfg):  # its header holds the config and every tensor's size
-            inp, note = from_gguf(cfg, hw)
+        if is_gguf(cfg):  # its header holds the config and every tensor's size; without a GPU budget,
+            inp, note = from_gguf(cfg, hw, assume_gpu=a.gpu_budget is not None)  # for this machine as it is
         else:
             cfg = cfg / "config.json" if cfg.is_dir() else cfg
             inp, note = from_config(cfg, hw)
