@@ -143,12 +143,21 @@ def calibrate(model: MoEModel, ids: list[int], tiers: tuple[Tier, ...] = (Tier.C
     return run_to_end(calibrate_steps(model, ids, tiers, progress, cancel))
 
 
-@torch.inference_mode()
 def calibrate_steps(model: MoEModel, ids: list[int], tiers: tuple[Tier, ...] = (Tier.CPU4, Tier.GPU4),
                     progress: ProgressFn | None = None, cancel: threading.Event | None = None):
     """calibrate as a generator: it yields after each step (one expert's errors, one layer's KL
     pass) with the model as it found it (recording off, every block's experts its own), so the
-    engine thread can answer requests, and move experts, between steps. Returns the profile."""
+    engine thread can answer requests, and move experts, between steps. Returns the profile.
+    Its large transients are mapped buffers while it runs (engine/memory.py large_buffers_mapped)."""
+    from ..memory import large_buffers_mapped
+
+    with large_buffers_mapped():
+        return (yield from _calibrate_steps(model, ids, tiers, progress, cancel))
+
+
+@torch.inference_mode()
+def _calibrate_steps(model: MoEModel, ids: list[int], tiers: tuple[Tier, ...], progress: ProgressFn | None,
+                     cancel: threading.Event | None):
     d, ckpt = model.dims, model.ckpt
     records = capture(model, ids)
     popularity = [torch.bincount(idx.reshape(-1).cpu(), minlength=d.experts).tolist() for _, idx, _, _ in records]
