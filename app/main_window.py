@@ -337,7 +337,7 @@ class MainWindow(QMainWindow, WindowWiring):
         if getattr(ev, "kind", "") == "ModelClosed":  # the engine closed the model (its file changed on disk)
             self.model_info = None
             self.send_btn.setEnabled(False)
-            self.model_label.setText(ev.message)
+            self.model_label.closed(ev.message)
         if ev.message.startswith("calibrat"):
             self.wait.calibration(False)
 

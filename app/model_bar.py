@@ -37,6 +37,12 @@ class ModelBar(QLabel):
             if not self.remote:
                 self.show_model()
 
+    def closed(self, message: str) -> None:
+        """The engine closed the model (its file changed on disk): say so until another one loads; the
+        Stats still on their way describe the model that was."""
+        self.info = None
+        self.setText(message)
+
     def show_model(self) -> None:
         ev = self.info
         if ev is None:
