@@ -51,6 +51,14 @@ def _fresh_window_state():
     except ImportError:  # no PySide6 (the GPU machine's image runs the gpu tests without it)
         return
     window_state.forget()
+    # Windows closed by this test (pytest-qt calls deleteLater on them before this teardown) are
+    # destroyed now, in their own test: left to the next test's event loop they were destroyed during
+    # that test's model load, with its engine thread running, which is where the run's rare
+    # segfaults were seen (twice in test_composer_flows, once in test_chat_settings).
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    if QCoreApplication.instance() is not None:
+        QCoreApplication.sendPostedEvents(None, QEvent.DeferredDelete)
     if "app.gui_gc" in sys.modules:  # a window left open keeps Python's collector off: hand it back
         sys.modules["app.gui_gc"].reset()
 
