@@ -19,9 +19,9 @@ from app.store import Store  # noqa: E402
 from engine.generate import SamplingParams  # noqa: E402
 
 
-def open_window(qtbot, tiny, tmp_path, calibrated=True, **session):
+def open_window(qtbot, tiny, tmp_path, calibrated=True, dtype="fp32", **session):
     w = MainWindow(Store(tmp_path / "chats.sqlite3"), model=str(tiny), session_kwargs={"poll_s": 0.1, **session},
-                   device="cpu", dtype="fp32")
+                   device="cpu", dtype=dtype)
     qtbot.addWidget(w)
     w.show()
     qtbot.waitUntil(lambda: w.send_btn.isEnabled(), timeout=120_000)

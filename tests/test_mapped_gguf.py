@@ -171,15 +171,10 @@ def test_the_window_says_what_is_read_from_the_file(qtbot, file, tmp_path, windo
     """The memory panel: Mixdesk's own memory on the RAM meter, the file's pages on their own meter
     (how much is mapped, how much of it is in RAM now), explained in its tooltip; the log says it."""
     pytest.importorskip("PySide6")
-    from app.main_window import MainWindow
-    from app.store import Store
+    from test_app import open_window
 
-    w = MainWindow(Store(tmp_path / "chats.sqlite3"), model=str(file), session_kwargs={"poll_s": 0.1},
-                   device="cpu", dtype="bf16")
-    qtbot.addWidget(w)
-    w.show()
+    w = open_window(qtbot, file, tmp_path, calibrated=False, dtype="bf16")  # (the file's blocks: below fp32)
     try:
-        qtbot.waitUntil(lambda: w.send_btn.isEnabled(), timeout=120_000)
         panel = w.panel
         qtbot.waitUntil(lambda: panel.mapped.isVisible(), timeout=30_000)
         text = panel.mapped.format()
@@ -199,19 +194,13 @@ def test_a_file_truncated_under_the_window_is_said_and_the_window_stays(qtbot, f
     pytest.importorskip("PySide6")
     from PySide6.QtCore import Qt
 
-    from app.main_window import MainWindow
-    from app.store import Store
+    from test_app import open_window
     from engine.sampling import SamplingParams
 
     victim = tmp_path / "victim.gguf"
     shutil.copy(file, victim)
-    w = MainWindow(Store(tmp_path / "chats.sqlite3"), model=str(victim), session_kwargs={"poll_s": 0.1},
-                   device="cpu", dtype="bf16")
-    qtbot.addWidget(w)
-    w.show()
+    w = open_window(qtbot, victim, tmp_path, dtype="bf16")
     try:
-        qtbot.waitUntil(lambda: w.send_btn.isEnabled(), timeout=120_000)
-        qtbot.waitUntil(lambda: not w.bridge.session.controller.calibrating, timeout=120_000)
         os.truncate(victim, victim.stat().st_size // 3)
         w.params = SamplingParams(max_new_tokens=8)
         w.input.setPlainText("hello")
