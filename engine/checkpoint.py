@@ -6,16 +6,20 @@ Every problem becomes one ModelError naming the file and what is wrong with it.
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass
+import logging
 from pathlib import Path
 
 import torch
 
 from .errors import ModelError
-from .families import FAMILIES, SUPPORTED_MODEL_TYPES, Family, family_of, fused
+from .families import FAMILIES, SUPPORTED_MODEL_TYPES, fused
+from .layers import shapes as layer_shapes
+from .model_config import (MAX_JSON_BYTES, Dims, check_config, dims_from_config,  # noqa: F401 (re-exported)
+                           hf_config)
 from .model_files import check_inside, check_links
 from .safetensors_file import DTYPES, SafetensorsFile, regular_file
+
+log = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # Tensor-name endings that give away a pre-quantised checkpoint, and the format each belongs to.
@@ -33,50 +37,6 @@ QUANT_METHOD_NAMES = {"gptq": "GPTQ", "awq": "AWQ", "bitsandbytes": "bitsandbyte
                       "aqlm": "AQLM", "exl2": "EXL2", "fp8": "FP8", "compressed-tensors": "compressed-tensors"}
 
 
-@dataclass(frozen=True)
-class Dims:
-    """Shapes from config.json. Legend used across the engine: D hidden, I ffn, E experts, K top-k."""
-
-    layers: int
-    hidden: int
-    ffn: int
-    experts: int
-    top_k: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    rms_eps: float
-    max_positions: int
-    tie_embeddings: bool
-    sliding_window: int | None
-    family: str = "mixtral"         # the config's model_type: engine/families holds what it means
-    norm_topk: bool = True          # the top-k route weights are renormalised to sum to 1
-    qk_norm: str | None = None      # "head" or "full": RMSNorm of q and k before rope
-    qkv_bias: bool = False
-    shared_ffn: int = 0             # width of the always-active shared expert (0: none)
-    clip_qkv: float | None = None
-    # GPT-OSS (engine/families/gpt_oss.py)
-    router_kind: str = "softmax_topk"   # or "topk_softmax"
-    router_bias: bool = False
-    act: str = "silu"                   # or "swiglu_oai"
-    swiglu: tuple[float, float] = (1.702, 7.0)  # swiglu_oai's (alpha, limit)
-    attn_sinks: bool = False
-    o_bias: bool = False
-    layer_windows: tuple | None = None  # per layer: its sliding window, or None (full attention)
-
-    def window(self, layer: int) -> int | None:
-        """The sliding window of one layer's attention (None: it sees every earlier position)."""
-        return self.layer_windows[layer] if self.layer_windows is not None else self.sliding_window
-
-    @property
-    def adapter(self) -> Family:
-        return FAMILIES[self.family]
-
-    def expert_params(self) -> int:
-        return 3 * self.hidden * self.ffn
-
-
 def expert_key(layer: int, expert: int, w: str, d: Dims | None = None) -> str:
     """The checkpoint name of expert (layer, expert)'s w1 (gate), w2 (down) or w3 (up)."""
     return (d.adapter if d is not None else FAMILIES["mixtral"]).expert_key(layer, expert, w)
@@ -88,27 +48,10 @@ def dense_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
     if not d.tie_embeddings:
         s["lm_head.weight"] = (d.vocab, d.hidden)
     fam = d.adapter
-    q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
     for l in range(d.layers):
-        p = f"model.layers.{l}."
-        s[p + "input_layernorm.weight"] = (d.hidden,)
-        s[p + "post_attention_layernorm.weight"] = (d.hidden,)
-        s[p + "self_attn.q_proj.weight"] = (q, d.hidden)
-        s[p + "self_attn.k_proj.weight"] = (kv, d.hidden)
-        s[p + "self_attn.v_proj.weight"] = (kv, d.hidden)
-        s[p + "self_attn.o_proj.weight"] = (d.hidden, q)
-        if d.o_bias:
-            s[p + "self_attn.o_proj.bias"] = (d.hidden,)
-        if d.attn_sinks:
-            s[p + "self_attn.sinks"] = (d.heads,)
+        s.update(layer_shapes(d, l))  # the layer's norms and its mixer's tensors (engine/layers)
         if d.router_bias:
             s[fam.router_key(l, bias=True)] = (d.experts,)
-        if d.qkv_bias:
-            s[p + "self_attn.q_proj.bias"], s[p + "self_attn.k_proj.bias"], s[p + "self_attn.v_proj.bias"] = (q,), (kv,), (kv,)
-        if d.qk_norm:
-            head = d.qk_norm == "head"
-            s[p + "self_attn.q_norm.weight"] = (d.head_dim,) if head else (q,)
-            s[p + "self_attn.k_norm.weight"] = (d.head_dim,) if head else (kv,)
         s[fam.router_key(l)] = (d.experts, d.hidden)
         if d.shared_ffn:
             s[fam.shared_key(l, "w1")] = s[fam.shared_key(l, "w3")] = (d.shared_ffn, d.hidden)
@@ -130,71 +73,6 @@ def expert_shapes(d: Dims, mxfp4: bool = False) -> dict[str, tuple[int, ...]]:
     return s
 
 
-# The largest model Mixdesk accepts, checked before anything is allocated: a config past these is
-# refused with the field named. Generous for 2026's open MoE models (DeepSeek-V3/Kimi K2: 61 layers,
-# 256-384 experts, ~1T parameters; Qwen3-235B: 94 layers, 128 experts).
-LIMITS = {
-    "num_hidden_layers": 512, "num_local_experts": 1024, "hidden_size": 65536, "intermediate_size": 262144,
-    "num_attention_heads": 1024, "num_key_value_heads": 1024, "head_dim": 2048, "vocab_size": 4_000_000,
-    "max_position_embeddings": 1 << 24, "sliding_window": 1 << 24, "num_experts": 1024,
-    "moe_intermediate_size": 262144, "shared_expert_intermediate_size": 262144,
-}
-MAX_PARAMS = 3 * 10**12  # about three times the largest open MoE model (Kimi K2, ~1T)
-MAX_JSON_BYTES = 64 << 20
-
-
-def check_config(raw: dict, path: Path) -> None:
-    """Range-check the fields Mixdesk sizes things from, before any of them is used (the family's
-    own field names: num_local_experts or num_experts, intermediate_size or moe_intermediate_size)."""
-    fam = family_of(raw.get("model_type")) or FAMILIES["mixtral"]
-    def field(name: str, required: bool = True, lo: int = 1):
-        v = raw.get(name)
-        if v is None:
-            if required:
-                raise ModelError(path, f"lacks the field '{name}'")
-            return None
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise ModelError(path, f"'{name}' is {v!r}; it must be a whole number")
-        if not lo <= v <= LIMITS[name]:
-            raise ModelError(path, f"'{name}' is {v:,}; Mixdesk accepts {lo} to {LIMITS[name]:,}")
-        return v
-
-    # transformers 5 writes num_local_experts for every family; published Qwen/OLMoE configs say num_experts
-    experts_name = next((n for n in (fam.experts_field, "num_local_experts", "num_experts") if n in raw),
-                        fam.experts_field)
-    layers, experts = field("num_hidden_layers"), field(experts_name)
-    hidden, ffn = field("hidden_size"), field(fam.expert_ffn_field)
-    heads = field("num_attention_heads")
-    kv = field("num_key_value_heads", required=False) or heads
-    head_dim = field("head_dim", required=False) or hidden // heads
-    vocab = field("vocab_size")
-    field("max_position_embeddings")
-    field("sliding_window", required=False, lo=0)
-    shared = field("shared_expert_intermediate_size", required=False, lo=0) if fam.shared_expert else 0
-    k = raw.get("num_experts_per_tok")
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= experts:
-        raise ModelError(path, f"'num_experts_per_tok' is {k!r}; it must be a whole number from 1 to "
-                         f"{experts_name} ({experts})")
-    dense = raw.get("mlp_only_layers") or []
-    step = raw.get("decoder_sparse_step", 1)
-    if dense or step not in (None, 1):
-        raise ModelError(path, f"has dense MLP layers between its MoE layers (mlp_only_layers {dense!r}, "
-                         f"decoder_sparse_step {step!r}); Mixdesk runs models with MoE in every layer")
-    if fam.model_type == "qwen3_moe" and raw.get("attention_bias"):
-        raise ModelError(path, "'attention_bias' is true; Mixdesk runs Qwen3-MoE models without attention biases")
-    if kv > heads or heads % kv:
-        raise ModelError(path, f"'num_key_value_heads' ({kv}) must divide 'num_attention_heads' ({heads})")
-    if head_dim < 1:
-        raise ModelError(path, f"'hidden_size' ({hidden}) is smaller than 'num_attention_heads' ({heads})")
-    for name in ("rms_norm_eps", "rope_theta"):
-        v = raw.get(name)
-        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0):
-            raise ModelError(path, f"'{name}' is {v!r}; it must be a positive number")
-    params = (layers * ((experts * ffn + (shared or 0)) * 3 * hidden + hidden * (heads + 2 * kv) * head_dim * 2)
-              + 2 * vocab * hidden)
-    if params > MAX_PARAMS:
-        raise ModelError(path, f"describes a model of {params / 1e12:,.1f} trillion parameters; the largest "
-                         f"Mixdesk accepts is {MAX_PARAMS / 1e12:.0f} trillion")
 
 
 def _read_json(path: Path) -> dict:
@@ -232,9 +110,23 @@ class Checkpoint:
         self.dims = dims_from_config(self.config, self.config_path)
         self.files = self._open_weights()
         self.where: dict[str, SafetensorsFile] = {}
+        skipped: dict[str, int] = {}
         for f in self.files:
+            names = {}  # the engine's name -> the file's (a VLM release's language model read as "model.")
+            for name, info in f.tensors.items():
+                ours = self.family.internal_name(name)
+                if ours is None:
+                    part = next(p for p in self.family.skipped if name.startswith(p))
+                    skipped[part] = skipped.get(part, 0) + 1
+                else:
+                    names[ours] = info
+            if names.keys() != f.tensors.keys():
+                f.tensors = names
             for name in f.tensors:
                 self.where[name] = f
+        self.skipped_note = _skipped_note(skipped)
+        if self.skipped_note:
+            log.warning("%s: %s", self.folder.name, self.skipped_note)
         self._check_quantised()
         self.expected = {**dense_shapes(self.dims), **expert_shapes(self.dims, self.mxfp4)}
         self._check_tensors()
@@ -257,7 +149,8 @@ class Checkpoint:
             raise ModelError(self.config_path, f"is a {FAMILIES[mt].name} model; Mixdesk plans it from its config "
                              "(mixdesk plan --config-only) but does not run its weights yet")
         if mt not in SUPPORTED_MODEL_TYPES:
-            names = ", ".join(f"{f.name} ({t})" for t, f in FAMILIES.items() if f.runs)
+            names = ", ".join(dict.fromkeys(f"{f.name} ({t.removesuffix('_text')})" for t, f in FAMILIES.items()
+                                            if f.runs))
             raise ModelError(self.config_path, f"model_type is {mt!r}; Mixdesk runs these Mixture-of-Experts "
                              f"families: {names}")
         self.family = FAMILIES[mt]
@@ -387,46 +280,15 @@ class Checkpoint:
             f.close()
 
 
-def hf_config(raw: dict, path: Path):
-    """transformers' own config class for the family parses and normalises config.json (rope
-    parameters, defaults); no remote code runs."""
-    import transformers
-
-    fam = family_of(raw.get("model_type")) or FAMILIES["mixtral"]
-    try:
-        return getattr(transformers, fam.config_class).from_dict(raw)
-    except Exception as e:  # a malformed field: name it, don't dump a traceback
-        raise ModelError(path, f"could not be read as a {fam.name} config: {e}") from None
-
-
-def dims_from_config(cfg, path: Path) -> Dims:
-    fam = family_of(getattr(cfg, "model_type", "mixtral")) or FAMILIES["mixtral"]
-    try:
-        heads = cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        window = getattr(cfg, "sliding_window", None) or None
-        if getattr(cfg, "use_sliding_window", True) is False:
-            window = None
-        clip = getattr(cfg, "clip_qkv", None) if fam.clip_qkv else None
-        return Dims(
-            layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, ffn=getattr(cfg, fam.expert_ffn_field),
-            experts=getattr(cfg, fam.experts_field, None) or cfg.num_local_experts, top_k=cfg.num_experts_per_tok,
-            heads=heads,
-            kv_heads=cfg.num_key_value_heads, head_dim=head_dim, vocab=cfg.vocab_size,
-            rms_eps=float(cfg.rms_norm_eps), max_positions=cfg.max_position_embeddings,
-            tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), sliding_window=window,
-            family=fam.model_type, norm_topk=bool(getattr(cfg, "norm_topk_prob", fam.norm_topk_default)),
-            qk_norm=fam.qk_norm, qkv_bias=bool(getattr(cfg, fam.qkv_bias, False)) if fam.qkv_bias else False,
-            shared_ffn=int(getattr(cfg, "shared_expert_intermediate_size", 0) or 0) if fam.shared_expert else 0,
-            clip_qkv=float(clip) if clip is not None else None,
-            router_kind=fam.router_kind, router_bias=fam.router_bias, act=fam.act,
-            swiglu=(float(getattr(cfg, "swiglu_alpha", 1.702)), float(getattr(cfg, "swiglu_limit", 7.0))),
-            attn_sinks=fam.attn_sinks, o_bias=bool(getattr(cfg, fam.o_bias, False)) if fam.o_bias else False,
-            layer_windows=tuple(window if t == "sliding_attention" else None for t in cfg.layer_types)
-            if fam.layer_types else None,
-        )
-    except (AttributeError, TypeError, ZeroDivisionError) as e:
-        raise ModelError(path, f"lacks a field Mixdesk needs: {e}") from None
+def _skipped_note(skipped: dict[str, int]) -> str:
+    """One sentence on the parts of the checkpoint Mixdesk does not run (said once, at load)."""
+    if not skipped:
+        return ""
+    what = {"model.visual.": "the vision tower"}
+    parts = sorted({what.get(p, "the multi-token-prediction head") for p in skipped})
+    n = sum(skipped.values())
+    return (f"{' and '.join(parts)} ({n} tensors) {'are' if len(parts) > 1 else 'is'} not run: Mixdesk chats in text "
+            "(images are out of scope) and predicts one token at a time")
 
 
 def _pickle_refusal() -> str:

@@ -12,11 +12,13 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import torch
-import torch.nn.functional as F
-
 from . import native, offload
 from .blockquant import NATIVE as BLOCK_TYPES, BlockQuant
 from .checkpoint import Checkpoint, dense_shapes
+from .layers import Layer, attention
+from .layers.attention import Attention
+from .layers.deltanet import NAMES as DELTANET_INPUTS, GatedDeltaNet
+from .layers.state import LinearState
 from .dense_forms import embed_rows, stack
 from .errors import ModelError
 from .experts import Expert16, build_steps, materialise
@@ -30,32 +32,30 @@ ProgressFn = Callable[[int, int, str], None]
 
 
 class KVCache:
-    """Preallocated keys and values for every layer: k, v [L, G, ctx, Hd]. torch.empty leaves the
-    pages untouched, so memory grows with the context actually used."""
+    """Preallocated keys and values for every attention layer: k, v [L, G, ctx, Hd]. torch.empty leaves
+    the pages untouched, so memory grows with the context actually used. A model with linear-attention
+    layers keeps their state beside them (`state`, engine/layers/state.py)."""
 
-    def __init__(self, layers: int, kv_heads: int, ctx: int, head_dim: int, dtype, device):
+    def __init__(self, layers: int, kv_heads: int, ctx: int, head_dim: int, dtype, device,
+                 state: LinearState | None = None):
         self.k = torch.empty(layers, kv_heads, ctx, head_dim, dtype=dtype, device=device)
         self.v = torch.empty_like(self.k)
         self.ctx = ctx
+        self.state = state
         self.tokens: list[int] = []  # the token ids whose keys/values are in the cache, in order
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return 2 * self.k.numel() * self.k.element_size() + (self.state.nbytes if self.state is not None else 0)
 
 
-class DenseLayer:
-    def __init__(self, ln1, wqkv, wo, ln2, bqkv=None, q_norm=None, k_norm=None, bo=None, sinks=None,
-                 window: int | None = None):
-        self.ln1, self.wqkv, self.wo, self.ln2 = ln1, wqkv, wo, ln2
-        # families that have them (engine/families): q/k/v and output biases, q/k norms, attention
-        # sinks [H] (GPT-OSS, in attention's dtype)
-        self.bqkv, self.q_norm, self.k_norm, self.bo, self.sinks = bqkv, q_norm, k_norm, bo, sinks
-        self.window = window  # this layer's sliding window (None: full attention)
+class Run:
+    """What every layer of one forward shares: the sequences' caches, positions and new-token counts,
+    the rope rows (cos, sin [T, 1, R]) and each sequence's attention spans by window."""
 
-    def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.ln1, self.wqkv, self.wo, self.ln2, self.bqkv, self.q_norm, self.k_norm, self.bo,
-                            self.sinks) if t is not None]
+    def __init__(self, caches, positions, counts, cos, sin, spans):
+        self.caches, self.positions, self.counts, self.cos, self.sin, self.spans = (
+            caches, positions, counts, cos, sin, spans)
 
 
 class MoEModel:
@@ -101,6 +101,11 @@ class MoEModel:
                 raise ModelError(ckpt.where[name].path, f"tensor '{name}' {why}")
             return t.to(device=accel, dtype=dtype)
 
+        def norm(name: str, to=None) -> torch.Tensor:
+            """An RMSNorm's weight as the forward scales by it (zero-centred ones: 1 + w, in fp32 first)."""
+            w = dense(name)
+            return ((1.0 + w.float()) if d.norm_offset else w).to(to or dtype)
+
         # A GGUF file's matrices stay in its own blocks where the native kernels run them (the CPU,
         # below fp32: fp32 is the reference precision); elsewhere they are its exact dequantisation.
         self.file_dense = choice.file_blocks(ckpt, accel, dtype)
@@ -132,24 +137,35 @@ class MoEModel:
             return dense(name)
 
         self.embed = matrix("model.embed_tokens.weight")  # [V, D]
-        self.norm = dense("model.norm.weight")
+        self.norm = norm("model.norm.weight")
         self.lm_head = self.embed if d.tie_embeddings else matrix("lm_head.weight")
         tick("dense weights")
-        self.layers: list[DenseLayer] = []
+        self.layers: list[Layer] = []
         self.moe: list[MoEBlock] = []
         fam = d.adapter
+        slots = {"attention": 0, "deltanet": 0}  # each mixer kind's layers are numbered in the cache
         for l in range(d.layers):
             p = f"model.layers.{l}."
-            wqkv = stack([matrix(p + f"self_attn.{n}_proj.weight") for n in "qkv"])  # [(H+2G)Hd, D]
-            bqkv = torch.cat([dense(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if d.qkv_bias else None
-            qn, kn = ((dense(p + "self_attn.q_norm.weight").to(self.attn_dtype),  # applied in attention's dtype
-                       dense(p + "self_attn.k_norm.weight").to(self.attn_dtype)) if d.qk_norm else (None, None))
-            self.layers.append(DenseLayer(
-                dense(p + "input_layernorm.weight"), wqkv, matrix(p + "self_attn.o_proj.weight"),
-                dense(p + "post_attention_layernorm.weight"), bqkv, qn, kn,
-                dense(p + "self_attn.o_proj.bias") if d.o_bias else None,
-                dense(p + "self_attn.sinks").to(self.attn_dtype) if d.attn_sinks else None, d.window(l)))
-            tick(f"layer {l} attention")
+            kind = d.mixer(l)
+            if kind == "attention":
+                wqkv = stack([matrix(p + f"self_attn.{n}_proj.weight") for n in "qkv"])  # [(H(2)+2G)Hd, D]
+                bqkv = torch.cat([dense(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if d.qkv_bias else None
+                qn, kn = ((norm(p + "self_attn.q_norm.weight", self.attn_dtype),  # applied in attention's dtype
+                           norm(p + "self_attn.k_norm.weight", self.attn_dtype)) if d.qk_norm else (None, None))
+                mixer = Attention(slots[kind], wqkv, matrix(p + "self_attn.o_proj.weight"), bqkv, qn, kn,
+                                  dense(p + "self_attn.o_proj.bias") if d.o_bias else None,
+                                  dense(p + "self_attn.sinks").to(self.attn_dtype) if d.attn_sinks else None,
+                                  d.window(l))
+            else:
+                q = p + "linear_attn."
+                mixer = GatedDeltaNet(slots[kind], stack([matrix(q + n + ".weight") for n in DELTANET_INPUTS]),
+                                      ckpt.read(q + "conv1d.weight").to(accel), ckpt.read(q + "A_log").to(accel),
+                                      ckpt.read(q + "dt_bias").to(accel), ckpt.read(q + "norm.weight").to(accel),
+                                      matrix(q + "out_proj.weight"), d.linear, d.rms_eps)
+            slots[kind] += 1
+            self.layers.append(Layer(norm(p + "input_layernorm.weight"), mixer,
+                                     norm(p + "post_attention_layernorm.weight")))
+            tick(f"layer {l} {kind}")
             experts = []
             for e in range(d.experts):
                 experts.append(materialise(ckpt, l, e, placement[l, e], accel, dtype))
@@ -166,7 +182,7 @@ class MoEModel:
             probe = self._any_cpu_expert() or materialise(ckpt, 0, 0, Tier.CPU16, accel, dtype)
             offload_costs = offload.measure(probe, accel)
         self.set_offload(offload_costs)
-        self.inv_freq, self.rope_scale = _rope(ckpt.config, d.head_dim)
+        self.inv_freq, self.rope_scale = _rope(ckpt.config.get_text_config(), d.rotary)
         self._rope_cache: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self.layer_inputs: list | None = None  # calibration: each layer's input appended when set
         # the whole decode step in one native call, where the model is on the CPU (engine/native)
@@ -266,7 +282,8 @@ class MoEModel:
 
     def new_cache(self, ctx: int) -> KVCache:
         d = self.dims
-        return KVCache(d.layers, d.kv_heads, ctx, d.head_dim, self.kv_dtype, self.accel)
+        state = LinearState(d.layers - d.attention_layers, d.linear, self.accel) if d.linear is not None else None
+        return KVCache(d.attention_layers, d.kv_heads, ctx, d.head_dim, self.kv_dtype, self.accel, state)
 
     # ---- forward ----
     def rope_tables(self, upto: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -325,9 +342,10 @@ class MoEModel:
                 return self.native_step(ids.to(self.accel), caches, positions)  # every layer in one call
         else:
             native.torch_threads.widen()  # a prefill's GEMMs get torch's threads back
-        cos, sin = self.rope_rows(positions, T)  # [T, 1, Hd]
-        spans = [{w: self._span(n, p, w) for w in {layer.window for layer in self.layers}}
-                 for p, n in zip(positions, counts)]
+        cos, sin = self.rope_rows(positions, T)  # [T, 1, R]
+        windows = {layer.mixer.window for layer in self.layers if layer.mixer.kind == "attention"}
+        spans = [{w: attention.span(n, p, w, self.accel) for w in windows} for p, n in zip(positions, counts)]
+        run = Run(caches, positions, counts, cos, sin, spans)
         if start is None:
             first, x = 0, embed_rows(self.embed, ids.to(self.accel)).to(self.residual_dtype)  # [T, D]
         else:  # calibration: resume at a layer from its recorded input (earlier layers unchanged)
@@ -336,13 +354,7 @@ class MoEModel:
             layer = self.layers[l]
             if self.layer_inputs is not None:
                 self.layer_inputs.append(x)
-            qk, v = self._qkv(x, layer, cos, sin)  # [T, H+G, Hd], [T, G, Hd]
-            att, row = [], 0
-            for c, p, n, span in zip(caches, positions, counts, spans):
-                att.append(self._attend(l, layer, qk[row:row + n], v[row:row + n], c, p, span[layer.window]))
-                row += n
-            o = linear((att[0] if B == 1 else torch.cat(att)).to(self.dtype), layer.wo)  # [T, D]
-            x = x + (o if layer.bo is None else o + layer.bo)
+            x = x + layer.mixer(self, self._rms(x, layer.ln1), run)
             block = self.moe[l]
             if block.record is not None:
                 block.residual = x  # calibration measures perturbations relative to the stream
@@ -350,83 +362,6 @@ class MoEModel:
         if T > B and not all_logits:
             x = x[-1:]  # one sequence: its last token
         return linear(self._rms(x, self.norm), self.lm_head).float()  # [B or T, V]
-
-    def _attend(self, l: int, layer: DenseLayer, qk: torch.Tensor, v: torch.Tensor, cache: KVCache, pos: int,
-                span: tuple) -> torch.Tensor:
-        """One sequence's n new tokens at pos..: their keys and values (qk [n, H+G, Hd], v [n, G, Hd])
-        into layer l of its cache, then their attention over the keys they see (span: `_span`) -> [n, H*Hd]."""
-        H, G, n = self.dims.heads, self.dims.kv_heads, qk.shape[0]
-        end = pos + n
-        cache.k[l, :, pos:end] = qk[:, H:].transpose(0, 1)
-        cache.v[l, :, pos:end] = v.transpose(0, 1)
-        first, mask, causal = span
-        k, vv = (t[l, :, first:end].to(self.attn_dtype) for t in (cache.k, cache.v))
-        q = qk[:, :H].transpose(0, 1)  # [H, n, Hd]
-        if layer.sinks is not None:
-            att = self._attend_with_sinks(q, k, vv, mask, layer.sinks)
-        else:
-            att = F.scaled_dot_product_attention(
-                q[None], k[None], vv[None], attn_mask=mask, is_causal=causal, enable_gqa=G != H)[0]  # [H, n, Hd]
-        return att.transpose(0, 1).reshape(n, -1)
-
-    def _qkv(self, x: torch.Tensor, layer: DenseLayer, cos: torch.Tensor, sin: torch.Tensor):
-        """x [T, D] -> q and k with rope [T, H+G, Hd], and v [T, G, Hd], in attention's dtype (the
-        family's biases, q/k norms and clip applied)."""
-        d = self.dims
-        T, H, G, Hd = x.shape[0], d.heads, d.kv_heads, d.head_dim
-        qkv = linear(self._rms(x, layer.ln1), layer.wqkv)  # [T, (H+2G)Hd]
-        if layer.bqkv is not None:
-            qkv = qkv + layer.bqkv
-        qkv = qkv.to(self.attn_dtype)
-        if layer.q_norm is not None:
-            qkv = self._qk_norm(qkv, layer)
-        if d.clip_qkv is not None:
-            qkv = qkv.clamp(-d.clip_qkv, d.clip_qkv)
-        qk = qkv[:, : (H + G) * Hd].view(T, H + G, Hd)
-        qk = qk * cos + qk.roll(Hd // 2, dims=-1) * sin  # rope on q and k at once
-        return qk, qkv[:, (H + G) * Hd:].view(T, G, Hd)
-
-    def _qk_norm(self, qkv: torch.Tensor, layer: DenseLayer) -> torch.Tensor:
-        """RMSNorm of q and of k, per head (Qwen3-MoE) or over all heads at once (OLMoE); v unchanged."""
-        d = self.dims
-        T, H, G, Hd = qkv.shape[0], d.heads, d.kv_heads, d.head_dim
-        q, k, v = qkv.split([H * Hd, G * Hd, G * Hd], dim=-1)
-        if d.qk_norm == "head":
-            q = self._rms(q.reshape(T, H, Hd), layer.q_norm).reshape(T, H * Hd)
-            k = self._rms(k.reshape(T, G, Hd), layer.k_norm).reshape(T, G * Hd)
-        else:
-            q, k = self._rms(q, layer.q_norm), self._rms(k, layer.k_norm)
-        return torch.cat([q, k, v], dim=-1)
-
-    def _attend_with_sinks(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                           sinks: torch.Tensor) -> torch.Tensor:
-        """Attention whose softmax has one more logit per head, the sink, that weighs no value
-        (GPT-OSS). q [H, T, Hd], k/v [G, S, Hd], mask [T, S] bool or None (plain causal) -> [H, T, Hd]."""
-        H, T, Hd = q.shape
-        G, S = k.shape[0], k.shape[1]
-        qg = q.reshape(G, (H // G) * T, Hd)  # query head h uses kv head h // (H/G), as repeat_kv does
-        logits = torch.bmm(qg, k.transpose(1, 2)).view(H, T, S) * Hd ** -0.5
-        if mask is None:
-            mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
-        logits = logits.masked_fill(~mask, float("-inf"))
-        full = torch.cat([logits, sinks.view(H, 1, 1).expand(H, T, 1)], dim=-1)
-        probs = torch.softmax(full.float(), dim=-1)[..., :S].to(v.dtype)  # the sink's share is dropped
-        return torch.bmm(probs.view(G, (H // G) * T, S), v).view(H, T, Hd)
-
-    def _span(self, n: int, pos: int, win: int | None) -> tuple[int, torch.Tensor | None, bool]:
-        """The keys first..pos+n-1 that n queries at pos.. see under a sliding window `win` (a query at q
-        sees keys q-win+1..q), and the mask over them: (first, mask [n, keys] bool, is_causal), the
-        mask None where SDPA needs none (one query sees every key from first on; a prompt from 0)."""
-        end = pos + n
-        first = max(0, pos - win + 1) if win is not None else 0
-        if n == 1 or (pos == 0 and (win is None or end <= win)):
-            return first, None, n > 1
-        q = torch.arange(pos, end, device=self.accel)[:, None]
-        k = torch.arange(first, end, device=self.accel)[None, :]
-        m = k <= q
-        if win is not None:
-            m &= (q - k) < win
-        return first, m, False
 
 
 def _rope(config, head_dim: int) -> tuple[torch.Tensor, float]:

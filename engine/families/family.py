@@ -29,6 +29,22 @@ class Family:
     attn_sinks: bool = False            # a learned logit per head in attention's softmax denominator
     o_bias: str | None = None           # the config field that turns the output projection's bias on
     layer_types: bool = False           # config.layer_types says which layers use the sliding window
+    # Qwen3.5-MoE and what it brings (engine/layers: a layer is a mixer and a feed-forward):
+    mixers: dict | None = None          # config.layer_types' values -> the mixer part ("attention", "deltanet")
+    text_config: bool = False           # the language model's fields sit in config.text_config (a VLM release)
+    text_prefix: str | None = None      # its tensors' prefix in that layout ("model.language_model."), read as "model."
+    skipped: tuple = ()                 # tensor prefixes of parts Mixdesk does not run (vision tower, MTP head)
+    attn_gate: bool = False             # q_proj yields [q; gate] per head; attention's output * sigmoid(gate)
+    norm_offset: bool = False           # RMSNorms scale by 1 + w (weights stored zero-centred)
+
+    def internal_name(self, name: str) -> str | None:
+        """A file's tensor name as the engine names it (the VLM wrapper's prefix read as "model."), or
+        None for the parts Mixdesk skips (the vision tower, a multi-token-prediction head)."""
+        if any(name.startswith(p) for p in self.skipped):
+            return None
+        if self.text_prefix and name.startswith(self.text_prefix):
+            return "model." + name[len(self.text_prefix):]
+        return name
 
     def expert_key(self, layer: int, expert: int, w: str) -> str:
         """w is the engine's name: w1 gate, w2 down, w3 up (SwiGLU: w2 @ (silu(w1 x) * w3 x)).

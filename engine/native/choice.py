@@ -73,12 +73,12 @@ def file_blocks(ckpt, accel: torch.device, dtype: torch.dtype) -> bool:
 def whole_step(model) -> bool:
     """The model's whole decode step can be one native call (engine/native/step.py, decode.c): its
     family computes what decode.c computes (q/k norms and clip_qkv included; no biases, shared
-    experts, sinks or per-layer windows), it lives on the CPU in native formats with fp32 attention,
+    experts, sinks, per-layer windows, output gates, partial rope or mixers other than attention), it lives on the CPU in native formats with fp32 attention,
     and its shapes fit decode.c's arrays."""
     d = model.dims
     plain = (d.norm_topk and not d.qkv_bias and not d.shared_ffn and d.router_kind == "softmax_topk"
              and not d.router_bias and d.act == "silu" and not d.attn_sinks and not d.o_bias
-             and d.layer_windows is None)
+             and d.layer_windows is None and d.mixers is None and not d.attn_gate and not d.rot_dim)
     return (available() and plain and model.accel.type == "cpu" and model.dtype in FMT
             and model.attn_dtype == torch.float32 and model.kv_dtype in FMT
             and all(_dense_ok(model, layer) for layer in model.layers) and _readable(model.lm_head, d.hidden)

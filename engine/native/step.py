@@ -48,8 +48,9 @@ class DecodeStep:
             L.nqkv, L.wo = len(qkv), dense_matrix(layer.wo)
             L.experts = ctypes.cast(block.table, ctypes.c_void_p)
             L.router = block.router if block.router is not None else Matrix()
-            if layer.q_norm is not None:  # fp32: attention's dtype on the CPU (choice.whole_step checks it)
-                L.q_norm, L.k_norm = layer.q_norm.data_ptr(), layer.k_norm.data_ptr()
+            att = layer.mixer  # every mixer an attention mixer (choice.whole_step checks it)
+            if att.q_norm is not None:  # fp32: attention's dtype on the CPU (choice.whole_step checks it)
+                L.q_norm, L.k_norm = att.q_norm.data_ptr(), att.k_norm.data_ptr()
             # L.k / L.v stay null: only mdk_decode reads them, and every call here passes its caches
         resid = FMT[model.residual_dtype]
         self.desc = Model(d.layers, d.hidden, d.heads, d.kv_heads, d.head_dim, 0, d.experts, d.top_k,

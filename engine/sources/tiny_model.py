@@ -68,20 +68,28 @@ def write_tiny_mixtral(folder: str | Path, *, layers: int = 2, hidden: int = 64,
 # transformers' own classes for each family's tiny model, and the config fields that differ from Mixtral's
 TINY_FAMILIES = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
-                  lambda ffn, experts: dict(moe_intermediate_size=ffn, num_experts=experts, head_dim=24,
+                  lambda ffn, experts, layers: dict(moe_intermediate_size=ffn, num_experts=experts, head_dim=24,
                                             norm_topk_prob=True)),
-    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", lambda ffn, experts: dict(intermediate_size=ffn, num_experts=experts,
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", lambda ffn, experts, layers: dict(intermediate_size=ffn, num_experts=experts,
                                                                            clip_qkv=4.0)),
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
-                  lambda ffn, experts: dict(moe_intermediate_size=ffn, num_experts=experts,
+                  lambda ffn, experts, layers: dict(moe_intermediate_size=ffn, num_experts=experts,
                                             shared_expert_intermediate_size=96, qkv_bias=True)),
     # a 4-token window on every other layer, so a 16-token prompt exercises it; yarn rope as released
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
-                lambda ffn, experts: dict(intermediate_size=ffn, num_local_experts=experts, head_dim=16,
+                lambda ffn, experts, layers: dict(intermediate_size=ffn, num_local_experts=experts, head_dim=16,
                                           sliding_window=4, attention_bias=True,
                                           rope_parameters={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0,
                                                            "beta_slow": 1.0, "truncate": False, "rope_theta": 150000.0,
                                                            "original_max_position_embeddings": 64})),
+    # Gated DeltaNet layers with a gated full-attention layer every fourth (the last one, in fewer layers)
+    "qwen3_5_moe": ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration",
+                    lambda ffn, experts, layers: dict(
+                        moe_intermediate_size=ffn, num_experts=experts, shared_expert_intermediate_size=48,
+                        head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                        linear_value_head_dim=24, linear_conv_kernel_dim=4,
+                        layer_types=["full_attention" if (i + 1) % 4 == 0 or i == layers - 1 else "linear_attention"
+                                     for i in range(layers)])),
 }
 
 
@@ -101,10 +109,14 @@ def write_tiny_model(folder: str | Path, family: str = "mixtral", *, layers: int
     config_name, model_name, fields = TINY_FAMILIES[family]
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    cfg = getattr(transformers, config_name)(
-        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=kv_heads, num_experts_per_tok=top_k, max_position_embeddings=512, bos_token_id=1,
-        eos_token_id=2, pad_token_id=0, tie_word_embeddings=False, **{**fields(ffn, experts), **extra})
+    text = dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=kv_heads, num_experts_per_tok=top_k, max_position_embeddings=512, bos_token_id=1,
+                eos_token_id=2, pad_token_id=0, tie_word_embeddings=False, **{**fields(ffn, experts, layers), **extra})
+    if family == "qwen3_5_moe":  # released as a VLM: the language model in text_config, a (tiny) vision tower
+        cfg = getattr(transformers, config_name)(text_config=text, tie_word_embeddings=False, vision_config=dict(
+            depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden))
+    else:
+        cfg = getattr(transformers, config_name)(**text)
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(cfg).float()
     with torch.no_grad():  # widen the default init (std 0.02) so routing and logits are not all ties

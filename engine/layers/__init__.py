@@ -1,0 +1,58 @@
+"""A decoder layer is parts: a mixer (attention of a kind: engine/layers/attention.py; or Gated
+DeltaNet linear attention: engine/layers/deltanet.py) and a feed-forward (the MoE block: routed
+experts with a router, optionally a shared expert: engine/moe.py), each behind an RMSNorm, each
+adding to the residual stream. A family (engine/families) is the recipe: its config says which mixer
+each layer has (`Dims.mixers`) and the parts read their own tensors and fields. Placement, tiers,
+planner and migration see only the experts."""
+from __future__ import annotations
+
+from . import attention, deltanet
+
+MIXERS = {"attention": attention, "deltanet": deltanet}
+
+
+class Layer:
+    """One decoder layer: x += mixer(ln1(x)); x += moe(ln2(x)) (the MoE block is model.moe[l])."""
+
+    def __init__(self, ln1, mixer, ln2):
+        self.ln1, self.mixer, self.ln2 = ln1, mixer, ln2
+
+    def tensors(self) -> list:
+        return [self.ln1, self.ln2] + self.mixer.tensors()
+
+    # the attention mixer's matrices, as the native step and the tools read them off a layer
+    wqkv = property(lambda s: s.mixer.wqkv, lambda s, w: setattr(s.mixer, "wqkv", w))
+    wo = property(lambda s: s.mixer.wo, lambda s, w: setattr(s.mixer, "wo", w))
+
+
+def shapes(d, layer: int) -> dict[str, tuple[int, ...]]:
+    """Layer `layer`'s mixer tensors and norms (the MoE block's are the family's: checkpoint.dense_shapes)."""
+    p = f"model.layers.{layer}."
+    return {p + "input_layernorm.weight": (d.hidden,), p + "post_attention_layernorm.weight": (d.hidden,),
+            **MIXERS[d.mixer(layer)].shapes(d, p)}
+
+
+def mixer_params(d) -> int:
+    """Weights of every layer's mixer (a count)."""
+    return sum(MIXERS[d.mixer(l)].params(d) for l in range(d.layers))
+
+
+def check_mixers(raw: dict, fam, layers: int, hidden: int, field, error, pre: str) -> None:
+    """A family of several mixers: config's layer_types names one known mixer per layer, and each
+    mixer's own fields are consistent (one clear error naming the field)."""
+    kinds = raw.get("layer_types")
+    if not isinstance(kinds, list) or len(kinds) != layers:
+        n = f"{len(kinds)} entries" if isinstance(kinds, list) else repr(kinds)
+        raise error(f"'{pre}layer_types' is {n}; it must list one mixer for each of the {layers} layers "
+                    f"('{pre}num_hidden_layers')")
+    bad = next((k for k in kinds if k not in fam.mixers), None)
+    if bad is not None:
+        raise error(f"'{pre}layer_types' names {bad!r}; a {fam.name} layer is one of {', '.join(fam.mixers)}")
+    if "deltanet" in {fam.mixers[k] for k in kinds}:
+        deltanet.check_config(raw, field, error, pre)
+    rp = raw.get("rope_parameters") or {}
+    f = rp.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) if isinstance(rp, dict) else 1.0
+    head_dim = raw.get("head_dim") or hidden // max(1, raw.get("num_attention_heads") or 1)
+    if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 < f <= 1 or int(head_dim * f) % 2:
+        raise error(f"'{pre}rope_parameters.partial_rotary_factor' is {f!r}; it must be in (0, 1] and rotate an "
+                    f"even number of each head's {head_dim} dims")

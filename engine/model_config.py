@@ -1,0 +1,219 @@
+"""A model's config.json, read and range-checked before anything is sized from it: `Dims` (the shapes
+and the parts each layer is built from), `check_config` (every field Mixdesk sizes from, named when
+wrong), `hf_config` (transformers' own config class parses it) and `dims_from_config`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ModelError
+from .families import FAMILIES, Family, family_of
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Shapes from config.json. Legend used across the engine: D hidden, I ffn, E experts, K top-k."""
+
+    layers: int
+    hidden: int
+    ffn: int
+    experts: int
+    top_k: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    rms_eps: float
+    max_positions: int
+    tie_embeddings: bool
+    sliding_window: int | None
+    family: str = "mixtral"         # the config's model_type: engine/families holds what it means
+    norm_topk: bool = True          # the top-k route weights are renormalised to sum to 1
+    qk_norm: str | None = None      # "head" or "full": RMSNorm of q and k before rope
+    qkv_bias: bool = False
+    shared_ffn: int = 0             # width of the always-active shared expert (0: none)
+    clip_qkv: float | None = None
+    # GPT-OSS (engine/families/gpt_oss.py)
+    router_kind: str = "softmax_topk"   # or "topk_softmax"
+    router_bias: bool = False
+    act: str = "silu"                   # or "swiglu_oai"
+    swiglu: tuple[float, float] = (1.702, 7.0)  # swiglu_oai's (alpha, limit)
+    attn_sinks: bool = False
+    o_bias: bool = False
+    layer_windows: tuple | None = None  # per layer: its sliding window, or None (full attention)
+    # Layers composed of parts (engine/layers): each layer's mixer, "attention" or "deltanet" (None: all attention)
+    mixers: tuple | None = None
+    linear: tuple | None = None     # Gated DeltaNet's (key heads, key dim, value heads, value dim, conv taps)
+    attn_gate: bool = False         # q_proj also yields a per-head output gate (Qwen3.5, Qwen3-Next)
+    rot_dim: int = 0                # the rotary dims of a head (0: all head_dim; Qwen3.5 rotates a quarter)
+    norm_offset: bool = False       # RMSNorm weights stored zero-centred: x is scaled by 1 + w
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of one layer's attention (None: it sees every earlier position)."""
+        return self.layer_windows[layer] if self.layer_windows is not None else self.sliding_window
+
+    def mixer(self, layer: int) -> str:
+        return self.mixers[layer] if self.mixers is not None else "attention"
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers whose mixer keeps keys and values (the others keep a fixed-size state)."""
+        return self.layers if self.mixers is None else self.mixers.count("attention")
+
+    def state_bytes(self) -> int:
+        """Bytes of one sequence's recurrent state (fp32 conv and delta-rule states of every DeltaNet layer)."""
+        if self.linear is None:
+            return 0
+        hk, dk, hv, dv, k = self.linear
+        return 4 * (self.layers - self.attention_layers) * ((2 * hk * dk + hv * dv) * (k - 1) + hv * dk * dv)
+
+    @property
+    def rotary(self) -> int:
+        return self.rot_dim or self.head_dim
+
+    @property
+    def adapter(self) -> Family:
+        return FAMILIES[self.family]
+
+    def expert_params(self) -> int:
+        return 3 * self.hidden * self.ffn
+
+
+# The largest model Mixdesk accepts, checked before anything is allocated: a config past these is
+# refused with the field named. Generous for 2026's open MoE models (DeepSeek-V3/Kimi K2: 61 layers,
+# 256-384 experts, ~1T parameters; Qwen3-235B: 94 layers, 128 experts).
+LIMITS = {
+    "num_hidden_layers": 512, "num_local_experts": 1024, "hidden_size": 65536, "intermediate_size": 262144,
+    "num_attention_heads": 1024, "num_key_value_heads": 1024, "head_dim": 2048, "vocab_size": 4_000_000,
+    "max_position_embeddings": 1 << 24, "sliding_window": 1 << 24, "num_experts": 1024,
+    "moe_intermediate_size": 262144, "shared_expert_intermediate_size": 262144,
+}
+MAX_PARAMS = 3 * 10**12  # about three times the largest open MoE model (Kimi K2, ~1T)
+MAX_JSON_BYTES = 64 << 20
+
+
+def check_config(raw: dict, path: Path) -> None:
+    """Range-check the fields Mixdesk sizes things from, before any of them is used (the family's
+    own field names: num_local_experts or num_experts, intermediate_size or moe_intermediate_size)."""
+    fam = family_of(raw.get("model_type")) or FAMILIES["mixtral"]
+    pre = ""
+    if fam.text_config:  # a VLM release: the language model's fields are in text_config
+        raw, pre = raw.get("text_config"), "text_config."
+        if not isinstance(raw, dict):
+            raise ModelError(path, f"lacks the object 'text_config' (a {fam.name} release keeps the language "
+                             "model's fields there)")
+
+    def field(name: str, required: bool = True, lo: int = 1):
+        v = raw.get(name)
+        if v is None:
+            if required:
+                raise ModelError(path, f"lacks the field '{pre}{name}'")
+            return None
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ModelError(path, f"'{pre}{name}' is {v!r}; it must be a whole number")
+        if not lo <= v <= LIMITS.get(name, 1 << 20):
+            raise ModelError(path, f"'{pre}{name}' is {v:,}; Mixdesk accepts {lo} to {LIMITS.get(name, 1 << 20):,}")
+        return v
+
+    # transformers 5 writes num_local_experts for every family; published Qwen/OLMoE configs say num_experts
+    experts_name = next((n for n in (fam.experts_field, "num_local_experts", "num_experts") if n in raw),
+                        fam.experts_field)
+    layers, experts = field("num_hidden_layers"), field(experts_name)
+    hidden, ffn = field("hidden_size"), field(fam.expert_ffn_field)
+    heads = field("num_attention_heads")
+    kv = field("num_key_value_heads", required=False) or heads
+    head_dim = field("head_dim", required=False) or hidden // heads
+    vocab = field("vocab_size")
+    field("max_position_embeddings")
+    field("sliding_window", required=False, lo=0)
+    shared = field("shared_expert_intermediate_size", required=False, lo=0) if fam.shared_expert else 0
+    k = raw.get("num_experts_per_tok")
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= experts:
+        raise ModelError(path, f"'num_experts_per_tok' is {k!r}; it must be a whole number from 1 to "
+                         f"{experts_name} ({experts})")
+    dense = raw.get("mlp_only_layers") or []
+    step = raw.get("decoder_sparse_step", 1)
+    if dense or step not in (None, 1):
+        raise ModelError(path, f"has dense MLP layers between its MoE layers (mlp_only_layers {dense!r}, "
+                         f"decoder_sparse_step {step!r}); Mixdesk runs models with MoE in every layer")
+    if fam.model_type == "qwen3_moe" and raw.get("attention_bias"):
+        raise ModelError(path, "'attention_bias' is true; Mixdesk runs Qwen3-MoE models without attention biases")
+    if kv > heads or heads % kv:
+        raise ModelError(path, f"'num_key_value_heads' ({kv}) must divide 'num_attention_heads' ({heads})")
+    if head_dim < 1:
+        raise ModelError(path, f"'hidden_size' ({hidden}) is smaller than 'num_attention_heads' ({heads})")
+    for name in ("rms_norm_eps", "rope_theta"):
+        v = raw.get(name)
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0):
+            raise ModelError(path, f"'{name}' is {v!r}; it must be a positive number")
+    if fam.mixers:  # layers of parts: each part checks its own fields (engine/layers)
+        from .layers import check_mixers
+
+        check_mixers(raw, fam, layers, hidden, field, lambda why: ModelError(path, why), pre)
+    params = (layers * ((experts * ffn + (shared or 0)) * 3 * hidden + hidden * (heads + 2 * kv) * head_dim * 2)
+              + 2 * vocab * hidden)
+    if params > MAX_PARAMS:
+        raise ModelError(path, f"describes a model of {params / 1e12:,.1f} trillion parameters; the largest "
+                         f"Mixdesk accepts is {MAX_PARAMS / 1e12:.0f} trillion")
+
+
+def hf_config(raw: dict, path: Path):
+    """transformers' own config class for the family parses and normalises config.json (rope
+    parameters, defaults); no remote code runs."""
+    import transformers
+
+    fam = family_of(raw.get("model_type")) or FAMILIES["mixtral"]
+    try:
+        return getattr(transformers, fam.config_class).from_dict(raw)
+    except Exception as e:  # a malformed field: name it, don't dump a traceback
+        raise ModelError(path, f"could not be read as a {fam.name} config: {e}") from None
+
+
+def dims_from_config(cfg, path: Path) -> Dims:
+    fam = family_of(getattr(cfg, "model_type", "mixtral")) or FAMILIES["mixtral"]
+    if fam.text_config:
+        cfg = cfg.text_config
+    try:
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        window = getattr(cfg, "sliding_window", None) or None
+        if getattr(cfg, "use_sliding_window", True) is False:
+            window = None
+        clip = getattr(cfg, "clip_qkv", None) if fam.clip_qkv else None
+        return Dims(
+            layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, ffn=getattr(cfg, fam.expert_ffn_field),
+            experts=getattr(cfg, fam.experts_field, None) or cfg.num_local_experts, top_k=cfg.num_experts_per_tok,
+            heads=heads,
+            kv_heads=cfg.num_key_value_heads, head_dim=head_dim, vocab=cfg.vocab_size,
+            rms_eps=float(cfg.rms_norm_eps), max_positions=cfg.max_position_embeddings,
+            tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), sliding_window=window,
+            family=fam.model_type, norm_topk=bool(getattr(cfg, "norm_topk_prob", fam.norm_topk_default)),
+            qk_norm=fam.qk_norm, qkv_bias=bool(getattr(cfg, fam.qkv_bias, False)) if fam.qkv_bias else False,
+            shared_ffn=int(getattr(cfg, "shared_expert_intermediate_size", 0) or 0) if fam.shared_expert else 0,
+            clip_qkv=float(clip) if clip is not None else None,
+            router_kind=fam.router_kind, router_bias=fam.router_bias, act=fam.act,
+            swiglu=(float(getattr(cfg, "swiglu_alpha", 1.702)), float(getattr(cfg, "swiglu_limit", 7.0))),
+            attn_sinks=fam.attn_sinks, o_bias=bool(getattr(cfg, fam.o_bias, False)) if fam.o_bias else False,
+            layer_windows=tuple(window if t == "sliding_attention" else None for t in cfg.layer_types)
+            if fam.layer_types else None,
+            **(_parts(cfg, fam, head_dim) if fam.mixers else {}),
+        )
+    except (AttributeError, TypeError, ZeroDivisionError) as e:
+        raise ModelError(path, f"lacks a field Mixdesk needs: {e}") from None
+
+
+
+
+def _parts(cfg, fam: Family, head_dim: int) -> dict:
+    """The Dims fields of a family whose layers are parts of several kinds (Qwen3.5-MoE)."""
+    partial = float((getattr(cfg, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0))
+    mixers = tuple(fam.mixers[t] for t in cfg.layer_types)
+    linear = None
+    if "deltanet" in mixers:
+        linear = (cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_num_value_heads,
+                  cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim)
+    rot = int(head_dim * partial)
+    return dict(mixers=mixers, linear=linear, attn_gate=fam.attn_gate, rot_dim=rot if rot != head_dim else 0,
+                norm_offset=fam.norm_offset)
