@@ -285,7 +285,7 @@ def _skipped_note(skipped: dict[str, int]) -> str:
     if not skipped:
         return ""
     what = {"model.visual.": "the vision tower"}
-    parts = sorted({what.get(p, "the multi-token-prediction head") for p in skipped})
+    parts = sorted({what.get(p, "the multi-token-prediction head") for p in skipped}, key=lambda w: "vision" not in w)
     n = sum(skipped.values())
     return (f"{' and '.join(parts)} ({n} tensors) {'are' if len(parts) > 1 else 'is'} not run: Mixdesk chats in text "
             "(images are out of scope) and predicts one token at a time")

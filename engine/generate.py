@@ -20,6 +20,7 @@ from . import native
 from .errors import ContextOverflow, MixdeskError
 from .events import Done, Token  # noqa: F401 - the events it makes (engine/events.py), imported from here too
 from .formats import Delta, Parser
+from .kv_cache import turn_boundary
 from .model import KVCache, MoEModel
 from .sampling import SamplingParams  # noqa: F401 - a leaf (engine/sampling.py), imported from here too
 
@@ -268,6 +269,8 @@ class Generator:
                 raise NonFiniteOutput(i, self.model.dtype)
             cache.tokens.extend(feed)
             pos += len(feed)
+            if i == 0:
+                turn_boundary(cache)  # the whole prompt read (a hybrid model keeps its state here)
             tid = self.pick(logits, p, history, gen)
             dt = time.perf_counter() - step0
             if i == 0:

@@ -6,6 +6,8 @@ their prompt (a client that sends the whole conversation each time reuses what i
 time); the pool grows to `size` caches, which torch allocates lazily (pages are touched as
 positions fill). This module is the only one that rewrites a cache's token list: a cache holds
 keys and values for exactly `cache.tokens`, and a sequence only appends to it (engine/generate.py).
+A hybrid model's cache also holds its linear-attention state, which cannot be cut back: a prefix is
+kept only as far as a copy of that state taken at a turn boundary (engine/layers/state.py).
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ def keep_prefix(cache: KVCache, prompt: list[int]) -> int:
     """Keep the cached keys and values of the prompt's longest cached prefix (at least one prompt
     token is always read again: its logits start the reply); returns how many are kept."""
     n = min(common_prefix(cache, prompt), len(prompt) - 1)
+    if cache.state is not None:  # a linear-attention state stands for all its tokens: a turn boundary's copy
+        n = cache.state.rewind(n, len(cache.tokens))
     cache.tokens = cache.tokens[:n]
     return n
 
@@ -34,6 +38,15 @@ def keep_prefix(cache: KVCache, prompt: list[int]) -> int:
 def forget(cache: KVCache) -> None:
     """The cache holds nothing usable (a cold prefill next, or a step that did not finish)."""
     cache.tokens = []
+    if cache.state is not None:
+        cache.state.drop_after(0)
+
+
+def turn_boundary(cache: KVCache) -> None:
+    """The cache has just read a whole prompt: where a model keeps a linear-attention state, keep a
+    copy of it here, so the next turn (this prompt, the reply, a new message) resumes from it."""
+    if cache.state is not None:
+        cache.state.snapshot(len(cache.tokens))
 
 
 class KVCaches:

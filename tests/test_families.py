@@ -1,4 +1,4 @@
-"""Qwen3-MoE, OLMoE and Qwen2-MoE (engine/families) against transformers' own classes: tiny random
+"""Qwen3-MoE, OLMoE, Qwen2-MoE and Qwen3.5-MoE (engine/families) against transformers' own classes: tiny random
 models written by their save_pretrained (single file and sharded); fp32 logits within 1e-4 over a
 prefill and 12 decode steps for all-CPU and mixed placements, identical greedy tokens, the same
 perplexity through `mixdesk eval`, and the window chatting with a tiny Qwen3-MoE."""
@@ -18,7 +18,7 @@ from engine.placement import Placement, Tier
 from engine.sources.tiny_model import write_tiny_model
 
 CPU = torch.device("cpu")
-FAMILIES = ["qwen3_moe", "olmoe", "qwen2_moe"]
+FAMILIES = ["qwen3_moe", "olmoe", "qwen2_moe", "qwen3_5_moe"]
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +99,9 @@ def greedy(model, prompt: torch.Tensor, n: int) -> list[int]:
     return got
 
 
-def test_eval_gives_transformers_perplexity(folders, tmp_path, window_cache):
-    eval_matches_transformers(folders("qwen3_moe"), tmp_path)
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe"])
+def test_eval_gives_transformers_perplexity(folders, tmp_path, window_cache, family):
+    eval_matches_transformers(folders(family), tmp_path)
 
 
 def eval_matches_transformers(folder, tmp_path):
@@ -151,7 +152,8 @@ def test_plan_from_the_shipped_qwen3_config(tmp_path, window_cache):
     assert "gpu-4" in rows[-1] and "gpu-4" not in rows[0]  # fastest: 4-bit on the GPU; best: all 16-bit
 
 
-def test_the_window_opens_a_tiny_qwen3_moe_and_chats(qtbot, folders, tmp_path, monkeypatch, window_cache):
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe"])
+def test_the_window_opens_a_tiny_qwen3_moe_and_chats(qtbot, folders, tmp_path, monkeypatch, window_cache, family):
     pytest.importorskip("PySide6")
     from PySide6.QtCore import Qt
 
@@ -159,7 +161,7 @@ def test_the_window_opens_a_tiny_qwen3_moe_and_chats(qtbot, folders, tmp_path, m
     from app.store import Store
     from engine.generate import SamplingParams
 
-    w = MainWindow(Store(tmp_path / "chats.sqlite3"), model=str(folders("qwen3_moe")), session_kwargs={"poll_s": 0.1},
+    w = MainWindow(Store(tmp_path / "chats.sqlite3"), model=str(folders(family)), session_kwargs={"poll_s": 0.1},
                    device="cpu", dtype="fp32")
     qtbot.addWidget(w)
     w.show()

@@ -1,0 +1,116 @@
+"""Qwen3.5-MoE's hybrid layers (engine/layers): the Gated DeltaNet state beside the KV cache carries a
+conversation across turns exactly (its copies at turn boundaries), bad configs are refused by field,
+and what Mixdesk does not run (the vision tower, an MTP head) is skipped and said once."""
+import json
+import logging
+
+import pytest
+import torch
+
+from engine.checkpoint import Checkpoint
+from engine.errors import ModelError
+from engine.generate import Done, SamplingParams, drive
+from engine.kv_cache import KVCaches
+from engine.load import load
+from engine.sources.tiny_model import write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("q35"), "qwen3_5_moe", layers=4, seed=7)
+
+
+def test_a_conversation_resumes_from_the_turn_boundary_state_exactly(hybrid):
+    """Three turns in the chat's cache: each later turn reuses the earlier prompt (from the copy of the
+    DeltaNet state taken when that prompt was read) and gives the tokens a cold prefill gives."""
+    loaded = load(hybrid, "cpu", device="cpu", dtype="fp32", ctx=256)
+    gen = loaded.generator
+    caches = KVCaches(gen.new_cache, 1)
+
+    def chat(prompt, n, fresh=False):
+        cache = caches.claim("chat", prompt, fresh)
+        events = list(drive(gen.sequence(prompt, SamplingParams(max_new_tokens=n), None, cache), gen.forward))
+        assert isinstance(events[-1], Done)
+        return events[-1]
+
+    msgs = [{"role": "user", "content": "hello"}]
+    p1 = loaded.prompts.chat(msgs)
+    first = chat(p1, 6)
+    assert caches.chat.state is not None and len(p1) in caches.chat.state.snapshots
+    for word in ("world", "again"):
+        msgs += [{"role": "assistant", "content": first.text}, {"role": "user", "content": word}]
+        p = loaded.prompts.chat(msgs)
+        warm = chat(p, 8)
+        # the live state stands for the reply's tokens too, which the template renders differently:
+        # the turn resumes from the copy of the state at the earlier prompt's end
+        assert 0 < warm.reused_tokens < len(p) and warm.reused_tokens in caches.chat.state.snapshots
+        cold = chat(p, 8, fresh=True)
+        assert cold.reused_tokens == 0 and cold.token_ids == warm.token_ids
+        first = warm
+
+
+def test_the_live_state_is_kept_when_the_prompt_extends_every_cached_token(hybrid):
+    loaded = load(hybrid, "cpu", device="cpu", dtype="fp32", ctx=128)
+    gen = loaded.generator
+    caches = KVCaches(gen.new_cache, 1)
+    prompt = [5, 9, 13, 40, 41, 42]
+    cache = caches.claim("chat", prompt)
+    first = list(drive(gen.sequence(prompt, SamplingParams(max_new_tokens=4), None, cache), gen.forward))[-1]
+    more = cache.tokens + [7, 8]  # what was read (the prompt, then all but the last reply token) and more
+    cache = caches.claim("chat", more)
+    assert len(cache.tokens) == len(prompt) + len(first.token_ids) - 1  # the live state, not a copy
+    warm = list(drive(gen.sequence(more, SamplingParams(max_new_tokens=5), None, cache), gen.forward))[-1]
+    cold = list(drive(gen.sequence(more, SamplingParams(max_new_tokens=5), None, gen.new_cache()), gen.forward))[-1]
+    assert warm.token_ids == cold.token_ids and warm.reused_tokens == len(more) - 2
+
+
+def _config(folder):
+    return json.loads((folder / "config.json").read_text())
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda t: t.update(layer_types=t["layer_types"][:-1]), r"'text_config.layer_types' is 3 entries"),
+    (lambda t: t.update(linear_num_value_heads=3), r"'text_config.linear_num_value_heads' \(3\) must be a multiple"),
+    (lambda t: t.update(layer_types=["linear_attention"] * 3 + ["mamba"]), r"'text_config.layer_types' names 'mamba'"),
+    (lambda t: t.update(linear_conv_kernel_dim=0), r"'text_config.linear_conv_kernel_dim' is 0"),
+    (lambda t: t.update(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.5}),
+     r"'text_config.rope_parameters.partial_rotary_factor' is 1.5"),
+])
+def test_an_inconsistent_hybrid_config_is_one_error_naming_the_field(hybrid, tmp_path, change, field):
+    import shutil
+
+    folder = tmp_path / "bad"
+    shutil.copytree(hybrid, folder)
+    cfg = _config(folder)
+    change(cfg["text_config"])
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match="config.json: " + field):
+        Checkpoint(folder)
+
+
+def test_the_vision_tower_and_an_mtp_head_are_skipped_and_said_once(hybrid, tmp_path, caplog):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "with-mtp"
+    shutil.copytree(hybrid, folder)
+    ts = load_file(str(folder / "model.safetensors"))
+    ts["mtp.fc.weight"] = torch.zeros(4, 4)  # as the release ships its multi-token-prediction head
+    save_file(ts, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with caplog.at_level(logging.WARNING):
+        ck = Checkpoint(folder)
+    said = [r.getMessage() for r in caplog.records if "not run" in r.getMessage()]
+    assert len(said) == 1 and "the vision tower and the multi-token-prediction head" in said[0]
+    assert ck.skipped_note in said[0] and "model.visual" not in " ".join(ck.where)
+    assert "model.layers.0.linear_attn.A_log" in ck.where  # the language model's names, read as "model."
+
+
+def test_the_state_is_counted_per_sequence(hybrid):
+    d = Checkpoint(hybrid).dims
+    hk, dk, hv, dv, k = d.linear
+    assert d.attention_layers == 1 and d.mixers.count("deltanet") == 3
+    assert d.state_bytes() == 4 * 3 * ((2 * hk * dk + hv * dv) * (k - 1) + hv * dk * dv)
+    loaded = load(hybrid, "cpu", device="cpu", dtype="fp32", ctx=64)
+    cache = loaded.generator.new_cache()
+    assert cache.k.shape[0] == 1 and cache.state.nbytes == d.state_bytes()
