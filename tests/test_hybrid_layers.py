@@ -114,3 +114,21 @@ def test_the_state_is_counted_per_sequence(hybrid):
     loaded = load(hybrid, "cpu", device="cpu", dtype="fp32", ctx=64)
     cache = loaded.generator.new_cache()
     assert cache.k.shape[0] == 1 and cache.state.nbytes == d.state_bytes()
+
+
+@pytest.mark.parametrize("n, heads, dk, dv", [(8, 4, 16, 24), (64, 2, 16, 16), (150, 3, 32, 40)])
+def test_the_chunked_delta_rule_is_the_token_by_token_rule(n, heads, dk, dv):
+    """A prompt's chunked form (engine/layers/delta_rule.py) gives the outputs and final state of the
+    rule as written, over chunk edges and a padded last chunk, from a non-zero state."""
+    from engine.layers import delta_rule
+
+    g = torch.Generator().manual_seed(n)
+    q = torch.nn.functional.normalize(torch.randn(n, heads, dk, generator=g), dim=-1) * dk ** -0.5
+    k = torch.nn.functional.normalize(torch.randn(n, heads, dk, generator=g), dim=-1)
+    v = torch.randn(n, heads, dv, generator=g)
+    decay, beta = -2 * torch.rand(n, heads, generator=g), torch.rand(n, heads, generator=g)
+    s0 = 0.1 * torch.randn(heads, dk, dv, generator=g)
+    s1, s2 = s0.clone(), s0.clone()
+    want = delta_rule.recurrent(q, k, v, decay, beta, s1)
+    got = delta_rule.chunked(q, k, v, decay, beta, s2, chunk=32)
+    assert (got - want).abs().max() < 1e-5 and (s2 - s1).abs().max() < 1e-5
