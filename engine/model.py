@@ -15,7 +15,7 @@ import torch
 from . import native, offload
 from .blockquant import NATIVE as BLOCK_TYPES, BlockQuant
 from .checkpoint import Checkpoint, dense_shapes
-from .layers import Layer, attention
+from .layers import Layer, attention, deltanet
 from .layers.attention import Attention
 from .layers.deltanet import NAMES as DELTANET_INPUTS, GatedDeltaNet
 from .layers.state import LinearState
@@ -158,7 +158,11 @@ class MoEModel:
                                   d.window(l))
             else:
                 q = p + "linear_attn."
-                mixer = GatedDeltaNet(slots[kind], stack([matrix(q + n + ".weight") for n in DELTANET_INPUTS]),
+                if d.deltanet_inputs == "grouped":  # Qwen3-Next: its rows regrouped into Qwen3.5's order (a copy)
+                    w_in = torch.cat([dense(q + n + ".weight") for n in deltanet.input_names(d)])[deltanet.grouped_rows(d)]
+                else:
+                    w_in = stack([matrix(q + n + ".weight") for n in DELTANET_INPUTS])
+                mixer = GatedDeltaNet(slots[kind], w_in,
                                       ckpt.read(q + "conv1d.weight").to(accel), ckpt.read(q + "A_log").to(accel),
                                       ckpt.read(q + "dt_bias").to(accel), ckpt.read(q + "norm.weight").to(accel),
                                       matrix(q + "out_proj.weight"), d.linear, d.rms_eps)

@@ -49,6 +49,7 @@ class Dims:
     attn_gate: bool = False         # q_proj also yields a per-head output gate (Qwen3.5, Qwen3-Next)
     rot_dim: int = 0                # the rotary dims of a head (0: all head_dim; Qwen3.5 rotates a quarter)
     norm_offset: bool = False       # RMSNorm weights stored zero-centred: x is scaled by 1 + w
+    deltanet_inputs: str = "split"  # how DeltaNet's input projections are stored (engine/layers/deltanet.py)
 
     def window(self, layer: int) -> int | None:
         """The sliding window of one layer's attention (None: it sees every earlier position)."""
@@ -216,4 +217,4 @@ def _parts(cfg, fam: Family, head_dim: int) -> dict:
                   cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim)
     rot = int(head_dim * partial)
     return dict(mixers=mixers, linear=linear, attn_gate=fam.attn_gate, rot_dim=rot if rot != head_dim else 0,
-                norm_offset=fam.norm_offset)
+                norm_offset=fam.norm_offset, deltanet_inputs=fam.deltanet_inputs)

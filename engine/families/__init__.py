@@ -14,9 +14,10 @@ from .olmoe import OLMOE
 from .qwen2_moe import QWEN2_MOE
 from .qwen3_5_moe import QWEN3_5_MOE, QWEN3_5_MOE_TEXT
 from .qwen3_moe import QWEN3_MOE
+from .qwen3_next import QWEN3_NEXT
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (MIXTRAL, QWEN3_MOE, OLMOE, QWEN2_MOE, GPT_OSS,
-                                                                   QWEN3_5_MOE, QWEN3_5_MOE_TEXT)}
+                                                                   QWEN3_5_MOE, QWEN3_5_MOE_TEXT, QWEN3_NEXT)}
 SUPPORTED_MODEL_TYPES = tuple(t for t, f in FAMILIES.items() if f.runs)  # the ones whose weights run
 
 

@@ -36,6 +36,8 @@ class Family:
     skipped: tuple = ()                 # tensor prefixes of parts Mixdesk does not run (vision tower, MTP head)
     attn_gate: bool = False             # q_proj yields [q; gate] per head; attention's output * sigmoid(gate)
     norm_offset: bool = False           # RMSNorms scale by 1 + w (weights stored zero-centred)
+    deltanet_inputs: str = "split"      # DeltaNet's input projections: "split" (in_proj_qkv/z/b/a) or
+                                        # "grouped" (in_proj_qkvz, in_proj_ba: rows grouped per key head)
 
     def internal_name(self, name: str) -> str | None:
         """A file's tensor name as the engine names it (the VLM wrapper's prefix read as "model."), or

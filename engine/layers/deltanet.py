@@ -28,10 +28,33 @@ def shapes(d, p: str) -> dict[str, tuple[int, ...]]:
     """The DeltaNet mixer's tensors in layer prefix p ("model.layers.0.")."""
     hk, dk, hv, dv, k = d.linear
     c, p = 2 * hk * dk + hv * dv, p + "linear_attn."
-    return {p + "in_proj_qkv.weight": (c, d.hidden), p + "in_proj_z.weight": (hv * dv, d.hidden),
-            p + "in_proj_b.weight": (hv, d.hidden), p + "in_proj_a.weight": (hv, d.hidden),
-            p + "conv1d.weight": (c, 1, k), p + "A_log": (hv,), p + "dt_bias": (hv,), p + "norm.weight": (dv,),
+    if d.deltanet_inputs == "grouped":
+        ins = {p + "in_proj_qkvz.weight": (c + hv * dv, d.hidden), p + "in_proj_ba.weight": (2 * hv, d.hidden)}
+    else:
+        ins = {p + "in_proj_qkv.weight": (c, d.hidden), p + "in_proj_z.weight": (hv * dv, d.hidden),
+               p + "in_proj_b.weight": (hv, d.hidden), p + "in_proj_a.weight": (hv, d.hidden)}
+    return {**ins, p + "conv1d.weight": (c, 1, k), p + "A_log": (hv,), p + "dt_bias": (hv,), p + "norm.weight": (dv,),
             p + "out_proj.weight": (d.hidden, hv * dv)}
+
+
+def input_names(d) -> tuple[str, ...]:
+    """The input projections as stored, in the order they stack (engine/model.py)."""
+    return ("in_proj_qkvz", "in_proj_ba") if d.deltanet_inputs == "grouped" else NAMES
+
+
+def grouped_rows(d) -> torch.Tensor:
+    """The row order that takes Qwen3-Next's stacked [in_proj_qkvz; in_proj_ba] (rows grouped per key
+    head: q, k, then v and z of the hv/hk value heads it serves; then b and a alike) to [qkv; z; b; a]."""
+    hk, dk, hv, dv, _ = d.linear
+    r = hv // hk
+    per = 2 * dk + 2 * r * dv  # rows of one key head's group in in_proj_qkvz
+    group = torch.arange(hk)[:, None]
+
+    def take(start, width, stride):
+        return (group * stride + start + torch.arange(width)[None, :]).reshape(-1)
+    ba = hk * per
+    return torch.cat([take(0, dk, per), take(dk, dk, per), take(2 * dk, r * dv, per), take(2 * dk + r * dv, r * dv, per),
+                      ba + take(0, r, 2 * r), ba + take(r, r, 2 * r)])
 
 
 def params(d) -> int:

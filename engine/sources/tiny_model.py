@@ -90,6 +90,13 @@ TINY_FAMILIES = {
                         linear_value_head_dim=24, linear_conv_kernel_dim=4,
                         layer_types=["full_attention" if (i + 1) % 4 == 0 or i == layers - 1 else "linear_attention"
                                      for i in range(layers)])),
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
+                   lambda ffn, experts, layers: dict(
+                       moe_intermediate_size=ffn, num_experts=experts, shared_expert_intermediate_size=48,
+                       head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                       linear_value_head_dim=24, linear_conv_kernel_dim=4, norm_topk_prob=True,
+                       layer_types=["full_attention" if (i + 1) % 4 == 0 or i == layers - 1 else "linear_attention"
+                                    for i in range(layers)])),
 }
 
 
