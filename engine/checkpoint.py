@@ -39,7 +39,9 @@ QUANT_METHOD_NAMES = {"gptq": "GPTQ", "awq": "AWQ", "bitsandbytes": "bitsandbyte
 
 def expert_key(layer: int, expert: int, w: str, d: Dims | None = None) -> str:
     """The checkpoint name of expert (layer, expert)'s w1 (gate), w2 (down) or w3 (up)."""
-    return (d.adapter if d is not None else FAMILIES["mixtral"]).expert_key(layer, expert, w)
+    if d is None:
+        return FAMILIES["mixtral"].expert_key(layer, expert, w)
+    return d.adapter.expert_key(d.decoder(layer), expert, w)
 
 
 def dense_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
@@ -48,15 +50,22 @@ def dense_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
     if not d.tie_embeddings:
         s["lm_head.weight"] = (d.vocab, d.hidden)
     fam = d.adapter
-    for l in range(d.layers):
+    for l in range(d.decoder_layers):
         s.update(layer_shapes(d, l))  # the layer's norms and its mixer's tensors (engine/layers)
+    for l in range(d.dense_first):  # leading layers with a dense MLP (GLM-4.5)
+        s[fam.dense_ffn_key(l, "w1")] = s[fam.dense_ffn_key(l, "w3")] = (d.dense_ffn, d.hidden)
+        s[fam.dense_ffn_key(l, "w2")] = (d.hidden, d.dense_ffn)
+    for l in map(d.decoder, range(d.layers)):  # the layers with experts
         if d.router_bias:
             s[fam.router_key(l, bias=True)] = (d.experts,)
+        if d.router_kind == "sigmoid_groups":
+            s[fam.correction_key(l)] = (d.experts,)
         s[fam.router_key(l)] = (d.experts, d.hidden)
         if d.shared_ffn:
             s[fam.shared_key(l, "w1")] = s[fam.shared_key(l, "w3")] = (d.shared_ffn, d.hidden)
             s[fam.shared_key(l, "w2")] = (d.hidden, d.shared_ffn)
-            s[fam.shared_key(l, "gate")] = (1, d.hidden)
+            if d.shared_gated:
+                s[fam.shared_key(l, "gate")] = (1, d.hidden)
     return s
 
 
@@ -65,7 +74,7 @@ def expert_shapes(d: Dims, mxfp4: bool = False) -> dict[str, tuple[int, ...]]:
         return fused.shapes(d, mxfp4)
     s = {}
     key = d.adapter.expert_key
-    for l in range(d.layers):
+    for l in map(d.decoder, range(d.layers)):
         for e in range(d.experts):
             s[key(l, e, "w1")] = (d.ffn, d.hidden)
             s[key(l, e, "w2")] = (d.hidden, d.ffn)
@@ -115,6 +124,10 @@ class Checkpoint:
             names = {}  # the engine's name -> the file's (a VLM release's language model read as "model.")
             for name, info in f.tensors.items():
                 ours = self.family.internal_name(name)
+                if ours is not None and _layer_of(ours) >= self.dims.decoder_layers:
+                    ours = None  # a layer past num_hidden_layers: a multi-token-prediction layer (GLM-4.5)
+                    skipped["mtp."] = skipped.get("mtp.", 0) + 1
+                    continue
                 if ours is None:
                     part = next(p for p in self.family.skipped if name.startswith(p))
                     skipped[part] = skipped.get(part, 0) + 1
@@ -221,7 +234,7 @@ class Checkpoint:
 
     # ---- reading ----------------------------------------------------------------------------
     def expert_key(self, layer: int, expert: int, w: str) -> str:
-        return self.family.expert_key(layer, expert, w)
+        return self.family.expert_key(self.dims.decoder(layer), expert, w)
 
     def info(self, name: str):
         return self.where[name].tensors[name]
@@ -278,6 +291,15 @@ class Checkpoint:
     def close(self) -> None:
         for f in self.files:
             f.close()
+
+
+def _layer_of(name: str) -> int:
+    """The decoder layer a tensor belongs to (-1: none)."""
+    if name.startswith("model.layers."):
+        head = name[13:].split(".", 1)[0]
+        if head.isdigit():
+            return int(head)
+    return -1
 
 
 def _skipped_note(skipped: dict[str, int]) -> str:

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Callable, Iterator
 
 import torch
 from . import native, offload
 from .blockquant import NATIVE as BLOCK_TYPES, BlockQuant
 from .checkpoint import Checkpoint, dense_shapes
-from .layers import Layer, attention, deltanet
-from .layers.attention import Attention
-from .layers.deltanet import NAMES as DELTANET_INPUTS, GatedDeltaNet
+from .layers import MIXERS, Layer, attention
+from .layers.feed_forward import DenseFFN
 from .layers.state import LinearState
 from .dense_forms import embed_rows, stack
 from .errors import ModelError
@@ -143,45 +143,29 @@ class MoEModel:
         self.layers: list[Layer] = []
         self.moe: list[MoEBlock] = []
         fam = d.adapter
+        # what the layer parts read their tensors with (engine/layers: each part builds itself)
+        w = SimpleNamespace(dims=d, accel=accel, attn_dtype=self.attn_dtype, matrix=matrix, dense=dense, norm=norm,
+                            stack=stack, read=lambda name: ckpt.read(name).to(accel))
         slots = {"attention": 0, "deltanet": 0}  # each mixer kind's layers are numbered in the cache
-        for l in range(d.layers):
-            p = f"model.layers.{l}."
-            kind = d.mixer(l)
-            if kind == "attention":
-                wqkv = stack([matrix(p + f"self_attn.{n}_proj.weight") for n in "qkv"])  # [(H(2)+2G)Hd, D]
-                bqkv = torch.cat([dense(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if d.qkv_bias else None
-                qn, kn = ((norm(p + "self_attn.q_norm.weight", self.attn_dtype),  # applied in attention's dtype
-                           norm(p + "self_attn.k_norm.weight", self.attn_dtype)) if d.qk_norm else (None, None))
-                mixer = Attention(slots[kind], wqkv, matrix(p + "self_attn.o_proj.weight"), bqkv, qn, kn,
-                                  dense(p + "self_attn.o_proj.bias") if d.o_bias else None,
-                                  dense(p + "self_attn.sinks").to(self.attn_dtype) if d.attn_sinks else None,
-                                  d.window(l))
-            else:
-                q = p + "linear_attn."
-                if d.deltanet_inputs == "grouped":  # Qwen3-Next: its rows regrouped into Qwen3.5's order (a copy)
-                    w_in = torch.cat([dense(q + n + ".weight") for n in deltanet.input_names(d)])[deltanet.grouped_rows(d)]
-                else:
-                    w_in = stack([matrix(q + n + ".weight") for n in DELTANET_INPUTS])
-                mixer = GatedDeltaNet(slots[kind], w_in,
-                                      ckpt.read(q + "conv1d.weight").to(accel), ckpt.read(q + "A_log").to(accel),
-                                      ckpt.read(q + "dt_bias").to(accel), ckpt.read(q + "norm.weight").to(accel),
-                                      matrix(q + "out_proj.weight"), d.linear, d.rms_eps)
+        for i in range(d.decoder_layers):
+            p = f"model.layers.{i}."
+            kind = d.mixer(i)
+            mixer = MIXERS[kind].build(w, p, i, slots[kind])
             slots[kind] += 1
+            tick(f"layer {i} {kind}")
+            if i < d.dense_first:  # a dense MLP (GLM-4.5's first layers), with the dense weights
+                ffn = DenseFFN(dense(fam.dense_ffn_key(i, "w1")), dense(fam.dense_ffn_key(i, "w3")),
+                               dense(fam.dense_ffn_key(i, "w2")))
+            else:
+                l = i - d.dense_first  # the MoE layer: the placement's row
+                experts = []
+                for e in range(d.experts):
+                    experts.append(materialise(ckpt, l, e, placement[l, e], accel, dtype))
+                    tick(f"layer {i} expert {e}")
+                ffn = self._moe_block(w, fam, i, experts)
+                self.moe.append(ffn)
             self.layers.append(Layer(norm(p + "input_layernorm.weight"), mixer,
-                                     norm(p + "post_attention_layernorm.weight")))
-            tick(f"layer {l} {kind}")
-            experts = []
-            for e in range(d.experts):
-                experts.append(materialise(ckpt, l, e, placement[l, e], accel, dtype))
-                tick(f"layer {l} expert {e}")
-            shared = None
-            if d.shared_ffn:  # always active: it stays with the dense weights, on the accelerator
-                w13 = torch.cat([dense(fam.shared_key(l, "w1")), dense(fam.shared_key(l, "w3"))])  # [2I', D]
-                shared = (Expert16(Tier.GPU16, w13.contiguous(), dense(fam.shared_key(l, "w2")).contiguous()),
-                          dense(fam.shared_key(l, "gate")))
-            self.moe.append(MoEBlock(dense(fam.router_key(l)), experts, d.top_k, accel, norm_topk=d.norm_topk,
-                                     shared=shared, router_kind=d.router_kind,
-                                     gate_bias=dense(fam.router_key(l, bias=True)) if d.router_bias else None))
+                                     norm(p + "post_attention_layernorm.weight"), ffn))
         if offload_costs is None and measure_offload and accel.type == "cuda":
             probe = self._any_cpu_expert() or materialise(ckpt, 0, 0, Tier.CPU16, accel, dtype)
             offload_costs = offload.measure(probe, accel)
@@ -191,6 +175,23 @@ class MoEModel:
         self.layer_inputs: list | None = None  # calibration: each layer's input appended when set
         # the whole decode step in one native call, where the model is on the CPU (engine/native)
         self.native_step = DecodeStep(self) if choice.whole_step(self) else None
+
+    def _moe_block(self, w, fam, i: int, experts: list) -> MoEBlock:
+        """Decoder layer i's MoE block: its router (and the family's router extras), the experts, and
+        the shared expert, which is always active, so it stays with the dense weights on the accelerator."""
+        d, dense = self.dims, w.dense
+        shared = None
+        if d.shared_ffn:
+            w13 = torch.cat([dense(fam.shared_key(i, "w1")), dense(fam.shared_key(i, "w3"))])  # [2I', D]
+            shared = (Expert16(Tier.GPU16, w13.contiguous(), dense(fam.shared_key(i, "w2")).contiguous()),
+                      dense(fam.shared_key(i, "gate")) if d.shared_gated else None)
+        sigmoid = d.router_kind == "sigmoid_groups"
+        gate = dense(fam.router_key(i))
+        return MoEBlock(gate.float() if sigmoid else gate, experts, d.top_k, self.accel, norm_topk=d.norm_topk,
+                        shared=shared, router_kind=d.router_kind,
+                        gate_bias=dense(fam.router_key(i, bias=True)) if d.router_bias else None,
+                        correction=w.read(fam.correction_key(i)).float() if sigmoid else None,
+                        groups=d.route_groups, scale=d.route_scale)
 
     # ---- re-placement ----
     def build(self, layer: int, expert: int, tier: Tier, threads: int | None = None):
@@ -254,8 +255,8 @@ class MoEModel:
         ts = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
         for layer in self.layers:
             ts += layer.tensors()
-        ts += [b.gate for b in self.moe]
-        ts += [t for b in self.moe if b.shared for t in (b.shared[0].w13, b.shared[0].w2, b.shared[1])]
+        ts += [b.gate for b in self.moe] + [b.correction for b in self.moe if b.correction is not None]
+        ts += [t for b in self.moe if b.shared for t in (b.shared[0].w13, b.shared[0].w2, b.shared[1]) if t is not None]
         return ts
 
     def dense_bytes(self) -> int:
@@ -359,8 +360,8 @@ class MoEModel:
             if self.layer_inputs is not None:
                 self.layer_inputs.append(x)
             x = x + layer.mixer(self, self._rms(x, layer.ln1), run)
-            block = self.moe[l]
-            if block.record is not None:
+            block = layer.ffn
+            if getattr(block, "record", None) is not None:
                 block.residual = x  # calibration measures perturbations relative to the stream
             x = x + block(self._rms(x, layer.ln2))
         if T > B and not all_logits:

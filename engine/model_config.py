@@ -14,7 +14,10 @@ from .families import FAMILIES, Family, family_of
 
 @dataclass(frozen=True)
 class Dims:
-    """Shapes from config.json. Legend used across the engine: D hidden, I ffn, E experts, K top-k."""
+    """Shapes from config.json. Legend used across the engine: D hidden, I ffn, E experts, K top-k.
+    `layers` counts the layers with experts (the placement's rows); a model may have `dense_first`
+    decoder layers before them whose feed-forward is a dense MLP (GLM-4.5), so decoder layer
+    `decoder(l)` holds MoE layer l."""
 
     layers: int
     hidden: int
@@ -50,6 +53,20 @@ class Dims:
     rot_dim: int = 0                # the rotary dims of a head (0: all head_dim; Qwen3.5 rotates a quarter)
     norm_offset: bool = False       # RMSNorm weights stored zero-centred: x is scaled by 1 + w
     deltanet_inputs: str = "split"  # how DeltaNet's input projections are stored (engine/layers/deltanet.py)
+    # GLM-4.5 (engine/families/glm4_moe.py)
+    dense_first: int = 0            # leading decoder layers with a dense MLP instead of experts
+    dense_ffn: int = 0              # their MLP's width
+    route_groups: tuple = (1, 1)    # sigmoid routing's (n_group, topk_group)
+    route_scale: float = 1.0        # routed_scaling_factor: the route weights' multiplier
+    shared_gated: bool = True       # the shared expert scaled by sigmoid(gate(x)) (Qwen); else added as is
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.dense_first + self.layers
+
+    def decoder(self, layer: int) -> int:
+        """The decoder layer holding MoE layer `layer`."""
+        return layer + self.dense_first
 
     def window(self, layer: int) -> int | None:
         """The sliding window of one layer's attention (None: it sees every earlier position)."""
@@ -61,14 +78,14 @@ class Dims:
     @property
     def attention_layers(self) -> int:
         """Layers whose mixer keeps keys and values (the others keep a fixed-size state)."""
-        return self.layers if self.mixers is None else self.mixers.count("attention")
+        return self.decoder_layers if self.mixers is None else self.mixers.count("attention")
 
     def state_bytes(self) -> int:
         """Bytes of one sequence's recurrent state (fp32 conv and delta-rule states of every DeltaNet layer)."""
         if self.linear is None:
             return 0
         hk, dk, hv, dv, k = self.linear
-        return 4 * (self.layers - self.attention_layers) * ((2 * hk * dk + hv * dv) * (k - 1) + hv * dk * dv)
+        return 4 * (self.decoder_layers - self.attention_layers) * ((2 * hk * dk + hv * dv) * (k - 1) + hv * dk * dv)
 
     @property
     def rotary(self) -> int:
@@ -134,6 +151,24 @@ def check_config(raw: dict, path: Path) -> None:
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= experts:
         raise ModelError(path, f"'num_experts_per_tok' is {k!r}; it must be a whole number from 1 to "
                          f"{experts_name} ({experts})")
+    if fam.dense_first:  # GLM: leading dense layers, then experts in every layer
+        first = field(fam.dense_first, required=False, lo=0) or 0
+        if first >= layers:
+            raise ModelError(path, f"'{pre}{fam.dense_first}' is {first}; it must be below "
+                             f"'{pre}num_hidden_layers' ({layers}): a model with no expert layers is not an MoE")
+        field("intermediate_size", required=first > 0)
+        for name in ("n_group", "topk_group", "n_shared_experts"):
+            field(name, required=False, lo=0 if name == "n_shared_experts" else 1)
+        groups, chosen = raw.get("n_group") or 1, raw.get("topk_group") or 1
+        if experts % groups or chosen > groups or k > experts // groups * chosen:
+            raise ModelError(path, f"'{pre}n_group' ({groups}) must divide the {experts} experts, "
+                             f"'{pre}topk_group' ({chosen}) be at most n_group, and the chosen groups hold "
+                             f"at least 'num_experts_per_tok' ({k}) experts")
+    rp = raw.get("rope_parameters") or {}
+    f = rp.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) if isinstance(rp, dict) else 1.0
+    if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 < f <= 1 or int(head_dim * f) % 2:
+        raise ModelError(path, f"'{pre}rope_parameters.partial_rotary_factor' is {f!r}; it must be in (0, 1] and "
+                         f"rotate an even number of each head's {head_dim} dims")
     dense = raw.get("mlp_only_layers") or []
     step = raw.get("decoder_sparse_step", 1)
     if dense or step not in (None, 1):
@@ -183,23 +218,34 @@ def dims_from_config(cfg, path: Path) -> Dims:
         if getattr(cfg, "use_sliding_window", True) is False:
             window = None
         clip = getattr(cfg, "clip_qkv", None) if fam.clip_qkv else None
+        dense_first = int(getattr(cfg, fam.dense_first, 0) or 0) if fam.dense_first else 0
+        qk_norm = fam.qk_norm if not fam.qk_norm_field or getattr(cfg, fam.qk_norm_field, False) else None
+        partial = float((getattr(cfg, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0))
+        rot = int(head_dim * partial)
+        shared = int(getattr(cfg, "shared_expert_intermediate_size", 0) or 0)
+        if fam.shared_expert and not fam.shared_gated:  # GLM: n_shared_experts of the routed experts' width
+            shared = cfg.moe_intermediate_size * int(getattr(cfg, "n_shared_experts", 1) or 0)
         return Dims(
-            layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, ffn=getattr(cfg, fam.expert_ffn_field),
+            layers=cfg.num_hidden_layers - dense_first, hidden=cfg.hidden_size, ffn=getattr(cfg, fam.expert_ffn_field),
             experts=getattr(cfg, fam.experts_field, None) or cfg.num_local_experts, top_k=cfg.num_experts_per_tok,
             heads=heads,
             kv_heads=cfg.num_key_value_heads, head_dim=head_dim, vocab=cfg.vocab_size,
             rms_eps=float(cfg.rms_norm_eps), max_positions=cfg.max_position_embeddings,
             tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), sliding_window=window,
             family=fam.model_type, norm_topk=bool(getattr(cfg, "norm_topk_prob", fam.norm_topk_default)),
-            qk_norm=fam.qk_norm, qkv_bias=bool(getattr(cfg, fam.qkv_bias, False)) if fam.qkv_bias else False,
-            shared_ffn=int(getattr(cfg, "shared_expert_intermediate_size", 0) or 0) if fam.shared_expert else 0,
+            qk_norm=qk_norm, qkv_bias=bool(getattr(cfg, fam.qkv_bias, False)) if fam.qkv_bias else False,
+            shared_ffn=shared if fam.shared_expert else 0, shared_gated=fam.shared_gated,
             clip_qkv=float(clip) if clip is not None else None,
             router_kind=fam.router_kind, router_bias=fam.router_bias, act=fam.act,
             swiglu=(float(getattr(cfg, "swiglu_alpha", 1.702)), float(getattr(cfg, "swiglu_limit", 7.0))),
             attn_sinks=fam.attn_sinks, o_bias=bool(getattr(cfg, fam.o_bias, False)) if fam.o_bias else False,
             layer_windows=tuple(window if t == "sliding_attention" else None for t in cfg.layer_types)
             if fam.layer_types else None,
-            **(_parts(cfg, fam, head_dim) if fam.mixers else {}),
+            rot_dim=rot if rot != head_dim else 0, dense_first=dense_first,
+            dense_ffn=int(cfg.intermediate_size) if dense_first else 0,
+            route_groups=(int(getattr(cfg, "n_group", 1) or 1), int(getattr(cfg, "topk_group", 1) or 1)),
+            route_scale=float(getattr(cfg, "routed_scaling_factor", 1.0) or 1.0),
+            **(_parts(cfg, fam) if fam.mixers else {}),
         )
     except (AttributeError, TypeError, ZeroDivisionError) as e:
         raise ModelError(path, f"lacks a field Mixdesk needs: {e}") from None
@@ -207,14 +253,11 @@ def dims_from_config(cfg, path: Path) -> Dims:
 
 
 
-def _parts(cfg, fam: Family, head_dim: int) -> dict:
+def _parts(cfg, fam: Family) -> dict:
     """The Dims fields of a family whose layers are parts of several kinds (Qwen3.5-MoE)."""
-    partial = float((getattr(cfg, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0))
     mixers = tuple(fam.mixers[t] for t in cfg.layer_types)
     linear = None
     if "deltanet" in mixers:
         linear = (cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_num_value_heads,
                   cfg.linear_value_head_dim, cfg.linear_conv_kernel_dim)
-    rot = int(head_dim * partial)
-    return dict(mixers=mixers, linear=linear, attn_gate=fam.attn_gate, rot_dim=rot if rot != head_dim else 0,
-                norm_offset=fam.norm_offset, deltanet_inputs=fam.deltanet_inputs)
+    return dict(mixers=mixers, linear=linear, attn_gate=fam.attn_gate, norm_offset=fam.norm_offset, deltanet_inputs=fam.deltanet_inputs)

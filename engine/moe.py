@@ -33,16 +33,20 @@ CPU = torch.device("cpu")
 class MoEBlock:
     def __init__(self, gate: torch.Tensor, experts: list[Expert16 | QuantExpert], top_k: int,
                  accel: torch.device, offload: OffloadCosts | None = None, norm_topk: bool = True,
-                 shared: tuple[Expert16, torch.Tensor] | None = None, gate_bias: torch.Tensor | None = None,
-                 router_kind: str = "softmax_topk"):
+                 shared: tuple[Expert16, torch.Tensor | None] | None = None, gate_bias: torch.Tensor | None = None,
+                 router_kind: str = "softmax_topk", correction: torch.Tensor | None = None,
+                 groups: tuple[int, int] = (1, 1), scale: float = 1.0):
         self.gate = gate  # [E, D] on accel
         self.gate_bias = gate_bias  # [E] (GPT-OSS) or None
         # "softmax_topk": softmax over all E, top-k (renormalised when norm_topk); "topk_softmax" (GPT-OSS):
         # top-k of the logits, softmax over those k
+        # "sigmoid_groups" (GLM-4.5): sigmoid scores; the top-k by scores + correction [E] within the best
+        # groups[1] of groups[0] expert groups; weights the scores (renormalised when norm_topk) x scale
         self.router_kind = router_kind
+        self.correction, self.groups, self.scale = correction, groups, scale
         self.top_k = top_k
         self.norm_topk = norm_topk  # renormalise the top-k weights (Mixtral; Qwen3-MoE per its config)
-        self.shared = shared  # (shared expert, its sigmoid gate [1, D]) on accel: Qwen2-MoE
+        self.shared = shared  # (shared expert, its sigmoid gate [1, D] or None: ungated, GLM) on accel
         self.accel = accel
         self.offload = offload  # when a CPU expert's weights are copied over for a prefill (offload.py)
         self.copied = 0  # prefill segments whose weights were copied to the accelerator (for stats)
@@ -83,6 +87,8 @@ class MoEBlock:
         logits = linear(x, self.gate)  # [T, E]
         if self.gate_bias is not None:
             logits = logits + self.gate_bias
+        if self.router_kind == "sigmoid_groups":
+            return self._sigmoid_route(x)
         if self.router_kind == "topk_softmax":
             top, idx = torch.topk(logits, self.top_k, dim=-1)  # [T, K]
             return torch.softmax(top.float(), dim=-1), idx
@@ -90,10 +96,27 @@ class MoEBlock:
         w, idx = torch.topk(probs, self.top_k, dim=-1)  # [T, K]
         return (w / w.sum(dim=-1, keepdim=True) if self.norm_topk else w), idx
 
+    def _sigmoid_route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = torch.sigmoid(linear(x.float(), self.gate))  # [T, E] fp32 (the router is fp32, as transformers has it)
+        choose = scores + self.correction
+        n, keep = self.groups
+        if n > 1:  # only the best `keep` groups compete (a group's strength: its two best experts)
+            T, E = choose.shape
+            best = choose.view(T, n, E // n).topk(2, dim=-1)[0].sum(-1)  # [T, n]
+            mask = torch.zeros_like(best).scatter_(1, best.topk(keep, dim=-1)[1], 1.0).bool()
+            choose = choose.masked_fill(~mask.repeat_interleave(E // n, dim=1), float("-inf"))
+        idx = torch.topk(choose, self.top_k, dim=-1)[1]  # [T, K]
+        w = scores.gather(1, idx)
+        if self.norm_topk:
+            w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+        return w * self.scale, idx
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] on accel
         out = self._routed(x)
         if self.shared is not None:
             ex, g = self.shared
+            if g is None:  # ungated (GLM): added as it is
+                return out + ex(x).to(x.dtype)
             out = out + (torch.sigmoid(linear(x, g).float()) * ex(x).float()).to(x.dtype)  # [T, D]
         return out
 

@@ -36,6 +36,11 @@ class Family:
     skipped: tuple = ()                 # tensor prefixes of parts Mixdesk does not run (vision tower, MTP head)
     attn_gate: bool = False             # q_proj yields [q; gate] per head; attention's output * sigmoid(gate)
     norm_offset: bool = False           # RMSNorms scale by 1 + w (weights stored zero-centred)
+    # GLM-4.5 and what it brings:
+    dense_first: str | None = None      # the config field counting leading layers whose feed-forward is dense
+    qk_norm_field: str | None = None    # the config field that turns the q/k norms on (else qk_norm stands)
+    shared_name: str = "shared_expert"  # the shared expert's module ("shared_experts": GLM, ungated)
+    shared_gated: bool = True           # its output scaled by sigmoid(shared_expert_gate(x)) (Qwen)
     deltanet_inputs: str = "split"      # DeltaNet's input projections: "split" (in_proj_qkv/z/b/a) or
                                         # "grouped" (in_proj_qkvz, in_proj_ba: rows grouped per key head)
 
@@ -61,4 +66,12 @@ class Family:
     def shared_key(self, layer: int, w: str) -> str:
         """The shared expert's w1/w2/w3, or 'gate' (its sigmoid gate, [1, D])."""
         p = f"model.layers.{layer}.{self.moe}."
-        return p + "shared_expert_gate.weight" if w == "gate" else p + f"shared_expert.{self.weights[w]}.weight"
+        return p + "shared_expert_gate.weight" if w == "gate" else p + f"{self.shared_name}.{self.weights[w]}.weight"
+
+    def dense_ffn_key(self, layer: int, w: str) -> str:
+        """A dense layer's MLP (GLM's first layers): its w1/w2/w3."""
+        return f"model.layers.{layer}.{self.moe}.{self.weights[w]}.weight"
+
+    def correction_key(self, layer: int) -> str:
+        """The router's correction bias (sigmoid routing: added to the scores that choose, not to the weights)."""
+        return f"model.layers.{layer}.{self.moe}.{self.router}.e_score_correction_bias"

@@ -12,13 +12,16 @@ MIXERS = {"attention": attention, "deltanet": deltanet}
 
 
 class Layer:
-    """One decoder layer: x += mixer(ln1(x)); x += moe(ln2(x)) (the MoE block is model.moe[l])."""
+    """One decoder layer: x += mixer(ln1(x)); x += ffn(ln2(x)). The feed-forward is the layer's MoE
+    block (also in model.moe, by MoE layer) or a dense MLP (engine/layers/feed_forward.py)."""
 
-    def __init__(self, ln1, mixer, ln2):
-        self.ln1, self.mixer, self.ln2 = ln1, mixer, ln2
+    def __init__(self, ln1, mixer, ln2, ffn):
+        self.ln1, self.mixer, self.ln2, self.ffn = ln1, mixer, ln2, ffn
 
     def tensors(self) -> list:
-        return [self.ln1, self.ln2] + self.mixer.tensors()
+        """The layer's dense weights (a MoE block's are counted with the blocks: model._dense_weights)."""
+        own = self.ffn.tensors() if hasattr(self.ffn, "tensors") else []
+        return [self.ln1, self.ln2] + self.mixer.tensors() + own
 
     # the attention mixer's matrices, as the native step and the tools read them off a layer
     wqkv = property(lambda s: s.mixer.wqkv, lambda s, w: setattr(s.mixer, "wqkv", w))
@@ -50,9 +53,3 @@ def check_mixers(raw: dict, fam, layers: int, hidden: int, field, error, pre: st
         raise error(f"'{pre}layer_types' names {bad!r}; a {fam.name} layer is one of {', '.join(fam.mixers)}")
     if "deltanet" in {fam.mixers[k] for k in kinds}:
         deltanet.check_config(raw, field, error, pre)
-    rp = raw.get("rope_parameters") or {}
-    f = rp.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) if isinstance(rp, dict) else 1.0
-    head_dim = raw.get("head_dim") or hidden // max(1, raw.get("num_attention_heads") or 1)
-    if not isinstance(f, (int, float)) or isinstance(f, bool) or not 0 < f <= 1 or int(head_dim * f) % 2:
-        raise error(f"'{pre}rope_parameters.partial_rotary_factor' is {f!r}; it must be in (0, 1] and rotate an "
-                    f"even number of each head's {head_dim} dims")

@@ -37,6 +37,18 @@ def params(d) -> int:
     return d.hidden * ((2 * q if d.attn_gate else q) + 2 * kv) + q * d.hidden
 
 
+def build(w, p: str, layer: int, slot: int) -> "Attention":
+    """Decoder layer `layer`'s attention from its tensors (w: the model's readers, engine/model.py)."""
+    d = w.dims
+    wqkv = w.stack([w.matrix(p + f"self_attn.{n}_proj.weight") for n in "qkv"])  # [(H(2)+2G)Hd, D]
+    bqkv = torch.cat([w.dense(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if d.qkv_bias else None
+    qn, kn = ((w.norm(p + "self_attn.q_norm.weight", w.attn_dtype),  # applied in attention's dtype
+               w.norm(p + "self_attn.k_norm.weight", w.attn_dtype)) if d.qk_norm else (None, None))
+    return Attention(slot, wqkv, w.matrix(p + "self_attn.o_proj.weight"), bqkv, qn, kn,
+                     w.dense(p + "self_attn.o_proj.bias") if d.o_bias else None,
+                     w.dense(p + "self_attn.sinks").to(w.attn_dtype) if d.attn_sinks else None, d.window(layer))
+
+
 class Attention:
     kind = "attention"
 

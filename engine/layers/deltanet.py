@@ -74,6 +74,17 @@ def check_config(raw: dict, field, error, pre: str) -> None:
         raise error(f"'{pre}linear_conv_kernel_dim' is {k}; Mixdesk accepts 2 to 16")
 
 
+def build(w, p: str, layer: int, slot: int) -> "GatedDeltaNet":
+    """Decoder layer `layer`'s DeltaNet from its tensors (w: the model's readers, engine/model.py)."""
+    d, q = w.dims, p + "linear_attn."
+    if d.deltanet_inputs == "grouped":  # Qwen3-Next: its rows regrouped into Qwen3.5's order (a copy)
+        w_in = torch.cat([w.dense(q + n + ".weight") for n in input_names(d)])[grouped_rows(d)]
+    else:
+        w_in = w.stack([w.matrix(q + n + ".weight") for n in NAMES])
+    return GatedDeltaNet(slot, w_in, w.read(q + "conv1d.weight"), w.read(q + "A_log"), w.read(q + "dt_bias"),
+                         w.read(q + "norm.weight"), w.matrix(q + "out_proj.weight"), d.linear, d.rms_eps)
+
+
 class GatedDeltaNet:
     kind = "deltanet"
 

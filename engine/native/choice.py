@@ -78,7 +78,8 @@ def whole_step(model) -> bool:
     d = model.dims
     plain = (d.norm_topk and not d.qkv_bias and not d.shared_ffn and d.router_kind == "softmax_topk"
              and not d.router_bias and d.act == "silu" and not d.attn_sinks and not d.o_bias
-             and d.layer_windows is None and d.mixers is None and not d.attn_gate and not d.rot_dim)
+             and d.layer_windows is None and d.mixers is None and not d.attn_gate and not d.rot_dim
+             and not d.dense_first)
     return (available() and plain and model.accel.type == "cpu" and model.dtype in FMT
             and model.attn_dtype == torch.float32 and model.kv_dtype in FMT
             and all(_dense_ok(model, layer) for layer in model.layers) and _readable(model.lm_head, d.hidden)

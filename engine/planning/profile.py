@@ -222,7 +222,7 @@ def _calibrate_steps(model: MoEModel, ids: list[int], tiers: tuple[Tier, ...], p
         block = model.moe[l]
         kept = block.experts
         try:
-            base, start = ref, (l, inputs[l])
+            base, start = ref, (d.decoder(l), inputs[d.decoder(l)])
             if any(ex.tier.bits < 16 for ex in kept):  # compare against this layer at 16 bits
                 block.experts = [r if r is not None else ex for r, ex in zip(ref16s, kept)]
                 base = _logprobs(model, kl_ids, start)

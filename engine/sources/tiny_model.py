@@ -97,6 +97,12 @@ TINY_FAMILIES = {
                        linear_value_head_dim=24, linear_conv_kernel_dim=4, norm_topk_prob=True,
                        layer_types=["full_attention" if (i + 1) % 4 == 0 or i == layers - 1 else "linear_attention"
                                     for i in range(layers)])),
+    # two expert groups with one chosen, a dense first layer, q/k norms on, rope on half of each head
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
+                 lambda ffn, experts, layers: dict(
+                     moe_intermediate_size=ffn, n_routed_experts=experts, intermediate_size=96, head_dim=32,
+                     n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=1.5,
+                     norm_topk_prob=True, use_qk_norm=True, attention_bias=True)),
 }
 
 
@@ -132,6 +138,9 @@ def write_tiny_model(folder: str | Path, family: str = "mixtral", *, layers: int
                 p.normal_(0.0, 0.5 / p.shape[-1] ** 0.5)
             elif p.dim() == 1 and not torch.all(p == 1):  # biases (norm weights stay at 1)
                 p.normal_(0.0, 0.1)
+        for name, b in model.named_buffers():  # GLM's router correction bias (zeros at init)
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.1)
     kw = {"max_shard_size": shard_size} if shard_size else {}
     model.save_pretrained(str(folder), **kw)
     if mxfp4:

@@ -1,0 +1,20 @@
+"""A dense feed-forward: the SwiGLU MLP of the layers that have no experts (GLM-4.5's first layers),
+kept with the dense weights on the accelerator. (The routed feed-forward is engine/moe.py's MoEBlock.)
+"""
+from __future__ import annotations
+
+import torch
+
+from ..experts import Expert16
+from ..placement import Tier
+
+
+class DenseFFN:
+    def __init__(self, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor):
+        self.mlp = Expert16(Tier.GPU16, torch.cat([w1, w3]).contiguous(), w2.contiguous())  # w13 [2I, D], w2 [D, I]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.mlp.w13, self.mlp.w2]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] -> [T, D]
+        return self.mlp(x).to(x.dtype)
