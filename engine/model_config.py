@@ -87,6 +87,14 @@ class Dims:
         hk, dk, hv, dv, k = self.linear
         return 4 * (self.decoder_layers - self.attention_layers) * ((2 * hk * dk + hv * dv) * (k - 1) + hv * dk * dv)
 
+    def sequence_bytes(self, ctx: int, elem: int = 2) -> tuple[int, int]:
+        """One sequence's memory at ctx tokens: (keys and values of the attention layers at elem bytes a
+        value, the linear-attention state with the copies a cache keeps: engine/layers/state.py)."""
+        from .layers.state import SNAPSHOTS
+
+        kv = 2 * self.attention_layers * self.kv_heads * self.head_dim * ctx * elem
+        return kv, self.state_bytes() * (1 + SNAPSHOTS)
+
     @property
     def rotary(self) -> int:
         return self.rot_dim or self.head_dim

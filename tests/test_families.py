@@ -216,3 +216,20 @@ def test_the_placement_map_stays_readable_at_48_by_128(qtbot):
     m.set_placement(Placement.random(32, 8, [Tier.GPU16, Tier.CPU4], seed=1))
     m.grab()
     assert not m.aggregate and "one cell per expert" in m.toolTip()
+
+
+@pytest.mark.parametrize("config, attend", [  # 14-21 s each for 10,240 and 24,576 experts: slow
+    pytest.param("qwen3.5-35b-a3b", "10 of 40 layers attend", marks=pytest.mark.slow),
+    pytest.param("qwen3-next-80b-a3b", "12 of 48 layers attend", marks=pytest.mark.slow),
+    ("glm-4.5-air", "46 of 46 layers attend")])
+def test_the_2026_families_are_planned_from_their_published_configs(tmp_path, window_cache, config, attend):
+    from pathlib import Path
+
+    cfg = Path(__file__).resolve().parents[1] / "resources" / f"{config}-config.json"
+    r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "plan", "--config-only", "--model", str(cfg),
+                        "--gpu-budget", "24", "--ram-budget", "64", "--png", ""], capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ))  # window_cache
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert len(rows) > 10 and "NOTHING FITS" not in r.stdout and attend in r.stdout
+    assert "gpu-4" in rows[-1]  # the fastest end holds 4-bit experts on the GPU

@@ -166,8 +166,18 @@ def from_config(config_path: Path, hw: HardwareProfile, sensitivity: float = ASS
     inp = from_dims(d, hw, 2, sensitivity, gpu_costs=gpu)
     note = (f"from config only: uniform popularity, ASSUMED sensitivity {sensitivity} (KL nats/token per layer "
             f"all 4-bit) for every 4-bit expert; "
-            f"CPU tiers measured here; GPU: {REFERENCE_GPU['name']}")
+            f"CPU tiers measured here; GPU: {REFERENCE_GPU['name']}\n{sequence_note(d)}")
     return inp, note
+
+
+def sequence_note(d, ctx: int = 32768) -> str:
+    """What one conversation of ctx tokens holds beside the weights (bf16 keys and values)."""
+    kv, state = d.sequence_bytes(ctx)
+    line = (f"a {ctx:,}-token conversation holds {kv / 2**20:,.0f} MiB of keys and values "
+            f"({d.attention_layers} of {d.decoder_layers} layers attend)")
+    if state:
+        line += f" and {state / 2**20:,.0f} MiB of linear-attention state (with its copies at turn boundaries)"
+    return line
 
 
 def from_gguf(path: Path, hw: HardwareProfile, sensitivity: float = ASSUMED_SENSITIVITY,
