@@ -37,16 +37,16 @@ class KVCache:
     layers keeps their state beside them (`state`, engine/layers/state.py)."""
 
     def __init__(self, layers: int, kv_heads: int, ctx: int, head_dim: int, dtype, device,
-                 state: LinearState | None = None):
+                 state: LinearState | None = None, v_dim: int | None = None):
         self.k = torch.empty(layers, kv_heads, ctx, head_dim, dtype=dtype, device=device)
-        self.v = torch.empty_like(self.k)
+        self.v = torch.empty(layers, kv_heads, ctx, head_dim if v_dim is None else v_dim, dtype=dtype, device=device)
         self.ctx = ctx
         self.state = state
         self.tokens: list[int] = []  # the token ids whose keys/values are in the cache, in order
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size() + (self.state.nbytes if self.state is not None else 0)
+        return (self.k.nbytes + self.v.nbytes) + (self.state.nbytes if self.state is not None else 0)
 
 
 class Run:
@@ -145,13 +145,15 @@ class MoEModel:
         fam = d.adapter
         # what the layer parts read their tensors with (engine/layers: each part builds itself)
         w = SimpleNamespace(dims=d, accel=accel, attn_dtype=self.attn_dtype, matrix=matrix, dense=dense, norm=norm,
-                            stack=stack, read=lambda name: ckpt.read(name).to(accel))
+                            stack=stack, read=lambda name: ckpt.read(name).to(accel),
+                            config=ckpt.config.get_text_config())
         slots = {"attention": 0, "deltanet": 0}  # each mixer kind's layers are numbered in the cache
         for i in range(d.decoder_layers):
             p = f"model.layers.{i}."
             kind = d.mixer(i)
-            mixer = MIXERS[kind].build(w, p, i, slots[kind])
-            slots[kind] += 1
+            keeps = "deltanet" if kind == "deltanet" else "attention"  # a state, or rows of the KV cache
+            mixer = MIXERS[kind].build(w, p, i, slots[keeps])
+            slots[keeps] += 1
             tick(f"layer {i} {kind}")
             if i < d.dense_first:  # a dense MLP (GLM-4.5's first layers), with the dense weights
                 ffn = DenseFFN(dense(fam.dense_ffn_key(i, "w1")), dense(fam.dense_ffn_key(i, "w3")),
@@ -287,8 +289,9 @@ class MoEModel:
 
     def new_cache(self, ctx: int) -> KVCache:
         d = self.dims
-        state = LinearState(d.layers - d.attention_layers, d.linear, self.accel) if d.linear is not None else None
-        return KVCache(d.attention_layers, d.kv_heads, ctx, d.head_dim, self.kv_dtype, self.accel, state)
+        state = LinearState(d.decoder_layers - d.attention_layers, d.linear, self.accel) if d.linear is not None else None
+        g, hk, hv = d.kv_shape
+        return KVCache(d.attention_layers, g, ctx, hk, self.kv_dtype, self.accel, state, hv)
 
     # ---- forward ----
     def rope_tables(self, upto: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -348,7 +351,7 @@ class MoEModel:
         else:
             native.torch_threads.widen()  # a prefill's GEMMs get torch's threads back
         cos, sin = self.rope_rows(positions, T)  # [T, 1, R]
-        windows = {layer.mixer.window for layer in self.layers if layer.mixer.kind == "attention"}
+        windows = {layer.mixer.window for layer in self.layers if layer.mixer.kind != "deltanet"}
         spans = [{w: attention.span(n, p, w, self.accel) for w in windows} for p, n in zip(positions, counts)]
         run = Run(caches, positions, counts, cos, sin, spans)
         if start is None:

@@ -59,6 +59,17 @@ class Dims:
     route_groups: tuple = (1, 1)    # sigmoid routing's (n_group, topk_group)
     route_scale: float = 1.0        # routed_scaling_factor: the route weights' multiplier
     shared_gated: bool = True       # the shared expert scaled by sigmoid(gate(x)) (Qwen); else added as is
+    # multi-head latent attention (engine/layers/mla.py): (q rank or 0, kv rank, no-rope, rope, value head dims)
+    mla: tuple | None = None
+    rope_interleave: bool = False   # rope rotates interleaved pairs (DeepSeek) rather than halves
+
+    @property
+    def kv_shape(self) -> tuple[int, int, int]:
+        """What the KV cache holds a token per attending layer: (heads, key width, value width); MLA: one
+        row of [latent; rope key] and no separate values."""
+        if self.mla is not None:
+            return 1, self.mla[1] + self.mla[3], 0
+        return self.kv_heads, self.head_dim, self.head_dim
 
     @property
     def decoder_layers(self) -> int:
@@ -78,7 +89,7 @@ class Dims:
     @property
     def attention_layers(self) -> int:
         """Layers whose mixer keeps keys and values (the others keep a fixed-size state)."""
-        return self.decoder_layers if self.mixers is None else self.mixers.count("attention")
+        return self.decoder_layers if self.mixers is None else sum(k != "deltanet" for k in self.mixers)
 
     def state_bytes(self) -> int:
         """Bytes of one sequence's recurrent state (fp32 conv and delta-rule states of every DeltaNet layer)."""
@@ -92,7 +103,8 @@ class Dims:
         value, the linear-attention state with the copies a cache keeps: engine/layers/state.py)."""
         from .layers.state import SNAPSHOTS
 
-        kv = 2 * self.attention_layers * self.kv_heads * self.head_dim * ctx * elem
+        g, hk, hv = self.kv_shape
+        kv = self.attention_layers * g * (hk + hv) * ctx * elem
         return kv, self.state_bytes() * (1 + SNAPSHOTS)
 
     @property
@@ -160,7 +172,14 @@ def check_config(raw: dict, path: Path) -> None:
         raise ModelError(path, f"'num_experts_per_tok' is {k!r}; it must be a whole number from 1 to "
                          f"{experts_name} ({experts})")
     if fam.dense_first:  # GLM: leading dense layers, then experts in every layer
-        first = field(fam.dense_first, required=False, lo=0) or 0
+        kinds = raw.get(fam.dense_first)
+        if isinstance(kinds, list):  # mlp_layer_types: "dense" layers first, then "sparse" ones
+            first = next((i for i, t in enumerate(kinds) if t != "dense"), len(kinds))
+            if len(kinds) != layers or any(t != "sparse" for t in kinds[first:]):
+                raise ModelError(path, f"'{pre}{fam.dense_first}' must list {layers} entries, the dense layers first "
+                                 "and then only 'sparse' ones")
+        else:
+            first = field(fam.dense_first, required=False, lo=0) or 0
         if first >= layers:
             raise ModelError(path, f"'{pre}{fam.dense_first}' is {first}; it must be below "
                              f"'{pre}num_hidden_layers' ({layers}): a model with no expert layers is not an MoE")
@@ -192,6 +211,10 @@ def check_config(raw: dict, path: Path) -> None:
         v = raw.get(name)
         if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0):
             raise ModelError(path, f"'{name}' is {v!r}; it must be a positive number")
+    if fam.mixer == "mla":
+        from .layers import mla
+
+        mla.check_config(raw, field, lambda why: ModelError(path, why), pre, hidden)
     if fam.mixers:  # layers of parts: each part checks its own fields (engine/layers)
         from .layers import check_mixers
 
@@ -226,14 +249,14 @@ def dims_from_config(cfg, path: Path) -> Dims:
         if getattr(cfg, "use_sliding_window", True) is False:
             window = None
         clip = getattr(cfg, "clip_qkv", None) if fam.clip_qkv else None
-        dense_first = int(getattr(cfg, fam.dense_first, 0) or 0) if fam.dense_first else 0
+        dense_first = _dense_first(cfg, fam)
         qk_norm = fam.qk_norm if not fam.qk_norm_field or getattr(cfg, fam.qk_norm_field, False) else None
         partial = float((getattr(cfg, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0))
         rot = int(head_dim * partial)
         shared = int(getattr(cfg, "shared_expert_intermediate_size", 0) or 0)
         if fam.shared_expert and not fam.shared_gated:  # GLM: n_shared_experts of the routed experts' width
             shared = cfg.moe_intermediate_size * int(getattr(cfg, "n_shared_experts", 1) or 0)
-        return Dims(
+        fields = dict(
             layers=cfg.num_hidden_layers - dense_first, hidden=cfg.hidden_size, ffn=getattr(cfg, fam.expert_ffn_field),
             experts=getattr(cfg, fam.experts_field, None) or cfg.num_local_experts, top_k=cfg.num_experts_per_tok,
             heads=heads,
@@ -253,12 +276,32 @@ def dims_from_config(cfg, path: Path) -> Dims:
             dense_ffn=int(cfg.intermediate_size) if dense_first else 0,
             route_groups=(int(getattr(cfg, "n_group", 1) or 1), int(getattr(cfg, "topk_group", 1) or 1)),
             route_scale=float(getattr(cfg, "routed_scaling_factor", 1.0) or 1.0),
-            **(_parts(cfg, fam) if fam.mixers else {}),
         )
+        fields.update(_parts(cfg, fam) if fam.mixers else {})
+        fields.update(_latent(cfg, fam) if fam.mixer == "mla" else {})
+        return Dims(**fields)
     except (AttributeError, TypeError, ZeroDivisionError) as e:
         raise ModelError(path, f"lacks a field Mixdesk needs: {e}") from None
 
 
+
+
+def _dense_first(cfg, fam: Family) -> int:
+    """Leading decoder layers with a dense MLP: a count field, or mlp_layer_types' leading "dense" entries."""
+    if not fam.dense_first:
+        return 0
+    v = getattr(cfg, fam.dense_first, 0) or 0
+    if isinstance(v, (list, tuple)):
+        return next((i for i, t in enumerate(v) if t != "dense"), len(v))
+    return int(v)
+
+
+def _latent(cfg, fam: Family) -> dict:
+    """The Dims fields of a family whose attention is MLA (GLM-4.7-Flash)."""
+    n = cfg.num_hidden_layers
+    return dict(mixers=("mla",) * n, kv_heads=1, head_dim=cfg.qk_rope_head_dim,
+                mla=(cfg.q_lora_rank or 0, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim,
+                     cfg.v_head_dim), rope_interleave=bool(getattr(cfg, "rope_interleave", True)))
 
 
 def _parts(cfg, fam: Family) -> dict:

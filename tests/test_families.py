@@ -18,7 +18,7 @@ from engine.placement import Placement, Tier
 from engine.sources.tiny_model import write_tiny_model
 
 CPU = torch.device("cpu")
-FAMILIES = ["qwen3_moe", "olmoe", "qwen2_moe", "qwen3_5_moe", "qwen3_next", "glm4_moe"]
+FAMILIES = ["qwen3_moe", "olmoe", "qwen2_moe", "qwen3_5_moe", "qwen3_next", "glm4_moe", "glm4_moe_lite"]
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .family import Family
 from .glm4_moe import GLM4_MOE
+from .glm4_moe_lite import GLM4_MOE_LITE
 from .gpt_oss import GPT_OSS
 from .mixtral import MIXTRAL
 from .olmoe import OLMOE
@@ -18,7 +19,8 @@ from .qwen3_moe import QWEN3_MOE
 from .qwen3_next import QWEN3_NEXT
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (MIXTRAL, QWEN3_MOE, OLMOE, QWEN2_MOE, GPT_OSS,
-                                                                   QWEN3_5_MOE, QWEN3_5_MOE_TEXT, QWEN3_NEXT, GLM4_MOE)}
+                                                                   QWEN3_5_MOE, QWEN3_5_MOE_TEXT, QWEN3_NEXT, GLM4_MOE,
+                                                                   GLM4_MOE_LITE)}
 SUPPORTED_MODEL_TYPES = tuple(t for t, f in FAMILIES.items() if f.runs)  # the ones whose weights run
 
 

@@ -41,6 +41,7 @@ class Family:
     qk_norm_field: str | None = None    # the config field that turns the q/k norms on (else qk_norm stands)
     shared_name: str = "shared_expert"  # the shared expert's module ("shared_experts": GLM, ungated)
     shared_gated: bool = True           # its output scaled by sigmoid(shared_expert_gate(x)) (Qwen)
+    mixer: str = "attention"            # every layer's mixer where the config has no layer_types ("mla": GLM-4.7-Flash)
     deltanet_inputs: str = "split"      # DeltaNet's input projections: "split" (in_proj_qkv/z/b/a) or
                                         # "grouped" (in_proj_qkvz, in_proj_ba: rows grouped per key head)
 

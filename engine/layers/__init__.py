@@ -6,9 +6,9 @@ each layer has (`Dims.mixers`) and the parts read their own tensors and fields. 
 planner and migration see only the experts."""
 from __future__ import annotations
 
-from . import attention, deltanet
+from . import attention, deltanet, mla
 
-MIXERS = {"attention": attention, "deltanet": deltanet}
+MIXERS = {"attention": attention, "deltanet": deltanet, "mla": mla}
 
 
 class Layer:

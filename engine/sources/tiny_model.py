@@ -103,6 +103,13 @@ TINY_FAMILIES = {
                      moe_intermediate_size=ffn, n_routed_experts=experts, intermediate_size=96, head_dim=32,
                      n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=1.5,
                      norm_topk_prob=True, use_qk_norm=True, attention_bias=True)),
+    # MLA with a q rank, interleaved rope, a dense first layer, two expert groups
+    "glm4_moe_lite": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM",
+                      lambda ffn, experts, layers: dict(
+                          moe_intermediate_size=ffn, n_routed_experts=experts, intermediate_size=96, n_shared_experts=1,
+                          n_group=2, topk_group=1, routed_scaling_factor=1.8, norm_topk_prob=True, q_lora_rank=24,
+                          kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=20,
+                          mlp_layer_types=["dense"] + ["sparse"] * (layers - 1))),
 }
 
 
@@ -120,6 +127,8 @@ def write_tiny_model(folder: str | Path, family: str = "mixtral", *, layers: int
     import transformers
 
     config_name, model_name, fields = TINY_FAMILIES[family]
+    if family == "glm4_moe_lite":  # MLA: transformers expands keys and values to every head
+        kv_heads = heads
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     text = dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
