@@ -99,7 +99,7 @@ def greedy(model, prompt: torch.Tensor, n: int) -> list[int]:
     return got
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "qwen3_next", "glm4_moe", "glm4_moe_lite"])
 def test_eval_gives_transformers_perplexity(folders, tmp_path, window_cache, family):
     eval_matches_transformers(folders(family), tmp_path)
 
