@@ -133,6 +133,8 @@ class Checkpoint:
                     skipped[part] = skipped.get(part, 0) + 1
                 else:
                     names[ours] = info
+            if not self.family.fused_experts:  # 3-D per-layer expert tensors: named per expert (families/fused.py)
+                names = fused.split_fused(names, self.family)
             if names.keys() != f.tensors.keys():
                 f.tensors = names
             for name in f.tensors:

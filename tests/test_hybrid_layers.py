@@ -132,3 +132,34 @@ def test_the_chunked_delta_rule_is_the_token_by_token_rule(n, heads, dk, dv):
     want = delta_rule.recurrent(q, k, v, decay, beta, s1)
     got = delta_rule.chunked(q, k, v, decay, beta, s2, chunk=32)
     assert (got - want).abs().max() < 1e-5 and (s2 - s1).abs().max() < 1e-5
+
+
+def test_experts_fused_per_layer_are_read_per_expert_from_the_file(hybrid, tmp_path):
+    """A release that stores each layer's experts as 3-D gate_up_proj [E, 2I, D] and down_proj [E, D, I]
+    (transformers' own layout) runs exactly as the per-expert checkpoint: each expert is a byte range
+    of the file, named per expert (engine/families/fused.py split_fused)."""
+    import re
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from engine.model import MoEModel
+    from engine.placement import Placement, Tier
+
+    folder = tmp_path / "fused"
+    shutil.copytree(hybrid, folder)
+    ts = load_file(str(folder / "model.safetensors"))
+    d = Checkpoint(hybrid).dims
+    for l in range(d.layers):
+        p = f"model.language_model.layers.{l}.mlp.experts."
+        take = lambda w: [ts.pop(f"{p}{e}.{w}.weight") for e in range(d.experts)]  # noqa: E731
+        gate, up, down = take("gate_proj"), take("up_proj"), take("down_proj")
+        ts[p + "gate_up_proj"] = torch.stack([torch.cat([g, u]) for g, u in zip(gate, up)])
+        ts[p + "down_proj"] = torch.stack(down)
+    save_file(ts, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    assert not any(re.search(r"experts\.\d+\.", n) for n in load_file(str(folder / "model.safetensors")))
+    pl = Placement.random(d.layers, d.experts, [Tier.GPU16, Tier.CPU16], seed=4)
+    ids = torch.arange(3, 23)
+    a, b = (MoEModel(Checkpoint(f), pl, torch.device("cpu"), torch.float32) for f in (hybrid, folder))
+    assert torch.equal(a.forward(ids, a.new_cache(32), 0, all_logits=True),
+                       b.forward(ids, b.new_cache(32), 0, all_logits=True))

@@ -107,3 +107,43 @@ def shapes(d, mxfp4: bool) -> dict[str, tuple[int, ...]]:
             s[p + "gate_up_proj"], s[p + "down_proj"] = (E, D, 2 * I), (E, I, D)
         s[p + "gate_up_proj_bias"], s[p + "down_proj_bias"] = (E, 2 * I), (E, D)
     return s
+
+
+# ---- experts fused per layer, gate rows then up rows (transformers' in-memory layout) ----
+# Qwen3.5-MoE, Qwen3-Next, GLM-4.5 and others may ship (or be saved with) each layer's experts as
+# two 3-D tensors: experts.gate_up_proj [E, 2I, D] (expert e's gate rows, then its up rows) and
+# experts.down_proj [E, D, I]. Expert e's gate, up and down are then contiguous byte ranges of the
+# file, so the checkpoint names them as the per-expert tensors they are: no copy, and the mapped
+# tiers serve them from the file as for a per-expert checkpoint.
+_ELEMENT = {"BF16": 2, "F16": 2, "F32": 4}
+
+
+def split_fused(tensors: dict, family) -> dict:
+    """tensors (name -> safetensors TensorInfo) with every 3-D gate_up_proj / down_proj of the family's
+    MoE blocks replaced by per-expert entries under the family's own per-expert names."""
+    import re
+
+    from ..safetensors_file import TensorInfo
+
+    fused = re.compile(r"^model\.layers\.(\d+)\." + re.escape(family.moe) + r"\.experts\.(gate_up_proj|down_proj)$")
+    out = {}
+    for name, info in tensors.items():
+        m = fused.match(name)
+        if not m or len(info.shape) != 3 or info.dtype not in _ELEMENT:
+            out[name] = info
+            continue
+        layer, E, rows, cols = int(m[1]), *info.shape
+        size = rows * cols * _ELEMENT[info.dtype]
+        if m[2] == "down_proj":
+            parts = (("w2", 0, rows),)
+        elif rows % 2 == 0:
+            parts = (("w1", 0, rows // 2), ("w3", rows // 2, rows // 2))
+        else:
+            out[name] = info  # not gate and up halves: left as it is (the shape check names it)
+            continue
+        row = cols * _ELEMENT[info.dtype]
+        for e in range(E):
+            for w, first, n in parts:
+                start = info.start + e * size + first * row
+                out[family.expert_key(layer, e, w)] = TensorInfo(info.dtype, (n, cols), start, start + n * row)
+    return out
