@@ -71,8 +71,9 @@ class Prompts:
             return formats.Parser()
         fmt = self.template.format
         names = None if tools is None else tuple(t.get("function", {}).get("name", "") for t in tools)
-        tail = self.tok.decode(ids[-4:], skip_special_tokens=False) if fmt == "qwen3" else ""
-        return formats.parser_for(fmt, tools=names, thinking_open=tail.rstrip().endswith("<think>"))
+        tail = self.tok.decode(ids[-16:], skip_special_tokens=False) if fmt in formats.THINKING_FORMATS else ""
+        return formats.parser_for(fmt, tools=names, thinking_open=tail.rstrip().endswith("<think>"),
+                                  schemas=formats.schemas_of(tools))
 
     def prepare(self, cmd) -> Prepared:
         """A Generate's prompt for the scheduler: its prompt_ids as given, else its prompt_text or

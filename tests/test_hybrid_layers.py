@@ -163,3 +163,26 @@ def test_experts_fused_per_layer_are_read_per_expert_from_the_file(hybrid, tmp_p
     a, b = (MoEModel(Checkpoint(f), pl, torch.device("cpu"), torch.float32) for f in (hybrid, folder))
     assert torch.equal(a.forward(ids, a.new_cache(32), 0, all_logits=True),
                        b.forward(ids, b.new_cache(32), 0, all_logits=True))
+
+
+@pytest.mark.parametrize("template, fmt", [("qwen3.5", "qwen_xml"), ("glm-4.7-flash", "glm")])
+def test_a_2026_template_picks_its_reply_format_and_opens_the_reasoning(hybrid, tmp_path, template, fmt):
+    """A model folder holding Qwen3.5's or GLM-4.7's published template replies in that family's format
+    (engine/formats/qwen_xml.py, glm.py); the prompt ends inside <think>, so the reply starts as reasoning."""
+    import shutil
+    from pathlib import Path
+
+    folder = tmp_path / "m"
+    shutil.copytree(hybrid, folder)
+    src = Path(__file__).resolve().parents[1] / "resources" / "templates" / f"{template}-chat_template.jinja"
+    (folder / "chat_template.jinja").write_text(src.read_text())
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    loaded = load(folder, "cpu", device="cpu", dtype="fp32", ctx=512)
+    assert loaded.prompts.template.format == fmt
+    ids = loaded.prompts.chat([{"role": "user", "content": "What is 2+2?"}])
+    parser = loaded.prompts.parser(ids)
+    deltas = parser.feed("adding\n</think>\n\nIt is 4.") + parser.finish()
+    said = {k: "".join(d.text for d in deltas if d.part == k) for k in ("reasoning", "content")}
+    assert said["reasoning"].strip() == "adding" and said["content"] == "It is 4."

@@ -2,7 +2,11 @@
 
 Models of 2026 reason before they answer and call tools, each family in its own markup: Qwen3's
 `<think>…</think>` and `<tool_call>{json}</tool_call>`, GPT-OSS's harmony channels (`analysis`,
-`final`, `commentary to=functions.NAME`), Mistral's `[TOOL_CALLS][…]`. A `Parser` reads the text a
+`final`, `commentary to=functions.NAME`), Mistral's `[TOOL_CALLS][…]`, and calls written as tags
+with one value per argument (TAGGED_FORMATS): Qwen3.5 / Qwen3-Coder's
+`<tool_call><function=NAME><parameter=KEY>…</parameter></function></tool_call>` ("qwen_xml") and
+GLM-4.5..4.7's `<tool_call>NAME<arg_key>KEY</arg_key><arg_value>…</arg_value></tool_call>` ("glm"),
+whose values are typed by the offered tools' JSON schemas (tagged_calls.py). A `Parser` reads the text a
 reply generates, as it arrives (any split of it: a token may end mid-tag), and says what each piece
 is as a list of `Delta`s; it never loses a byte: text that turns out not to be markup is content, and
 a malformed tool call (broken JSON, an unknown function) becomes content with a one-line note.
@@ -16,16 +20,26 @@ The invariants every parser keeps (tests/test_formats.py checks them on every sp
 from __future__ import annotations
 
 from .base import Delta, Parser, ToolCall  # noqa: F401 - the interface, re-exported
+from .tagged_calls import schemas_of  # noqa: F401 - for callers of parser_for
 
 
-FORMATS = ("plain", "qwen3", "harmony", "mistral")
+FORMATS = ("plain", "qwen3", "harmony", "mistral")  # tests/test_formats.py has example replies of each
+TAGGED_FORMATS = ("qwen_xml", "glm")  # the formats with calls as tags (tests/test_formats_2026.py); every
+# format is one of FORMATS + TAGGED_FORMATS
+THINKING_FORMATS = ("qwen3",) + TAGGED_FORMATS  # a prompt may end inside their `<think>` block
 
 
 def format_of(template_source: str | None) -> str:
-    """Which format a model replies in, from its chat template's text."""
+    """Which format a model replies in, from its chat template's text: what its past tool calls are
+    written as (`<arg_key>`: GLM's; `<function=` and `<parameter=` inside `<tool_call>`: Qwen3.5's,
+    Qwen3-Coder's), else its tags."""
     src = template_source or ""
     if "<|channel|>" in src:
         return "harmony"
+    if "<tool_call>" in src and "<arg_key>" in src:
+        return "glm"
+    if "<tool_call>" in src and "<function=" in src and "<parameter=" in src:
+        return "qwen_xml"
     if "<tool_call>" in src or "<think>" in src:
         return "qwen3"
     if "[TOOL_CALLS]" in src:
@@ -33,13 +47,25 @@ def format_of(template_source: str | None) -> str:
     return "plain"
 
 
-def parser_for(fmt: str, tools: tuple[str, ...] | None = None, thinking_open: bool = False) -> Parser:
+def parser_for(fmt: str, tools: tuple[str, ...] | None = None, thinking_open: bool = False,
+               schemas: dict[str, dict] | None = None) -> Parser:
     """A new parser for one reply. tools: the function names offered (None: no check). thinking_open:
-    the prompt already opened a reasoning block (a template that ends its prompt with `<think>`)."""
+    the prompt already opened a reasoning block (a template that ends its prompt with `<think>`; the
+    formats of THINKING_FORMATS). schemas: function name -> its `parameters` JSON schema
+    (`schemas_of(request tools)`), which types the argument values of TAGGED_FORMATS (without one
+    they stay strings); the other formats' arguments are JSON already."""
     if fmt == "qwen3":
         from .qwen3 import Qwen3Parser
 
         return Qwen3Parser(tools=tools, thinking_open=thinking_open)
+    if fmt == "qwen_xml":
+        from .qwen_xml import QwenXmlParser
+
+        return QwenXmlParser(tools=tools, thinking_open=thinking_open, schemas=schemas)
+    if fmt == "glm":
+        from .glm import GlmParser
+
+        return GlmParser(tools=tools, thinking_open=thinking_open, schemas=schemas)
     if fmt == "harmony":
         from .harmony import HarmonyParser
 

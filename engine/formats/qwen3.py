@@ -262,7 +262,7 @@ class Qwen3Parser(StreamParser):
             return False
         body = buf[:p]
         self._buf = buf[p + len(END_CALL):]
-        got = read_call(self, body)
+        got = self._read(body)
         if isinstance(got, str):
             self._say_content(self._gap + CALL + body + END_CALL)
             self._note(got)
@@ -272,3 +272,8 @@ class Qwen3Parser(StreamParser):
             self._state = "after_call"
         self._gap = ""
         return True
+
+    def _read(self, body: str) -> tuple[str, dict] | str:
+        """A call's body (between `<tool_call>` and `</tool_call>`): its name and arguments, or why it
+        is not a valid call. The formats that write calls as tags (tagged_calls.py) read it their way."""
+        return read_call(self, body)

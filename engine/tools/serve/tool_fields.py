@@ -32,6 +32,8 @@ OPENINGS = {
     "qwen3": ("<tool_call>\n", '<tool_call>\n{"name": "NAME", "arguments": '),
     "harmony": ("<|channel|>commentary to=functions.", "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>"),
     "mistral": ("[TOOL_CALLS]", '[TOOL_CALLS][{"name": "NAME", "arguments": '),
+    "qwen_xml": ("<tool_call>\n<function=", "<tool_call>\n<function=NAME>\n"),  # Qwen3.5, Qwen3-Coder
+    "glm": ("<tool_call>", "<tool_call>NAME"),  # GLM-4.5 to 4.7
 }
 
 
