@@ -60,6 +60,11 @@ def dense_shapes(d: Dims) -> dict[str, tuple[int, ...]]:
             s[fam.router_key(l, bias=True)] = (d.experts,)
         if d.router_kind == "sigmoid_groups":
             s[fam.correction_key(l)] = (d.experts,)
+        if d.router_kind == "gemma":  # its router's own scale [D] and per-expert scale [E]
+            s[fam.block(l) + "router.scale"], s[fam.block(l) + "router.per_expert_scale"] = (d.hidden,), (d.experts,)
+        if d.parallel_ffn:  # the dense MLP beside the experts (Gemma 4)
+            s[fam.dense_ffn_key(l, "w1")] = s[fam.dense_ffn_key(l, "w3")] = (d.parallel_ffn, d.hidden)
+            s[fam.dense_ffn_key(l, "w2")] = (d.hidden, d.parallel_ffn)
         s[fam.router_key(l)] = (d.experts, d.hidden)
         if d.shared_ffn:
             s[fam.shared_key(l, "w1")] = s[fam.shared_key(l, "w3")] = (d.shared_ffn, d.hidden)
@@ -308,11 +313,14 @@ def _skipped_note(skipped: dict[str, int]) -> str:
     """One sentence on the parts of the checkpoint Mixdesk does not run (said once, at load)."""
     if not skipped:
         return ""
-    what = {"model.visual.": "the vision tower"}
-    parts = sorted({what.get(p, "the multi-token-prediction head") for p in skipped}, key=lambda w: "vision" not in w)
+    what = {"model.visual.": "the vision tower", "model.vision_tower.": "the vision tower",
+            "model.embed_vision.": "the vision tower", "model.audio_tower.": "the audio tower",
+            "model.embed_audio.": "the audio tower"}
+    parts = sorted({what.get(p, "the multi-token-prediction head") for p in skipped},
+                   key=lambda w: ("vision" not in w, "audio" not in w))
     n = sum(skipped.values())
     return (f"{' and '.join(parts)} ({n} tensors) {'are' if len(parts) > 1 else 'is'} not run: Mixdesk chats in text "
-            "(images are out of scope) and predicts one token at a time")
+            "(images and sound are out of scope) and predicts one token at a time")
 
 
 def _pickle_refusal() -> str:

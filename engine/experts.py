@@ -23,13 +23,14 @@ from .placement import Tier
 from .quant import NF4, MX4Native, Q4Native, cpu4_format, cpu4_quantize, cpu4_quantize_steps, run_to_end
 
 CPU = torch.device("cpu")
-ACTS = {"silu": 0, "swiglu_oai": 1}  # the native kernel's codes (mdk.h)
+ACTS = {"silu": 0, "swiglu_oai": 1, "gelu_tanh": 2}  # the native kernel's codes (mdk.h)
 
 
 @dataclass(frozen=True)
 class Glu:
     """What a family adds to the plain SwiGLU expert (GPT-OSS): fp32 biases on gate/up (b13 [2I],
-    gate half first) and on down (b2 [D]), and its activation: "silu", or "swiglu_oai",
+    gate half first) and on down (b2 [D]), and its activation: "silu", "gelu_tanh" (Gemma's GeGLU,
+    gelu(gate, tanh approximation) * up), or "swiglu_oai",
     (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g) with g = min(gate, limit)."""
 
     b13: torch.Tensor | None = None
@@ -49,6 +50,8 @@ class Glu:
         gate, up = h.split(ffn, dim=-1)
         if self.act == "silu":
             return F.silu(gate) * up
+        if self.act == "gelu_tanh":  # Gemma's GeGLU
+            return F.gelu(gate, approximate="tanh") * up
         g = gate.clamp(max=self.limit)
         return (up.clamp(-self.limit, self.limit) + 1) * (g * torch.sigmoid(g * self.alpha))
 

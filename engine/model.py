@@ -17,7 +17,10 @@ from . import native, offload
 from .blockquant import NATIVE as BLOCK_TYPES, BlockQuant
 from .checkpoint import Checkpoint, dense_shapes
 from .layers import MIXERS, Layer, attention
+from .layers import rope
 from .layers.feed_forward import DenseFFN
+from .layers.rope import Rope
+from .layers.sandwich import NORMS as SANDWICH_NORMS, SandwichLayer
 from .layers.state import LinearState
 from .dense_forms import embed_rows, stack
 from .errors import ModelError
@@ -46,7 +49,9 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return (self.k.nbytes + self.v.nbytes) + (self.state.nbytes if self.state is not None else 0)
+        kv = sum(t.nbytes for t in (self.k, self.v)) if isinstance(self.k, torch.Tensor) else \
+            sum(t.nbytes for t in self.k + self.v)  # (one tensor, or one per layer)
+        return kv + (self.state.nbytes if self.state is not None else 0)
 
 
 class Run:
@@ -166,14 +171,23 @@ class MoEModel:
                     tick(f"layer {i} expert {e}")
                 ffn = self._moe_block(w, fam, i, experts)
                 self.moe.append(ffn)
+            if d.sandwich:  # Gemma 4: a dense MLP beside the experts, and norms around both
+                mlp = DenseFFN(*(dense(fam.dense_ffn_key(i, k)) for k in ("w1", "w3", "w2")), act=d.act)
+                self.layers.append(SandwichLayer(norm(p + "input_layernorm.weight"), mixer,
+                                                 norm(p + "post_attention_layernorm.weight"),
+                                                 {n: norm(p + n + ".weight") for n in SANDWICH_NORMS},
+                                                 dense(p + "layer_scalar"), mlp, ffn))
+                continue
             self.layers.append(Layer(norm(p + "input_layernorm.weight"), mixer,
                                      norm(p + "post_attention_layernorm.weight"), ffn))
         if offload_costs is None and measure_offload and accel.type == "cuda":
             probe = self._any_cpu_expert() or materialise(ckpt, 0, 0, Tier.CPU16, accel, dtype)
             offload_costs = offload.measure(probe, accel)
         self.set_offload(offload_costs)
-        self.inv_freq, self.rope_scale = _rope(ckpt.config.get_text_config(), d.rotary)
-        self._rope_cache: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        text = ckpt.config.get_text_config()
+        self.rope = Rope(*rope.frequencies(text, d.rotary), self.attn_dtype, accel)
+        # layers of several kinds with their own rope tables (Gemma 4): by the layers' rope key
+        self.ropes = rope.keyed(text, self.attn_dtype, accel) if d.layer_attn is not None else {}
         self.layer_inputs: list | None = None  # calibration: each layer's input appended when set
         # the whole decode step in one native call, where the model is on the CPU (engine/native)
         self.native_step = DecodeStep(self) if choice.whole_step(self) else None
@@ -189,11 +203,16 @@ class MoEModel:
                       dense(fam.shared_key(i, "gate")) if d.shared_gated else None)
         sigmoid = d.router_kind == "sigmoid_groups"
         gate = dense(fam.router_key(i))
+        if d.router_kind == "gemma":  # its own input scale [D] (times 1/sqrt(D)) and per-expert scale [E]
+            extra = dict(route_in=dense(fam.block(i) + "router.scale") * d.hidden ** -0.5,
+                         expert_scale=dense(fam.block(i) + "router.per_expert_scale").float(), eps=d.rms_eps)
+        else:
+            extra = {}
         return MoEBlock(gate.float() if sigmoid else gate, experts, d.top_k, self.accel, norm_topk=d.norm_topk,
                         shared=shared, router_kind=d.router_kind,
                         gate_bias=dense(fam.router_key(i, bias=True)) if d.router_bias else None,
                         correction=w.read(fam.correction_key(i)).float() if sigmoid else None,
-                        groups=d.route_groups, scale=d.route_scale)
+                        groups=d.route_groups, scale=d.route_scale, **extra)
 
     # ---- re-placement ----
     def build(self, layer: int, expert: int, tier: Tier, threads: int | None = None):
@@ -291,31 +310,18 @@ class MoEModel:
         d = self.dims
         state = LinearState(d.decoder_layers - d.attention_layers, d.linear, self.accel) if d.linear is not None else None
         g, hk, hv = d.kv_shape
-        return KVCache(d.attention_layers, g, ctx, hk, self.kv_dtype, self.accel, state, hv)
+        cache = KVCache(0 if d.layer_attn else d.attention_layers, g, ctx, hk, self.kv_dtype, self.accel, state, hv)
+        if d.layer_attn is not None:  # layers of several widths: rows of their own [G, ctx, Hd] each
+            cache.k = [torch.empty(a[0], ctx, a[1], dtype=self.kv_dtype, device=self.accel) for a in d.layer_attn]
+            cache.v = [torch.empty_like(k) for k in cache.k]
+        return cache
 
     # ---- forward ----
     def rope_tables(self, upto: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._rope_cache is None or self._rope_cache[0] < upto:
-            n = max(upto, 256, 2 * (self._rope_cache[0] if self._rope_cache else 0))
-            pos = torch.arange(n, dtype=torch.float32)
-            freqs = pos[:, None] * self.inv_freq[None, :]  # [n, Hd/2]
-            emb = torch.cat([freqs, freqs], dim=-1)  # [n, Hd]
-            cos = (emb.cos() * self.rope_scale).to(self.attn_dtype)
-            sin = (emb.sin() * self.rope_scale).to(self.attn_dtype)
-            half = emb.shape[-1] // 2
-            # rotate_half(x) * sin == roll(x, half) * [-sin_lo, sin_hi]: one op instead of three
-            sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
-            self._rope_cache = (n, cos.to(self.accel)[:, None, :], sin_signed.to(self.accel)[:, None, :])
-        return self._rope_cache[1], self._rope_cache[2]
+        return self.rope.tables(upto)
 
     def rope_rows(self, positions: list[int], T: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin [T, 1, Hd] (contiguous) of a forward's T tokens: one sequence's run from
-        positions[0] (a slice of the tables), or one token at each of the positions (T == B)."""
-        cos_t, sin_t = self.rope_tables(max(positions) + (T if len(positions) == 1 else 1))
-        if len(positions) == 1:
-            return cos_t[positions[0]:positions[0] + T], sin_t[positions[0]:positions[0] + T]
-        at = torch.tensor(positions, device=self.accel)
-        return cos_t[at], sin_t[at]
+        return self.rope.rows(positions, T)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         h = x.float()
@@ -354,32 +360,21 @@ class MoEModel:
         windows = {layer.mixer.window for layer in self.layers if layer.mixer.kind != "deltanet"}
         spans = [{w: attention.span(n, p, w, self.accel) for w in windows} for p, n in zip(positions, counts)]
         run = Run(caches, positions, counts, cos, sin, spans)
+        run.rope = {k: r.rows(positions, T) for k, r in self.ropes.items()}
         if start is None:
-            first, x = 0, embed_rows(self.embed, ids.to(self.accel)).to(self.residual_dtype)  # [T, D]
+            x = embed_rows(self.embed, ids.to(self.accel))  # [T, D]
+            if self.dims.embed_scale:  # Gemma: scaled by sqrt(D), in the embedding's dtype
+                x = x * torch.tensor(self.dims.hidden ** 0.5, dtype=x.dtype)
+            first, x = 0, x.to(self.residual_dtype)
         else:  # calibration: resume at a layer from its recorded input (earlier layers unchanged)
             first, x = start
         for l in range(first, len(self.layers)):
             layer = self.layers[l]
             if self.layer_inputs is not None:
                 self.layer_inputs.append(x)
-            x = x + layer.mixer(self, self._rms(x, layer.ln1), run)
-            block = layer.ffn
-            if getattr(block, "record", None) is not None:
-                block.residual = x  # calibration measures perturbations relative to the stream
-            x = x + block(self._rms(x, layer.ln2))
+            x = layer.forward(self, x, run)
         if T > B and not all_logits:
             x = x[-1:]  # one sequence: its last token
-        return linear(self._rms(x, self.norm), self.lm_head).float()  # [B or T, V]
-
-
-def _rope(config, head_dim: int) -> tuple[torch.Tensor, float]:
-    rp = getattr(config, "rope_parameters", None) or {}
-    kind = rp.get("rope_type", "default")
-    if kind == "default":
-        theta = float(rp.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-        return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)), 1.0
-    # scaled variants (llama3, yarn, ...) come from transformers' own tables
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    inv_freq, scale = ROPE_INIT_FUNCTIONS[kind](config, "cpu")
-    return inv_freq.float(), float(scale)
+        logits = linear(self._rms(x, self.norm), self.lm_head).float()  # [B or T, V]
+        cap = self.dims.softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap

@@ -62,6 +62,19 @@ class Dims:
     # multi-head latent attention (engine/layers/mla.py): (q rank or 0, kv rank, no-rope, rope, value head dims)
     mla: tuple | None = None
     rope_interleave: bool = False   # rope rotates interleaved pairs (DeepSeek) rather than halves
+    # Gemma 4 (engine/families/gemma4.py, engine/layers/sandwich.py)
+    sandwich: bool = False          # norms after the mixer and the feed-forward too; a per-layer output scalar
+    parallel_ffn: int = 0           # width of a dense MLP beside the experts in every layer (0: none)
+    embed_scale: bool = False       # the embedding scaled by sqrt(hidden)
+    softcap: float | None = None    # final logits: cap * tanh(logits / cap)
+    attn_scale: float | None = None  # attention's logit scale (None: 1/sqrt(head dim))
+    v_norm: bool = False            # values RMS-normalised (no weight) before attention
+    # per layer, where they differ: (kv heads, head dim, keys are values, rope key) (None: kv_heads, head_dim)
+    layer_attn: tuple | None = None
+
+    def attn_of(self, layer: int) -> tuple[int, int, bool, str | None]:
+        """Decoder layer `layer`'s attention: (kv heads, head dim, values are its keys, rope table key)."""
+        return self.layer_attn[layer] if self.layer_attn is not None else (self.kv_heads, self.head_dim, False, None)
 
     @property
     def kv_shape(self) -> tuple[int, int, int]:
@@ -69,6 +82,9 @@ class Dims:
         row of [latent; rope key] and no separate values."""
         if self.mla is not None:
             return 1, self.mla[1] + self.mla[3], 0
+        if self.layer_attn is not None:  # the widest layer's (layers of several widths keep their own rows)
+            g, hd = max(a[0] for a in self.layer_attn), max(a[1] for a in self.layer_attn)
+            return g, hd, hd
         return self.kv_heads, self.head_dim, self.head_dim
 
     @property
@@ -167,9 +183,9 @@ def check_config(raw: dict, path: Path) -> None:
     field("max_position_embeddings")
     field("sliding_window", required=False, lo=0)
     shared = field("shared_expert_intermediate_size", required=False, lo=0) if fam.shared_expert else 0
-    k = raw.get("num_experts_per_tok")
+    k = raw.get(fam.top_k_field)
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= experts:
-        raise ModelError(path, f"'num_experts_per_tok' is {k!r}; it must be a whole number from 1 to "
+        raise ModelError(path, f"'{pre}{fam.top_k_field}' is {k!r}; it must be a whole number from 1 to "
                          f"{experts_name} ({experts})")
     if fam.dense_first:  # GLM: leading dense layers, then experts in every layer
         kinds = raw.get(fam.dense_first)
@@ -211,6 +227,14 @@ def check_config(raw: dict, path: Path) -> None:
         v = raw.get(name)
         if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0):
             raise ModelError(path, f"'{name}' is {v!r}; it must be a positive number")
+    if fam.sandwich:  # Gemma 4: Mixdesk runs its MoE models, without per-layer inputs or shared keys
+        if raw.get("enable_moe_block") is not True:
+            raise ModelError(path, f"'{pre}enable_moe_block' is {raw.get('enable_moe_block')!r}: a dense Gemma 4; "
+                             "Mixdesk runs Mixture-of-Experts models (Gemma 4 26B-A4B)")
+        for name in ("hidden_size_per_layer_input", "num_kv_shared_layers"):
+            if raw.get(name):
+                raise ModelError(path, f"'{pre}{name}' is {raw[name]!r}; Mixdesk runs Gemma 4 models without "
+                                 "per-layer inputs and shared keys (the MoE release has neither)")
     if fam.mixer == "mla":
         from .layers import mla
 
@@ -244,7 +268,11 @@ def dims_from_config(cfg, path: Path) -> Dims:
         cfg = cfg.text_config
     try:
         heads = cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        if fam.sandwich:  # Gemma 4: per layer (Dims.layer_attn); the model-wide values are the first layer's
+            head_dim, kv_heads = cfg.per_layer_config[0].head_dim, cfg.per_layer_config[0].num_key_value_heads
+        else:
+            head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+            kv_heads = cfg.num_key_value_heads
         window = getattr(cfg, "sliding_window", None) or None
         if getattr(cfg, "use_sliding_window", True) is False:
             window = None
@@ -258,9 +286,9 @@ def dims_from_config(cfg, path: Path) -> Dims:
             shared = cfg.moe_intermediate_size * int(getattr(cfg, "n_shared_experts", 1) or 0)
         fields = dict(
             layers=cfg.num_hidden_layers - dense_first, hidden=cfg.hidden_size, ffn=getattr(cfg, fam.expert_ffn_field),
-            experts=getattr(cfg, fam.experts_field, None) or cfg.num_local_experts, top_k=cfg.num_experts_per_tok,
+            experts=getattr(cfg, fam.experts_field, None) or cfg.num_local_experts, top_k=getattr(cfg, fam.top_k_field),
             heads=heads,
-            kv_heads=cfg.num_key_value_heads, head_dim=head_dim, vocab=cfg.vocab_size,
+            kv_heads=kv_heads, head_dim=head_dim, vocab=cfg.vocab_size,
             rms_eps=float(cfg.rms_norm_eps), max_positions=cfg.max_position_embeddings,
             tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)), sliding_window=window,
             family=fam.model_type, norm_topk=bool(getattr(cfg, "norm_topk_prob", fam.norm_topk_default)),
@@ -279,6 +307,7 @@ def dims_from_config(cfg, path: Path) -> Dims:
         )
         fields.update(_parts(cfg, fam) if fam.mixers else {})
         fields.update(_latent(cfg, fam) if fam.mixer == "mla" else {})
+        fields.update(_sandwich(cfg, fam) if fam.sandwich else {})
         return Dims(**fields)
     except (AttributeError, TypeError, ZeroDivisionError) as e:
         raise ModelError(path, f"lacks a field Mixdesk needs: {e}") from None
@@ -294,6 +323,18 @@ def _dense_first(cfg, fam: Family) -> int:
     if isinstance(v, (list, tuple)):
         return next((i for i, t in enumerate(v) if t != "dense"), len(v))
     return int(v)
+
+
+def _sandwich(cfg, fam: Family) -> dict:
+    """The Dims fields of Gemma 4: its per-layer attention shapes, rope tables, norms and MLP beside the experts."""
+    per, kinds = cfg.per_layer_config, cfg.layer_types
+    attn = tuple((per[i].num_key_value_heads, per[i].head_dim,
+                  bool(cfg.attention_k_eq_v) and kinds[i] != "sliding_attention", kinds[i]) for i in range(len(kinds)))
+    window = cfg.sliding_window
+    return dict(sandwich=True, parallel_ffn=int(cfg.intermediate_size), embed_scale=True,
+                softcap=float(cfg.final_logit_softcapping) if cfg.final_logit_softcapping else None, attn_scale=1.0,
+                v_norm=True, layer_attn=attn, act="gelu_tanh", router_kind="gemma", rot_dim=0,
+                layer_windows=tuple(window if k == "sliding_attention" else None for k in kinds))
 
 
 def _latent(cfg, fam: Family) -> dict:

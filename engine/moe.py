@@ -35,7 +35,8 @@ class MoEBlock:
                  accel: torch.device, offload: OffloadCosts | None = None, norm_topk: bool = True,
                  shared: tuple[Expert16, torch.Tensor | None] | None = None, gate_bias: torch.Tensor | None = None,
                  router_kind: str = "softmax_topk", correction: torch.Tensor | None = None,
-                 groups: tuple[int, int] = (1, 1), scale: float = 1.0):
+                 groups: tuple[int, int] = (1, 1), scale: float = 1.0, route_in: torch.Tensor | None = None,
+                 expert_scale: torch.Tensor | None = None, eps: float = 1e-6):
         self.gate = gate  # [E, D] on accel
         self.gate_bias = gate_bias  # [E] (GPT-OSS) or None
         # "softmax_topk": softmax over all E, top-k (renormalised when norm_topk); "topk_softmax" (GPT-OSS):
@@ -44,6 +45,9 @@ class MoEBlock:
         # groups[1] of groups[0] expert groups; weights the scores (renormalised when norm_topk) x scale
         self.router_kind = router_kind
         self.correction, self.groups, self.scale = correction, groups, scale
+        # "gemma": the router reads its own input (the stream), RMS-normalised without a weight, times
+        # route_in [D] (its scale / sqrt(D)); softmax, top-k renormalised, times expert_scale [E]
+        self.route_in, self.expert_scale, self.eps = route_in, expert_scale, eps
         self.top_k = top_k
         self.norm_topk = norm_topk  # renormalise the top-k weights (Mixtral; Qwen3-MoE per its config)
         self.shared = shared  # (shared expert, its sigmoid gate [1, D] or None: ungated, GLM) on accel
@@ -89,6 +93,12 @@ class MoEBlock:
             logits = logits + self.gate_bias
         if self.router_kind == "sigmoid_groups":
             return self._sigmoid_route(x)
+        if self.router_kind == "gemma":
+            h = x.float()
+            h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.route_in
+            probs = torch.softmax(linear(h, self.gate).float(), dim=-1)
+            w, idx = torch.topk(probs, self.top_k, dim=-1)
+            return w / w.sum(dim=-1, keepdim=True) * self.expert_scale[idx], idx
         if self.router_kind == "topk_softmax":
             top, idx = torch.topk(logits, self.top_k, dim=-1)  # [T, K]
             return torch.softmax(top.float(), dim=-1), idx
@@ -111,8 +121,9 @@ class MoEBlock:
             w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
         return w * self.scale, idx
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # x [T, D] on accel
-        out = self._routed(x)
+    def __call__(self, x: torch.Tensor, route_x: torch.Tensor | None = None) -> torch.Tensor:  # x [T, D] on accel
+        """route_x: what the router reads where it is not the experts' input (Gemma 4: the stream)."""
+        out = self._routed(x, route_x)
         if self.shared is not None:
             ex, g = self.shared
             if g is None:  # ungated (GLM): added as it is
@@ -120,11 +131,11 @@ class MoEBlock:
             out = out + (torch.sigmoid(linear(x, g).float()) * ex(x).float()).to(x.dtype)  # [T, D]
         return out
 
-    def _routed(self, x: torch.Tensor) -> torch.Tensor:
+    def _routed(self, x: torch.Tensor, route_x: torch.Tensor | None = None) -> torch.Tensor:
         T = x.shape[0]
-        if choice.moe_layer(self, x):
+        if route_x is None and choice.moe_layer(self, x):
             return self._native_layer(x)  # (its router renormalises the top-k weights)
-        w, idx = self.route(x)
+        w, idx = self.route(x if route_x is None else route_x)
         if self.record is not None:
             self.record.append((x, idx, w, self.residual))
         if T == 1:

@@ -18,7 +18,7 @@ from engine.placement import Placement, Tier
 from engine.sources.tiny_model import write_tiny_model
 
 CPU = torch.device("cpu")
-FAMILIES = ["qwen3_moe", "olmoe", "qwen2_moe", "qwen3_5_moe", "qwen3_next", "glm4_moe", "glm4_moe_lite"]
+FAMILIES = ["qwen3_moe", "olmoe", "qwen2_moe", "qwen3_5_moe", "qwen3_next", "glm4_moe", "glm4_moe_lite", "gemma4"]
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def greedy(model, prompt: torch.Tensor, n: int) -> list[int]:
     return got
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "qwen3_next", "glm4_moe", "glm4_moe_lite"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "qwen3_next", "glm4_moe", "glm4_moe_lite", "gemma4"])
 def test_eval_gives_transformers_perplexity(folders, tmp_path, window_cache, family):
     eval_matches_transformers(folders(family), tmp_path)
 

@@ -8,6 +8,7 @@ template and correctness (tests/test_families.py compares logits with its own cl
 from __future__ import annotations
 
 from .family import Family
+from .gemma4 import GEMMA4, GEMMA4_TEXT
 from .glm4_moe import GLM4_MOE
 from .glm4_moe_lite import GLM4_MOE_LITE
 from .gpt_oss import GPT_OSS
@@ -20,7 +21,7 @@ from .qwen3_next import QWEN3_NEXT
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (MIXTRAL, QWEN3_MOE, OLMOE, QWEN2_MOE, GPT_OSS,
                                                                    QWEN3_5_MOE, QWEN3_5_MOE_TEXT, QWEN3_NEXT, GLM4_MOE,
-                                                                   GLM4_MOE_LITE)}
+                                                                   GLM4_MOE_LITE, GEMMA4, GEMMA4_TEXT)}
 SUPPORTED_MODEL_TYPES = tuple(t for t, f in FAMILIES.items() if f.runs)  # the ones whose weights run
 
 

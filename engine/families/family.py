@@ -41,9 +41,17 @@ class Family:
     qk_norm_field: str | None = None    # the config field that turns the q/k norms on (else qk_norm stands)
     shared_name: str = "shared_expert"  # the shared expert's module ("shared_experts": GLM, ungated)
     shared_gated: bool = True           # its output scaled by sigmoid(shared_expert_gate(x)) (Qwen)
+    # Gemma 4 and what it brings:
+    dense_mlp: str = ""                 # a dense MLP's module beside the experts in every layer ("mlp")
+    top_k_field: str = "num_experts_per_tok"
+    sandwich: bool = False              # norms after the mixer and after the feed-forward too (Gemma)
     mixer: str = "attention"            # every layer's mixer where the config has no layer_types ("mla": GLM-4.7-Flash)
     deltanet_inputs: str = "split"      # DeltaNet's input projections: "split" (in_proj_qkv/z/b/a) or
                                         # "grouped" (in_proj_qkvz, in_proj_ba: rows grouped per key head)
+
+    def block(self, layer: int) -> str:
+        """The prefix of a layer's MoE block tensors ("model.layers.3.mlp."; Gemma 4 keeps them in the layer)."""
+        return f"model.layers.{layer}." + (f"{self.moe}." if self.moe else "")
 
     def internal_name(self, name: str) -> str | None:
         """A file's tensor name as the engine names it (the VLM wrapper's prefix read as "model."), or
@@ -58,21 +66,21 @@ class Family:
         """w is the engine's name: w1 gate, w2 down, w3 up (SwiGLU: w2 @ (silu(w1 x) * w3 x)).
         A fused family's key is the layer's tensor that holds this expert (gate and up together)."""
         if self.fused_experts:
-            return f"model.layers.{layer}.{self.moe}.experts.{self.weights[w]}"
-        return f"model.layers.{layer}.{self.moe}.experts.{expert}.{self.weights[w]}.weight"
+            return f"{self.block(layer)}experts.{self.weights[w]}"
+        return f"{self.block(layer)}experts.{expert}.{self.weights[w]}.weight"
 
     def router_key(self, layer: int, bias: bool = False) -> str:
-        return f"model.layers.{layer}.{self.moe}.{self.router}." + ("bias" if bias else "weight")
+        return f"{self.block(layer)}{self.router}." + ("bias" if bias else "weight")
 
     def shared_key(self, layer: int, w: str) -> str:
         """The shared expert's w1/w2/w3, or 'gate' (its sigmoid gate, [1, D])."""
-        p = f"model.layers.{layer}.{self.moe}."
+        p = self.block(layer)
         return p + "shared_expert_gate.weight" if w == "gate" else p + f"{self.shared_name}.{self.weights[w]}.weight"
 
     def dense_ffn_key(self, layer: int, w: str) -> str:
-        """A dense layer's MLP (GLM's first layers): its w1/w2/w3."""
-        return f"model.layers.{layer}.{self.moe}.{self.weights[w]}.weight"
+        """A dense layer's MLP (GLM's first layers), or the dense MLP beside the experts (Gemma 4): its w1/w2/w3."""
+        return f"model.layers.{layer}.{self.dense_mlp or self.moe}.{self.weights[w]}.weight"
 
     def correction_key(self, layer: int) -> str:
         """The router's correction bias (sigmoid routing: added to the scores that choose, not to the weights)."""
-        return f"model.layers.{layer}.{self.moe}.{self.router}.e_score_correction_bias"
+        return f"{self.block(layer)}{self.router}.e_score_correction_bias"

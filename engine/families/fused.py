@@ -125,7 +125,8 @@ def split_fused(tensors: dict, family) -> dict:
 
     from ..safetensors_file import TensorInfo
 
-    fused = re.compile(r"^model\.layers\.(\d+)\." + re.escape(family.moe) + r"\.experts\.(gate_up_proj|down_proj)$")
+    inner = re.escape(family.moe + ".") if family.moe else ""
+    fused = re.compile(r"^model\.layers\.(\d+)\." + inner + r"experts\.(gate_up_proj|down_proj)$")
     out = {}
     for name, info in tensors.items():
         m = fused.match(name)

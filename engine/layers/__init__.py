@@ -23,6 +23,14 @@ class Layer:
         own = self.ffn.tensors() if hasattr(self.ffn, "tensors") else []
         return [self.ln1, self.ln2] + self.mixer.tensors() + own
 
+    def forward(self, m, x, run):
+        """x [T, D], the residual stream -> the stream after this layer (m: the model, run: the forward's state)."""
+        x = x + self.mixer(m, m._rms(x, self.ln1), run)
+        block = self.ffn
+        if getattr(block, "record", None) is not None:
+            block.residual = x  # calibration measures perturbations relative to the stream
+        return x + block(m._rms(x, self.ln2))
+
     # the attention mixer's matrices, as the native step and the tools read them off a layer
     wqkv = property(lambda s: s.mixer.wqkv, lambda s, w: setattr(s.mixer, "wqkv", w))
     wo = property(lambda s: s.mixer.wo, lambda s, w: setattr(s.mixer, "wo", w))
@@ -31,13 +39,13 @@ class Layer:
 def shapes(d, layer: int) -> dict[str, tuple[int, ...]]:
     """Layer `layer`'s mixer tensors and norms (the MoE block's are the family's: checkpoint.dense_shapes)."""
     p = f"model.layers.{layer}."
-    return {p + "input_layernorm.weight": (d.hidden,), p + "post_attention_layernorm.weight": (d.hidden,),
-            **MIXERS[d.mixer(layer)].shapes(d, p)}
+    s = {p + "input_layernorm.weight": (d.hidden,), p + "post_attention_layernorm.weight": (d.hidden,),
+         **MIXERS[d.mixer(layer)].shapes(d, p, layer)}
+    if d.sandwich:
+        from .sandwich import shapes as sandwich_shapes
 
-
-def mixer_params(d) -> int:
-    """Weights of every layer's mixer (a count)."""
-    return sum(MIXERS[d.mixer(l)].params(d) for l in range(d.layers))
+        s.update(sandwich_shapes(d, p))
+    return s
 
 
 def check_mixers(raw: dict, fam, layers: int, hidden: int, field, error, pre: str) -> None:

@@ -12,12 +12,14 @@ import torch.nn.functional as F
 from ..kernels import linear
 
 
-def shapes(d, p: str) -> dict[str, tuple[int, ...]]:
+def shapes(d, p: str, layer: int = 0) -> dict[str, tuple[int, ...]]:
     """The attention mixer's tensors in layer prefix p ("model.layers.3.")."""
-    q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
+    g, hd, k_is_v, _ = d.attn_of(layer)
+    q, kv = d.heads * hd, g * hd
     s = {p + "self_attn.q_proj.weight": (2 * q if d.attn_gate else q, d.hidden),
-         p + "self_attn.k_proj.weight": (kv, d.hidden), p + "self_attn.v_proj.weight": (kv, d.hidden),
-         p + "self_attn.o_proj.weight": (d.hidden, q)}
+         p + "self_attn.k_proj.weight": (kv, d.hidden), p + "self_attn.o_proj.weight": (d.hidden, q)}
+    if not k_is_v:
+        s[p + "self_attn.v_proj.weight"] = (kv, d.hidden)
     if d.o_bias:
         s[p + "self_attn.o_proj.bias"] = (d.hidden,)
     if d.attn_sinks:
@@ -26,34 +28,33 @@ def shapes(d, p: str) -> dict[str, tuple[int, ...]]:
         s[p + "self_attn.q_proj.bias"], s[p + "self_attn.k_proj.bias"], s[p + "self_attn.v_proj.bias"] = (q,), (kv,), (kv,)
     if d.qk_norm:
         head = d.qk_norm == "head"
-        s[p + "self_attn.q_norm.weight"] = (d.head_dim,) if head else (q,)
-        s[p + "self_attn.k_norm.weight"] = (d.head_dim,) if head else (kv,)
+        s[p + "self_attn.q_norm.weight"] = (hd,) if head else (q,)
+        s[p + "self_attn.k_norm.weight"] = (hd,) if head else (kv,)
     return s
-
-
-def params(d) -> int:
-    """Weights of one attention mixer (a count)."""
-    q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
-    return d.hidden * ((2 * q if d.attn_gate else q) + 2 * kv) + q * d.hidden
 
 
 def build(w, p: str, layer: int, slot: int) -> "Attention":
     """Decoder layer `layer`'s attention from its tensors (w: the model's readers, engine/model.py)."""
     d = w.dims
-    wqkv = w.stack([w.matrix(p + f"self_attn.{n}_proj.weight") for n in "qkv"])  # [(H(2)+2G)Hd, D]
+    g, hd, k_is_v, rope = d.attn_of(layer)
+    wqkv = w.stack([w.matrix(p + f"self_attn.{n}_proj.weight") for n in ("qk" if k_is_v else "qkv")])  # [(H(2)+2G)Hd, D]
     bqkv = torch.cat([w.dense(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if d.qkv_bias else None
     qn, kn = ((w.norm(p + "self_attn.q_norm.weight", w.attn_dtype),  # applied in attention's dtype
                w.norm(p + "self_attn.k_norm.weight", w.attn_dtype)) if d.qk_norm else (None, None))
     return Attention(slot, wqkv, w.matrix(p + "self_attn.o_proj.weight"), bqkv, qn, kn,
                      w.dense(p + "self_attn.o_proj.bias") if d.o_bias else None,
-                     w.dense(p + "self_attn.sinks").to(w.attn_dtype) if d.attn_sinks else None, d.window(layer))
+                     w.dense(p + "self_attn.sinks").to(w.attn_dtype) if d.attn_sinks else None, d.window(layer),
+                     g, hd, k_is_v, rope)
 
 
 class Attention:
     kind = "attention"
 
     def __init__(self, slot: int, wqkv, wo, bqkv=None, q_norm=None, k_norm=None, bo=None, sinks=None,
-                 window: int | None = None):
+                 window: int | None = None, kv_heads: int | None = None, head_dim: int | None = None,
+                 k_is_v: bool = False, rope: str | None = None):
+        # this layer's own shape where layers differ (Gemma 4: sliding and global layers), else the model's
+        self.kv_heads, self.head_dim, self.k_is_v, self.rope = kv_heads, head_dim, k_is_v, rope
         self.slot = slot  # this layer's index in the KV cache (layers of other mixers keep no keys)
         self.wqkv, self.wo = wqkv, wo  # [q (and its gate); k; v] as one matrix [(H(2)+2G)Hd, D], and [D, H Hd]
         # families that have them (engine/families): q/k/v and output biases, q/k norms, attention
@@ -69,7 +70,8 @@ class Attention:
         """h [T, D] (the normalised stream) -> the mixer's output [T, D] for the forward `run`
         (model.Run: its caches, positions, token counts, rope rows and spans)."""
         qkv, gate = self._project(m, h)  # [T, (H+2G)Hd] in attention's dtype, and the gate [T, H Hd] or None
-        qk, v = self._rope_qk(m, qkv, run.cos, run.sin)  # [T, H+G, Hd], [T, G, Hd]
+        cos, sin = run.rope[self.rope] if self.rope is not None else (run.cos, run.sin)
+        qk, v = self._rope_qk(m, qkv, cos, sin)  # [T, H+G, Hd], [T, G, Hd]
         att, row = [], 0
         for c, p, n, span in zip(run.caches, run.positions, run.counts, run.spans):
             att.append(self._attend(m, qk[row:row + n], v[row:row + n], c, p, span[self.window]))
@@ -88,16 +90,30 @@ class Attention:
         qkv, gate = qkv.to(m.attn_dtype), None
         if d.attn_gate:
             qkv, gate = _split_gate(qkv, d)
+        if self.k_is_v:  # no v_proj: the values are the keys as projected (before the k norm and rope)
+            qkv = torch.cat([qkv, qkv[:, d.heads * self._hd(d):]], dim=-1)
         if self.q_norm is not None:
             qkv = self._qk_norm(m, qkv)
         if d.clip_qkv is not None:
             qkv = qkv.clamp(-d.clip_qkv, d.clip_qkv)
+        if d.v_norm:  # values RMS-normalised per head, without a weight (Gemma 4)
+            T, Hd, G = qkv.shape[0], self._hd(d), self._g(d)
+            v = qkv[:, -G * Hd:].reshape(T, G, Hd)
+            v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + d.rms_eps)
+            qkv = torch.cat([qkv[:, :-G * Hd], v.reshape(T, G * Hd)], dim=-1)
         return qkv, gate
+
+    def _hd(self, d) -> int:
+        return self.head_dim or d.head_dim
+
+    def _g(self, d) -> int:
+        return self.kv_heads or d.kv_heads
 
     def _rope_qk(self, m, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """qkv [T, (H+2G)Hd] -> q and k with rope [T, H+G, Hd], and v [T, G, Hd]."""
         d = m.dims
-        T, H, G, Hd, R = qkv.shape[0], d.heads, d.kv_heads, d.head_dim, d.rotary
+        T, H, G, Hd = qkv.shape[0], d.heads, self._g(d), self._hd(d)
+        R = Hd if self.rope is not None else d.rotary  # a keyed rope table spans the whole head
         qk = qkv[:, : (H + G) * Hd].view(T, H + G, Hd)
         if R == Hd:
             qk = qk * cos + qk.roll(Hd // 2, dims=-1) * sin  # rope on q and k at once
@@ -109,7 +125,7 @@ class Attention:
     def _qk_norm(self, m, qkv: torch.Tensor) -> torch.Tensor:
         """RMSNorm of q and of k, per head (Qwen3-MoE) or over all heads at once (OLMoE); v unchanged."""
         d = m.dims
-        T, H, G, Hd = qkv.shape[0], d.heads, d.kv_heads, d.head_dim
+        T, H, G, Hd = qkv.shape[0], d.heads, self._g(d), self._hd(d)
         q, k, v = qkv.split([H * Hd, G * Hd, G * Hd], dim=-1)
         if d.qk_norm == "head":
             q = m._rms(q.reshape(T, H, Hd), self.q_norm).reshape(T, H * Hd)
@@ -122,18 +138,18 @@ class Attention:
         """One sequence's n new tokens at pos..: their keys and values (qk [n, H+G, Hd], v [n, G, Hd])
         into this layer's slot of its cache, then their attention over the keys they see (span:
         `span`) -> [n, H*Hd]."""
-        H, G, n, l = m.dims.heads, m.dims.kv_heads, qk.shape[0], self.slot
+        H, G, n, l = m.dims.heads, self._g(m.dims), qk.shape[0], self.slot
         end = pos + n
-        cache.k[l, :, pos:end] = qk[:, H:].transpose(0, 1)
-        cache.v[l, :, pos:end] = v.transpose(0, 1)
+        cache.k[l][:, pos:end] = qk[:, H:].transpose(0, 1)  # (cache.k: one tensor [L, G, ctx, Hd], or per layer)
+        cache.v[l][:, pos:end] = v.transpose(0, 1)
         first, mask, causal = span
-        k, vv = (t[l, :, first:end].to(m.attn_dtype) for t in (cache.k, cache.v))
+        k, vv = (t[l][:, first:end].to(m.attn_dtype) for t in (cache.k, cache.v))
         q = qk[:, :H].transpose(0, 1)  # [H, n, Hd]
         if self.sinks is not None:
             att = _attend_with_sinks(q, k, vv, mask, self.sinks)
         else:
-            att = F.scaled_dot_product_attention(
-                q[None], k[None], vv[None], attn_mask=mask, is_causal=causal, enable_gqa=G != H)[0]  # [H, n, Hd]
+            att = F.scaled_dot_product_attention(q[None], k[None], vv[None], attn_mask=mask, is_causal=causal,
+                                                 enable_gqa=G != H, scale=m.dims.attn_scale)[0]  # [H, n, Hd]
         return att.transpose(0, 1).reshape(n, -1)
 
 

@@ -24,7 +24,7 @@ from . import delta_rule
 NAMES = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")  # stacked into one input matrix, in this order
 
 
-def shapes(d, p: str) -> dict[str, tuple[int, ...]]:
+def shapes(d, p: str, layer: int = 0) -> dict[str, tuple[int, ...]]:
     """The DeltaNet mixer's tensors in layer prefix p ("model.layers.0.")."""
     hk, dk, hv, dv, k = d.linear
     c, p = 2 * hk * dk + hv * dv, p + "linear_attn."
@@ -55,12 +55,6 @@ def grouped_rows(d) -> torch.Tensor:
     ba = hk * per
     return torch.cat([take(0, dk, per), take(dk, dk, per), take(2 * dk, r * dv, per), take(2 * dk + r * dv, r * dv, per),
                       ba + take(0, r, 2 * r), ba + take(r, r, 2 * r)])
-
-
-def params(d) -> int:
-    hk, dk, hv, dv, k = d.linear
-    c = 2 * hk * dk + hv * dv
-    return d.hidden * (c + 2 * hv * dv + 2 * hv) + c * k + 2 * hv + dv
 
 
 def check_config(raw: dict, field, error, pre: str) -> None:

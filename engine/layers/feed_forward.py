@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from ..experts import Expert16
+from ..experts import Expert16, Glu
 from ..placement import Tier
 
 
 class DenseFFN:
-    def __init__(self, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor):
-        self.mlp = Expert16(Tier.GPU16, torch.cat([w1, w3]).contiguous(), w2.contiguous())  # w13 [2I, D], w2 [D, I]
+    def __init__(self, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor, act: str = "silu"):
+        glu = Glu(act=act) if act != "silu" else None  # GELU-tanh (Gemma)
+        self.mlp = Expert16(Tier.GPU16, torch.cat([w1, w3]).contiguous(), w2.contiguous(), glu)  # [2I, D], [D, I]
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.mlp.w13, self.mlp.w2]

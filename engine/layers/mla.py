@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ..kernels import linear
 
 
-def shapes(d, p: str) -> dict[str, tuple[int, ...]]:
+def shapes(d, p: str, layer: int = 0) -> dict[str, tuple[int, ...]]:
     """The MLA mixer's tensors in layer prefix p."""
     qr, R, N, P, V = d.mla
     H, p = d.heads, p + "self_attn."
@@ -39,13 +39,6 @@ def shapes(d, p: str) -> dict[str, tuple[int, ...]]:
         if qr:
             s[p + "q_a_proj.bias"] = (qr,)
     return s
-
-
-def params(d) -> int:
-    qr, R, N, P, V = d.mla
-    H, D = d.heads, d.hidden
-    q = (D * qr + qr + qr * H * (N + P)) if qr else D * H * (N + P)
-    return q + D * (R + P) + R + H * (N + V) * R + D * H * V
 
 
 def check_config(raw: dict, field, error, pre: str, hidden: int) -> None:

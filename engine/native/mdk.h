@@ -66,14 +66,15 @@ typedef struct {
     int n_lo;
 } mdk_matrix;
 
-enum { MDK_ACT_SILU = 0, MDK_ACT_SWIGLU_OAI = 1 };
+enum { MDK_ACT_SILU = 0, MDK_ACT_SWIGLU_OAI = 1, MDK_ACT_GELU_TANH = 2 };
 
 typedef struct {
     mdk_matrix w13;   /* [2I, D]: gate rows then up rows */
     mdk_matrix w2;    /* [D, I] */
     const float *b13; /* [2I] bias added to gate and up, or NULL (GPT-OSS) */
     const float *b2;  /* [D] bias added to down's output before the route weight, or NULL */
-    int act;          /* MDK_ACT_SILU: silu(gate) * up; MDK_ACT_SWIGLU_OAI: g = min(gate, limit),
+    int act;          /* MDK_ACT_SILU: silu(gate) * up; MDK_ACT_GELU_TANH: gelu_tanh(gate) * up (Gemma);
+                         MDK_ACT_SWIGLU_OAI: g = min(gate, limit),
                          (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g) */
     float alpha, limit;
 } mdk_expert;

@@ -84,6 +84,11 @@ static void phase1(void *c, int t) {
                     u = fminf(fmaxf(u, -lim), lim);
                     act[i] = (u + 1.f) * (g / (1.f + expf(-al * g)));
                 }
+            } else if (ex->act == MDK_ACT_GELU_TANH) {  /* Gemma's GeGLU: gelu(gate, tanh approximation) * up */
+                for (int i = a; i < b; i++) {
+                    float g = h[i];
+                    act[i] = 0.5f * g * (1.f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))) * h[I + i];
+                }
             } else if (ex->b13) {
                 for (int i = a; i < b; i++) {
                     float g = h[i] + ex->b13[i];

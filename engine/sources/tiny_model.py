@@ -110,6 +110,15 @@ TINY_FAMILIES = {
                           n_group=2, topk_group=1, routed_scaling_factor=1.8, norm_topk_prob=True, q_lora_rank=24,
                           kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=20,
                           mlp_layer_types=["dense"] + ["sparse"] * (layers - 1))),
+    # sliding and global layers of their own widths (the global keys are their values), a 4-token window,
+    # a dense GeGLU MLP beside the experts, soft-capped logits; released as a VLM (a tiny vision tower)
+    "gemma4": ("Gemma4Config", "Gemma4ForConditionalGeneration",
+               lambda ffn, experts, layers: dict(
+                   intermediate_size=96, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+                   attention_k_eq_v=True, sliding_window=4, enable_moe_block=True, num_experts=experts, top_k_experts=2,
+                   moe_intermediate_size=ffn, hidden_size_per_layer_input=0, num_kv_shared_layers=0,
+                   final_logit_softcapping=30.0,
+                   layer_types=["full_attention" if i % 2 else "sliding_attention" for i in range(layers)])),
 }
 
 
@@ -137,6 +146,11 @@ def write_tiny_model(folder: str | Path, family: str = "mixtral", *, layers: int
     if family == "qwen3_5_moe":  # released as a VLM: the language model in text_config, a (tiny) vision tower
         cfg = getattr(transformers, config_name)(text_config=text, tie_word_embeddings=False, vision_config=dict(
             depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden))
+    elif family == "gemma4":  # a VLM too: a tiny vision tower, no audio; tied embeddings, as released
+        text.pop("tie_word_embeddings")
+        cfg = getattr(transformers, config_name)(text_config=text, audio_config=None, vision_config=dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+            head_dim=16))
     else:
         cfg = getattr(transformers, config_name)(**text)
     torch.manual_seed(seed)
