@@ -186,3 +186,20 @@ def test_a_2026_template_picks_its_reply_format_and_opens_the_reasoning(hybrid, 
     deltas = parser.feed("adding\n</think>\n\nIt is 4.") + parser.finish()
     said = {k: "".join(d.text for d in deltas if d.part == k) for k in ("reasoning", "content")}
     assert said["reasoning"].strip() == "adding" and said["content"] == "It is 4."
+
+
+@pytest.mark.parametrize("family, change, field", [
+    ("glm4_moe_lite", {"kv_lora_rank": 4096}, r"'kv_lora_rank' \(4096\) must be smaller than 'hidden_size' \(64\)"),
+    ("glm4_moe_lite", {"qk_rope_head_dim": 7}, r"'qk_rope_head_dim' \(7\) must be even"),
+    ("glm4_moe", {"n_group": 3}, r"'n_group' \(3\) must divide the 4 experts"),
+    ("glm4_moe", {"first_k_dense_replace": 2}, r"'first_k_dense_replace' is 2; it must be below 'num_hidden_layers' \(2\)"),
+    ("gemma4", {"enable_moe_block": False}, r"'text_config.enable_moe_block' is False: a dense Gemma 4"),
+    ("gemma4", {"hidden_size_per_layer_input": 256}, r"'text_config.hidden_size_per_layer_input' is 256"),
+])
+def test_an_inconsistent_2026_config_is_one_error_naming_the_field(tmp_path, family, change, field):
+    folder = write_tiny_model(tmp_path / family, family, seed=1, tokenizer=False)
+    cfg = _config(folder)
+    (cfg["text_config"] if "text_config" in cfg else cfg).update(change)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match="config.json: " + field):
+        Checkpoint(folder)
