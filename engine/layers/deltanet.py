@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import linear
+from ..native import choice, deltanet as native_deltanet
 from . import delta_rule
 
 NAMES = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")  # stacked into one input matrix, in this order
@@ -87,8 +88,9 @@ class GatedDeltaNet:
         self.slot = slot  # this layer's index in the cache's LinearState
         self.w_in, self.wo = w_in, wo  # [qkv; z; b; a] [C + 2 Hv Dv... see NAMES, D], and out_proj [D, Hv Dv]
         self.conv_w = conv_w.float().reshape(conv_w.shape[0], -1).contiguous()  # [C, K]
-        self.neg_a = -a_log.float().exp()  # -exp(A_log) [Hv]
-        self.dt_bias, self.norm_w = dt_bias.float(), norm_w.float()
+        self.a_log = a_log.float().contiguous()
+        self.neg_a = -self.a_log.exp()  # -exp(A_log) [Hv]
+        self.dt_bias, self.norm_w = dt_bias.float().contiguous(), norm_w.float().contiguous()
         self.hk, self.dk, self.hv, self.dv, self.k = linear_dims
         self.eps = eps
 
@@ -116,6 +118,9 @@ class GatedDeltaNet:
             rec.zero_()
         qkv, z, b, a = proj.split([c, hv * dv, hv, hv], dim=-1)
         n = proj.shape[0]
+        if n == 1 and choice.deltanet_step(conv, rec):  # a decode step: one native call (engine/native/deltanet.py)
+            return native_deltanet.step(hk, qkv[0], conv, self.conv_w, a[0], b[0], self.a_log, self.dt_bias, z[0],
+                                        self.norm_w, self.eps, rec)[None]
         x = torch.cat([conv.t(), qkv])  # [K-1+n, C]: the conv's inputs, the state's first
         conv.copy_(x[n:].t())
         y = F.silu(F.conv1d(x.t()[None], self.conv_w[:, None, :], groups=c)[0].t())  # [n, C]

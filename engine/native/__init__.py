@@ -87,6 +87,11 @@ _said = False
 
 
 def _library_file() -> Path | None:
+    """The library next to this file; MIXDESK_NATIVE_LIB (a path to a library file) wins when it exists:
+    a private build tested without overwriting the one other processes have mapped."""
+    override = os.environ.get("MIXDESK_NATIVE_LIB")
+    if override and Path(override).is_file():
+        return Path(override)
     here = Path(__file__).resolve().parent
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         p = here / f"_mdk{suffix}"
@@ -157,6 +162,9 @@ def _declare(lib) -> None:
     lib.mdk_moe.restype = i
     lib.mdk_decode_batch.argtypes = [POINTER(Model), i, vp, vp, vp, vp, vp, vp, vp, i]
     lib.mdk_decode_batch.restype = i
+    f = c_float  # deltanet.c: one Gated DeltaNet decode step
+    lib.mdk_deltanet_step.argtypes = [i, i, i, i, i, vp, vp, vp, vp, vp, vp, vp, vp, vp, f, vp, vp, i]
+    lib.mdk_deltanet_step.restype = i
 
 
 def lib():

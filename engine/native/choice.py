@@ -64,6 +64,13 @@ def moe_layer(block, x: torch.Tensor) -> bool:
             and (T == 1 or block.offload is None) and T * K <= MAX_SLOTS and 0 < K <= len(block.experts) <= MAX_EXPERTS)
 
 
+def deltanet_step(conv: torch.Tensor, state: torch.Tensor) -> bool:
+    """A Gated DeltaNet decode step runs as one native call (deltanet.c): the library is there and the
+    layer's state lives on the CPU in fp32 (as engine/layers/state.py keeps it), contiguous."""
+    return (available() and conv.device.type == "cpu" and state.dtype == torch.float32 and conv.dtype == torch.float32
+            and conv.is_contiguous() and state.is_contiguous() and max(state.shape[1:]) <= MAX_HEAD_DIM)
+
+
 def file_blocks(ckpt, accel: torch.device, dtype: torch.dtype) -> bool:
     """A GGUF file's dense matrices stay in the file's blocks, which the native kernels multiply on
     the CPU; below fp32 only (fp32 is the reference precision: there they are dequantised)."""
