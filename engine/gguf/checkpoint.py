@@ -6,6 +6,8 @@ open: present, its shape the one the metadata implies, its type one Mixdesk read
 the exact dequantisation (gguf.quants.dequantize of the file's rows; F32/F16/BF16 tensors as
 stored), so every existing path of the engine runs a GGUF file unchanged; `read_raw`, `expert_raw`
 and `expert_mxfp4` give the file's own blocks to the tiers that keep them (engine/gguf/tiers.py).
+Where the converter rearranged a dense tensor (llama's q/k rows, Qwen3.5's value heads, +1 norms,
+-exp(A_log)), a Fix per HF name (engine/gguf/layout.py) makes every read give the HF form.
 
 Shapes: E experts, D hidden, I expert ffn. GGUF fuses a layer's experts: ffn_gate_exps and
 ffn_up_exps [E, I, D], ffn_down_exps [E, D, I] (torch order; the file lists ne0 first), each
@@ -14,8 +16,6 @@ expert's matrix a contiguous run of rows, read alone.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,12 +23,15 @@ from gguf import GGMLQuantizationType as GT
 from gguf.constants import GGML_QUANT_SIZES, LlamaFileType
 from gguf.quants import dequantize
 
-from ..checkpoint import check_config, dense_shapes, dims_from_config, expert_shapes, hf_config
+from ..checkpoint import check_config, dense_shapes, dims_from_config, hf_config
 from ..errors import ModelError
 from ..families import FAMILIES
 from .mxfp4 import to_release
 from .config import hf_config_dict
+from .expected import Expected, Info, WhereMap
+from . import qwen35
 from .header import TensorInfo
+from .layout import Fix
 from .names import PERMUTED_QK, ExpertRef, expert_ref, expert_tensor_name, gguf_name, unpermute_rows
 from .reader import SPLIT, GGUFFile
 
@@ -37,72 +40,6 @@ SUPPORTED = (GT.F32, GT.F16, GT.BF16, GT.Q8_0, GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_
 FLOATS = {GT.F32: torch.float32, GT.F16: torch.float16, GT.BF16: torch.bfloat16}
 ST_DTYPE = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.uint8: "U8"}
 _FUSED = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_blocks|_scales|_bias)?$")
-
-
-@dataclass(frozen=True)
-class Info:
-    """What Checkpoint.info gives: the HF tensor's shape, the dtype read() returns, and the bytes it
-    takes in the file."""
-    shape: tuple[int, ...]
-    dtype: str
-    nbytes: int
-
-
-class _Where:
-    def __init__(self, path: Path):
-        self.path = path
-
-
-class _Expected(Mapping):
-    """HF name -> shape of every tensor the engine reads: the dense ones listed, the experts' (18,432
-    names for Qwen3-30B-A3B) computed when asked, so opening stays fast."""
-
-    def __init__(self, dense: dict, d, mxfp4: bool):
-        self.dense, self.d, self.mxfp4 = dense, d, mxfp4
-        self._experts: dict | None = None
-
-    def _all_experts(self) -> dict:
-        if self._experts is None:
-            self._experts = expert_shapes(self.d, self.mxfp4)
-        return self._experts
-
-    def __getitem__(self, name: str):
-        if name in self.dense:
-            return self.dense[name]
-        if not self.d.adapter.fused_experts and ".experts." in name:
-            parts = name.split(".")
-            if len(parts) == 8 and parts[2].isdigit() and parts[5].isdigit() and \
-                    int(parts[2]) < self.d.layers and int(parts[5]) < self.d.experts:
-                w = next((k for k, v in self.d.adapter.weights.items() if v == parts[6]), None)
-                if w is not None and name == self.d.adapter.expert_key(int(parts[2]), int(parts[5]), w):
-                    return (self.d.hidden, self.d.ffn) if w == "w2" else (self.d.ffn, self.d.hidden)
-            raise KeyError(name)
-        return self._all_experts()[name]
-
-    def __iter__(self):
-        yield from self.dense
-        yield from self._all_experts()
-
-    def __len__(self) -> int:
-        return len(self.dense) + len(self._all_experts())
-
-
-class _WhereMap(Mapping):
-    """HF name -> an object whose .path is the file holding the tensor (for messages), when asked."""
-
-    def __init__(self, ckpt: "GGUFCheckpoint"):
-        self.ckpt = ckpt
-        self._by_path = {p: _Where(p) for p in ckpt.file.parts}
-
-    def __getitem__(self, name: str) -> _Where:
-        self.ckpt.expected[name]  # KeyError for a name the model does not have
-        return self._by_path[self.ckpt._info_of(name).path]
-
-    def __iter__(self):
-        return iter(self.ckpt.expected)
-
-    def __len__(self) -> int:
-        return len(self.ckpt.expected)
 
 
 def unsupported(t: TensorInfo) -> str:
@@ -144,7 +81,7 @@ class GGUFCheckpoint:
         self.config = hf_config(self.raw_config, self.path)
         self.dims = d = dims_from_config(self.config, self.path)
         self.family = FAMILIES[d.family]
-        self.permuted = self.arch in PERMUTED_QK
+        self._fixes = self._layout_fixes()  # HF name -> how the file's form differs (engine/gguf/layout.py)
         self._dense: dict[str, TensorInfo] = {}
         for hf, shape in dense_shapes(d).items():
             self._dense[hf] = self._find_dense(hf, shape)
@@ -163,8 +100,18 @@ class GGUFCheckpoint:
         # the experts' source precision: the stored float type, or fp32 for the exact dequantisation
         # of quantised blocks (MXFP4 is exact in bf16, as for safetensors releases)
         self.dtype = FLOATS.get(gate.qtype, torch.bfloat16 if self.mxfp4 else torch.float32)
-        self.expected = _Expected(dense_shapes(d), d, self.mxfp4)
-        self.where = _WhereMap(self)
+        self.expected = Expected(dense_shapes(d), d, self.mxfp4)
+        self.where = WhereMap(self)
+
+    def _layout_fixes(self) -> dict[str, Fix]:
+        d = self.dims
+        if self.arch in PERMUTED_QK:  # llama's q and k rows in its rope order
+            return {f"model.layers.{l}.self_attn.{w}_proj.weight": Fix(rows=unpermute_rows(
+                (d.heads if w == "q" else d.kv_heads) * d.head_dim, d.heads if w == "q" else d.kv_heads))
+                for l in range(d.layers) for w in "qk"}
+        if self.arch == qwen35.ARCH:
+            return qwen35.fixes(d)
+        return {}
 
     # ---- validation ------------------------------------------------------------------------------
     def _need(self, name: str, shape: tuple[int, ...]) -> TensorInfo:
@@ -211,18 +158,23 @@ class GGUFCheckpoint:
         return self.file.read_bytes(t, row0 * rb, rows * rb, out)
 
     def tensor_type(self, hf_name: str) -> GT:
-        """The GGUF type the file stores a tensor in (an expert's: its layer's tensor's)."""
-        return self._info_of(hf_name).qtype
+        """The GGUF type the file stores a tensor in (an expert's: its layer's tensor's); F32 for a
+        dense tensor whose blocks cannot be given in the HF order (it is presented dequantised)."""
+        t = self._info_of(hf_name)
+        fix = self._fixes.get(hf_name)
+        return t.qtype if fix is None or fix.blocks_ok(t.qtype) else GT.F32
 
     def read_raw(self, hf_name: str) -> torch.Tensor:
-        """A dense tensor's rows as the file holds them, [rows, row_bytes] uint8, in the HF row order
-        (llama's q and k rows un-permuted)."""
+        """A dense tensor's rows in tensor_type, [rows, row_bytes] uint8, in the HF order: the file's
+        own blocks (rows or whole-block column groups reordered where the converter moved them), or
+        for a tensor presented dequantised its fp32 values' bytes."""
         t = self._dense[hf_name]
+        fix = self._fixes.get(hf_name)
+        if fix is not None and not fix.blocks_ok(t.qtype):
+            v = self.read(hf_name)
+            return v.reshape(-1, v.shape[-1]).contiguous().view(torch.uint8)
         raw = self._rows(t, 0, t.rows)
-        if self.permuted and hf_name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")):
-            heads = self.dims.heads if ".q_proj." in hf_name else self.dims.kv_heads
-            raw = raw[unpermute_rows(t.rows, heads)]
-        return raw
+        return raw if fix is None else fix.raw(raw, t.qtype)
 
     def expert_raw(self, layer: int, expert: int, w: str) -> tuple[GT, torch.Tensor]:
         """(type, rows [R, row_bytes] uint8) of expert (layer, expert)'s w1 (gate), w3 (up) or w2
@@ -242,12 +194,12 @@ class GGUFCheckpoint:
         return t.qtype, self.file.view(t, (base + r.row0) * rb, r.rows * rb).view(r.rows, rb)
 
     def raw_view_ok(self, hf_name: str) -> bool:
-        """Whether raw_view gives this dense tensor (its rows in the engine's order)."""
-        return not (self.permuted and hf_name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.weight")))
+        """Whether raw_view gives this dense tensor (the file holds it in the engine's form and order)."""
+        return hf_name not in self._fixes
 
     def raw_view(self, hf_name: str) -> torch.Tensor | None:
         """A dense tensor's rows where the file is mapped, [rows, row_bytes] uint8, or None where the
-        file's row order is not the engine's (llama's permuted q and k rows: read_raw reorders them)."""
+        file's form is not the engine's (engine/gguf/layout.py: read_raw reorders, read undoes)."""
         if not self.raw_view_ok(hf_name):
             return None
         t = self._dense[hf_name]
@@ -343,7 +295,7 @@ class GGUFCheckpoint:
         shape = self.expected[name]
         if name in self._dense:
             t = self._dense[name]
-            return Info(shape, ST_DTYPE[FLOATS.get(t.qtype, torch.float32)], t.nbytes)
+            return Info(shape, ST_DTYPE[FLOATS.get(self.tensor_type(name), torch.float32)], t.nbytes)
         if self.family.fused_experts:
             dtype = "U8" if name.endswith(("_blocks", "_scales")) else ST_DTYPE[self.dtype]
             if name.endswith("_bias"):
@@ -357,9 +309,7 @@ class GGUFCheckpoint:
         """The tensor's exact values: the stored floats, or the dequantised blocks in fp32."""
         shape = self.expected[name]
         if name in self._dense:
-            t = self._dense[name]
-            k = t.ne[0]
-            v = dequantize_rows(t.qtype, self.read_raw(name), k).reshape(shape)
+            v = self._read_dense(name, shape)
         elif self.family.fused_experts:
             v = self.read_rows(name, 0, shape[0])
         else:
@@ -370,6 +320,16 @@ class GGUFCheckpoint:
             out.copy_(v)
             return out
         return v.contiguous()
+
+    def _read_dense(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        t = self._dense[name]
+        fix = self._fixes.get(name)
+        if fix is None or fix.blocks_ok(t.qtype):
+            return dequantize_rows(t.qtype, self.read_raw(name), t.ne[0]).reshape(shape)
+        try:
+            return fix.floats(dequantize_rows(t.qtype, self._rows(t, 0, t.rows), t.ne[0]), shape)
+        except ValueError as e:  # a value the converter cannot have written
+            raise ModelError(t.path, f"tensor '{t.name}' {e}") from None
 
     def read_rows(self, name: str, first: int, count: int) -> torch.Tensor:
         """Rows of a tensor's first dimension: for a GPT-OSS layer tensor, experts first..first+count-1

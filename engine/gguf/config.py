@@ -5,7 +5,8 @@ hf_config, dims_from_config), so a GGUF's metadata is turned into that dict and 
 same three checks: Dims come out as for the model's safetensors. The keys are those
 convert_hf_to_gguf.py writes ({arch}.block_count, {arch}.attention.head_count, ...); where the
 converter writes nothing, the value is what llama.cpp assumes for that architecture (noted below),
-or the tensors' own shapes.
+or the tensors' own shapes. Qwen3.5-MoE's hybrid layers (ssm.*, recurrent layers, partial rope) are
+read by engine/gguf/qwen35.py.
 """
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def hf_config_dict(f) -> dict:
         raise ModelError(path, f"has keys of {head_dim} and values of {vdim} per head; Mixdesk runs models whose "
                          "keys and values are the same width")
     rope_dim = key("rope.dimension_count", required=False)
-    if rope_dim not in (None, head_dim):
+    if rope_dim not in (None, head_dim) and arch != "qwen35moe":  # Qwen3.5 rotates a quarter (engine/gguf/qwen35.py)
         raise ModelError(path, f"applies rope to {rope_dim} of each head's {head_dim} dimensions; Mixdesk runs "
                          "models with rope over the whole head")
     model_type = ARCHS[arch]
@@ -70,7 +71,7 @@ def hf_config_dict(f) -> dict:
         "model_type": model_type,
         "architectures": [{"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                            "qwen2_moe": "Qwen2MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
-                           "gpt_oss": "GptOssForCausalLM"}[model_type]],
+                           "gpt_oss": "GptOssForCausalLM", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}[model_type]],
         "num_hidden_layers": key("block_count"),
         "hidden_size": hidden,
         "num_attention_heads": heads,
@@ -107,6 +108,11 @@ def hf_config_dict(f) -> dict:
                    is not None else False, shared_expert_intermediate_size=shared or 0,
                    qkv_bias="blk.0.attn_q.bias" in t, use_sliding_window=False, sliding_window=None,
                    mlp_only_layers=[], decoder_sparse_step=1)
+    elif model_type == "qwen3_5_moe_text":  # softmax top-k, always renormalised (as transformers' router)
+        from .qwen35 import config_fields
+
+        raw.update(num_experts=experts, moe_intermediate_size=expert_ffn)
+        config_fields(f, key, raw)
     elif model_type == "olmoe":
         clip = f.get(f"{arch}.attention.clamp_kqv")
         raw.update(num_experts=experts, intermediate_size=expert_ffn, norm_topk_prob=bool(norm) if norm

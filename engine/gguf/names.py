@@ -8,7 +8,9 @@ and gate and up fused into one (blk.N.ffn_gate_up_exps.weight, gate rows first).
 
 llama's converter permutes the rows of attn_q and attn_k for its rope kernel (LlamaModel.permute:
 the two halves of each head interleaved); `unpermute_rows` undoes it as a row index, which is
-lossless on quantised rows too (a row's blocks move whole).
+lossless on quantised rows too (a row's blocks move whole). Qwen3.5-MoE's (`qwen35moe`) Gated
+DeltaNet tensors are named here too; what its converter does to them is undone by
+engine/gguf/qwen35.py (engine/gguf/layout.py: how each read undoes it).
 """
 from __future__ import annotations
 
@@ -19,9 +21,9 @@ import torch
 
 # general.architecture -> the engine's model_type ("llama" only with experts: Mixtral)
 ARCHS = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe",
-         "gpt-oss": "gpt_oss"}
+         "gpt-oss": "gpt_oss", "qwen35moe": "qwen3_5_moe_text"}
 ARCH_NAMES = {"llama": "Mixtral (llama with experts)", "qwen3moe": "Qwen3-MoE", "qwen2moe": "Qwen2-MoE",
-              "olmoe": "OLMoE", "gpt-oss": "GPT-OSS"}
+              "olmoe": "OLMoE", "gpt-oss": "GPT-OSS", "qwen35moe": "Qwen3.5-MoE"}
 PERMUTED_QK = ("llama",)  # the architectures whose converter permutes q and k rows
 
 _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
@@ -29,6 +31,11 @@ _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight"
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _ATTN = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
          "q_norm": "attn_q_norm", "k_norm": "attn_k_norm"}
+# Qwen3.5's Gated DeltaNet (linear_attn.*): in_proj_qkv and in_proj_z keep attention's words
+_LINEAR = {"in_proj_qkv.weight": "attn_qkv.weight", "in_proj_z.weight": "attn_gate.weight",
+           "in_proj_b.weight": "ssm_beta.weight", "in_proj_a.weight": "ssm_alpha.weight",
+           "out_proj.weight": "ssm_out.weight", "conv1d.weight": "ssm_conv1d.weight", "A_log": "ssm_a",
+           "dt_bias": "ssm_dt.bias", "norm.weight": "ssm_norm.weight"}
 _SHARED = {"gate_proj": "ffn_gate_shexp", "up_proj": "ffn_up_shexp", "down_proj": "ffn_down_shexp"}
 # the engine's w1 (gate), w2 (down), w3 (up) -> GGUF's word for it
 EXPERT_WORD = {"w1": "gate", "w2": "down", "w3": "up"}
@@ -44,8 +51,10 @@ def gguf_name(hf: str, arch: str) -> str | None:
     b, rest = f"blk.{m[1]}.", m[2]
     if rest == "input_layernorm.weight":
         return b + "attn_norm.weight"
-    if rest == "post_attention_layernorm.weight":  # GPT-OSS keeps the HF word, the others say ffn_norm
-        return b + ("post_attention_norm.weight" if arch == "gpt-oss" else "ffn_norm.weight")
+    if rest == "post_attention_layernorm.weight":  # GPT-OSS and Qwen3.5 keep the HF word, the others say ffn_norm
+        return b + ("post_attention_norm.weight" if arch in ("gpt-oss", "qwen35moe") else "ffn_norm.weight")
+    if rest.startswith("linear_attn.") and rest[12:] in _LINEAR:
+        return b + _LINEAR[rest[12:]]
     if rest == "self_attn.sinks":
         return b + "attn_sinks.weight"
     parts = rest.split(".")

@@ -1,7 +1,8 @@
 """A GGUF file from a transformers model folder (save_pretrained's layout), written the way llama.cpp
 writes one: its converter's architecture names, metadata keys, tensor names, shapes and order, the
-q/k row permutation of `llama`, the tokenizer's metadata (convert_hf_to_gguf.py and its conversion/
-package), and for the K-quant recipes its quantizer's type per tensor (src/llama-quant.cpp).
+q/k row permutation of `llama`, Qwen3.5-MoE's steps (engine/gguf/qwen35.py, as with --no-mtp), the
+tokenizer's metadata (convert_hf_to_gguf.py and its conversion/ package), and for the K-quant recipes
+its quantizer's type per tensor (src/llama-quant.cpp: engine/gguf/quant_types.py).
 
 Shapes are torch's order ([out, in]; experts [E, out, in]); GGUF lists them reversed (ne[0] = in).
 Tensors are planned first (names, shapes, types) and then made and written one at a time from the
@@ -23,6 +24,8 @@ from gguf import MODEL_ARCH, GGMLQuantizationType as GT, LlamaFileType as FT
 from gguf.constants import GGML_QUANT_SIZES
 
 from ..errors import ModelError
+from . import qwen35
+from .quant_types import llama_quantize_types as _llama_quantize_types
 from .tokenizer import write_vocab
 
 RECIPES = {"f32": FT.ALL_F32, "f16": FT.MOSTLY_F16, "bf16": FT.MOSTLY_BF16, "q8_0": FT.MOSTLY_Q8_0,
@@ -31,8 +34,6 @@ RECIPES = {"f32": FT.ALL_F32, "f16": FT.MOSTLY_F16, "bf16": FT.MOSTLY_BF16, "q8_
 BASE_TYPE = {FT.ALL_F32: GT.F32, FT.MOSTLY_F16: GT.F16, FT.MOSTLY_BF16: GT.BF16, FT.MOSTLY_Q8_0: GT.Q8_0,
              FT.MOSTLY_Q4_K_M: GT.Q4_K, FT.MOSTLY_Q5_K_M: GT.Q5_K}
 K_MIXES = (FT.MOSTLY_Q4_K_M, FT.MOSTLY_Q5_K_M)
-# llama-quant.cpp tensor_type_fallback: a row that is not whole blocks of the type takes a 32-block type
-FALLBACK = {GT.Q2_K: GT.Q4_0, GT.Q3_K: GT.Q4_0, GT.Q4_K: GT.Q5_0, GT.Q5_K: GT.Q5_1, GT.Q6_K: GT.Q8_0}
 
 QWEN_EXPERT = r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(\w+_proj)\.weight"
 
@@ -55,6 +56,9 @@ FAMILIES = {
     "Qwen3MoeForCausalLM": Family(MODEL_ARCH.QWEN3MOE, **_QWEN),
     "OlmoeForCausalLM": Family(MODEL_ARCH.OLMOE, **_QWEN),
     "GptOssForCausalLM": Family(MODEL_ARCH.GPT_OSS),
+    # the VLM release and the text-only model: the same text model (engine/gguf/qwen35.py)
+    "Qwen3_5MoeForConditionalGeneration": Family(MODEL_ARCH.QWEN35MOE, **_QWEN),
+    "Qwen3_5MoeForCausalLM": Family(MODEL_ARCH.QWEN35MOE, **_QWEN),
 }
 
 Load = Callable[[], torch.Tensor]
@@ -154,6 +158,10 @@ def _plan(folder: Path, hp: dict, fam: Family, tmap: gguf.TensorNameMap):
 
     n_head, n_kv = hp["num_attention_heads"], hp.get("num_key_value_heads")
     sources = _sources(folder)
+    if fam.arch == MODEL_ARCH.QWEN35MOE:  # filter_tensors, then the family's modify_tensors (engine/gguf/qwen35.py)
+        sources = [qwen35.convert(n.replace("language_model.", ""), s, f, hp) for n, s, f in sources
+                   if not qwen35.skipped(n)]
+        sources = [x for n, s, f in sources for x in _split_fused(n, s, f)]
     if fam.arch == MODEL_ARCH.GPT_OSS:  # generate_extra_tensors: the MXFP4 experts come first
         yield from _mxfp4_experts(sources, mapped)
     experts: dict[int, dict[str, tuple]] = {}
@@ -182,6 +190,19 @@ def _plan(folder: Path, hp: dict, fam: Family, tmap: gguf.TensorNameMap):
     left = [n for d in experts.values() for n in d]
     if left:
         raise ModelError(folder, f"incomplete experts: {left[:3]}")
+
+
+def _split_fused(name: str, shape: tuple, load: Load):
+    """Qwen2MoeModel.modify_tensors on transformers 5's fused experts: gate_up_proj [E, 2I, D] split in
+    gate then up halves, down_proj [E, D, I] as it is, each then merged like per-expert tensors."""
+    if name.endswith(("mlp.experts.down_proj", "mlp.experts.down_proj.weight")):
+        yield name.removesuffix(".weight") + ".weight", shape, load
+    elif name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.gate_up_proj.weight")):
+        base, n = name.removesuffix(".weight").removesuffix(".gate_up_proj"), shape[-2] // 2
+        yield f"{base}.gate_proj.weight", (*shape[:-2], n, shape[-1]), lambda: load()[..., :n, :]
+        yield f"{base}.up_proj.weight", (*shape[:-2], n, shape[-1]), lambda: load()[..., n:, :]
+    else:
+        yield name, shape, load
 
 
 def _gpt_oss(name: str, shape: tuple, load: Load, mapped):
@@ -260,70 +281,10 @@ def _converter_type(p: Planned, ftype: FT) -> GT:
     recipe's type (F16 under a K mix, llama-quantize's usual input); Q8_0 of a row not whole blocks -> F16."""
     n = p.name
     if len(p.shape) <= 1 or n.endswith("_norm.weight") or not n.endswith(".weight") \
-            or re.fullmatch(r"blk\.\d+\.ffn_gate_inp(_shexp)?\.weight", n):
+            or re.fullmatch(r"blk\.\d+\.(ffn_gate_inp(_shexp)?|ssm_conv1d)\.weight", n):
         return GT.F32
     t = GT.F16 if ftype in K_MIXES else BASE_TYPE[ftype]
     return GT.F16 if p.shape[-1] % GGML_QUANT_SIZES[t][0] else t
-
-
-def _quantizable(p: Planned) -> bool:
-    """llama-quant.cpp tensor_allows_quantization, for the tensors these families have."""
-    n = p.name
-    return (len(p.shape) >= 2 and n.endswith("weight") and "_norm.weight" not in n
-            and "ffn_gate_inp.weight" not in n and not p.raw)
-
-
-def _category(name: str) -> str:
-    """llama-quant.cpp tensor_get_category (the first match wins, as there)."""
-    if name in ("output.weight", "token_embd.weight"):
-        return name.split(".")[0]
-    for part in ("attn_qkv.weight", "attn_kv_b.weight", "attn_v.weight", "attn_k.weight", "attn_q.weight",
-                 "attn_output.weight", "ffn_up", "ffn_gate", "ffn_down"):
-        if part in name:
-            return part.removesuffix(".weight")
-    return "other"
-
-
-def _use_more_bits(i: int, n: int) -> bool:
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
-
-
-def _llama_quantize_types(plan: list[Planned], ftype: FT, n_expert: int, n_layer: int) -> None:
-    """llama_tensor_get_type_impl for LLAMA_FTYPE_MOSTLY_Q4_K_M / Q5_K_M (non-Falcon), then the fallback."""
-    cats = [_category(p.name) for p in plan]
-    n_attn_v = sum(c in ("attn_v", "attn_qkv", "attn_kv_b") for c in cats)
-    tied = "output" not in cats
-    i_attn_v = i_ffn_down = 0
-    for p, cat in zip(plan, cats):
-        if not _quantizable(p):
-            continue
-        t = BASE_TYPE[ftype]
-        if cat == "output" or (tied and cat == "token_embd"):
-            t = GT.Q8_0 if p.shape[-1] % GGML_QUANT_SIZES[t][0] else GT.Q6_K
-        elif cat in ("attn_v", "attn_qkv", "attn_kv_b"):
-            if _use_more_bits(i_attn_v, n_attn_v):
-                t = GT.Q6_K
-            if n_expert == 8:  # "for the 8-expert model, bumping this to Q8_0 trades just ~128MB"
-                t = GT.Q8_0
-            i_attn_v += 1
-        elif cat == "attn_k" and n_expert == 8:
-            t = GT.Q8_0
-        elif cat == "ffn_down":
-            # MoE: the layer from the name (llama.cpp: Mixtral's experts are not stored in layer order)
-            i_layer = int(p.name.split(".")[1]) if n_expert > 1 else i_ffn_down
-            if _use_more_bits(i_layer, n_layer):
-                t = GT.Q6_K
-            i_ffn_down += 1
-        elif cat == "attn_output" and n_expert == 8 and ftype == FT.MOSTLY_Q4_K_M:
-            t = GT.Q5_K
-        p.qtype = _fallback(t, p.shape[-1])
-
-
-def _fallback(t: GT, ncols: int) -> GT:
-    if ncols % GGML_QUANT_SIZES[t][0] == 0:
-        return t
-    t = FALLBACK.get(t, t)
-    return GT.F16 if ncols % GGML_QUANT_SIZES[t][0] else t
 
 
 def _byte_shape(p: Planned) -> tuple[int, ...]:
@@ -400,6 +361,8 @@ def _metadata(w: gguf.GGUFWriter, folder: Path, hp: dict, fam: Family, ftype: FT
                          ("beta_fast", w.add_rope_scaling_yarn_beta_fast), ("beta_slow", w.add_rope_scaling_yarn_beta_slow)):
             if rope.get(key) is not None:
                 add(rope[key])
+    if "mrope_section" in rope:  # padded to [time, height, width, extra]
+        w.add_rope_dimension_sections((list(rope["mrope_section"]) + [0, 0, 0, 0])[:4])
     if rope.get("rope_theta") is not None:
         w.add_rope_freq_base(rope["rope_theta"])
     if (eps := _first(hp, "rms_norm_eps", "norm_eps")) is not None:  # OlmoeModel then sets 1e-5 over it
@@ -418,11 +381,13 @@ def _metadata(w: gguf.GGUFWriter, folder: Path, hp: dict, fam: Family, ftype: FT
     if fam.arch == MODEL_ARCH.LLAMA:
         w.add_vocab_size(hp["vocab_size"])
         w.add_rope_dimension_count(hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"])
-    elif fam.arch in (MODEL_ARCH.QWEN2MOE, MODEL_ARCH.QWEN3MOE):
+    elif fam.arch in (MODEL_ARCH.QWEN2MOE, MODEL_ARCH.QWEN3MOE, MODEL_ARCH.QWEN35MOE):
         if hp.get("moe_intermediate_size") is not None:
             w.add_expert_feed_forward_length(hp["moe_intermediate_size"])
         if hp.get("shared_expert_intermediate_size") is not None:
             w.add_expert_shared_feed_forward_length(hp["shared_expert_intermediate_size"])
+        if fam.arch == MODEL_ARCH.QWEN35MOE:
+            qwen35.metadata(w, hp)
     elif fam.arch == MODEL_ARCH.GPT_OSS:
         w.add_sliding_window(hp["sliding_window"])
         w.add_expert_feed_forward_length(hp["intermediate_size"])
