@@ -53,6 +53,7 @@ class Dims:
     rot_dim: int = 0                # the rotary dims of a head (0: all head_dim; Qwen3.5 rotates a quarter)
     norm_offset: bool = False       # RMSNorm weights stored zero-centred: x is scaled by 1 + w
     deltanet_inputs: str = "split"  # how DeltaNet's input projections are stored (engine/layers/deltanet.py)
+    tiled_heads: bool = False       # DeltaNet value head h uses key head h % Hk (a GGUF's order), not h // (Hv/Hk)
     # GLM-4.5 (engine/families/glm4_moe.py)
     dense_first: int = 0            # leading decoder layers with a dense MLP instead of experts
     dense_ffn: int = 0              # their MLP's width

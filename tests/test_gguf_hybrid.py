@@ -46,7 +46,37 @@ def files(source, tmp_path_factory) -> dict[str, Path]:
 
 
 def text_dims(d):
-    return dataclasses.replace(d, family="qwen3_5_moe_text")
+    """The GGUF's Dims: the text model's, its DeltaNet value heads in the file's tiled order."""
+    return dataclasses.replace(d, family="qwen3_5_moe_text", tiled_heads=d.linear[0] != d.linear[2])
+
+
+def as_filed(name: str, t: torch.Tensor, d) -> torch.Tensor:
+    """A source tensor in the order the engine reads it from the file: the DeltaNet's value heads tiled."""
+    from engine.gguf import qwen35
+
+    fix = qwen35.fixes(d, tiled=False).get(name)
+    hk, dk, hv, dv, _ = d.linear
+    heads = qwen35.tiled_heads(hk, hv)
+    if name.endswith("dt_bias") or name.endswith("A_log"):
+        out = torch.empty_like(t)
+        out[heads] = t
+        return out
+    if name.endswith("conv1d.weight"):
+        from engine.gguf.layout import head_rows
+
+        rows = torch.cat([torch.arange(2 * hk * dk), head_rows(heads, dv, 2 * hk * dk)])
+        out = torch.empty_like(t)
+        out[rows] = t
+        return out
+    if fix is None or (fix.rows is None and fix.cols is None):
+        return t
+    out = torch.empty_like(t)
+    if fix.rows is not None:
+        out[fix.rows] = t
+    else:
+        g = len(fix.cols)
+        out.view(t.shape[0], g, fix.width)[:, fix.cols] = t.view(t.shape[0], g, fix.width)
+    return out
 
 
 # ---- the engine reads what the writer wrote ---------------------------------------------------------
@@ -69,7 +99,7 @@ def test_f32_file_reads_back_the_source(source, files):
     try:
         assert set(g.expected) == set(ref.expected)
         for name in ref.expected:
-            want, got = ref.read(name).float(), g.read(name).float()
+            want, got = as_filed(name, ref.read(name).float(), ref.dims), g.read(name).float()
             assert got.shape == want.shape, name
             if name.endswith(("A_log", "norm.weight")) and "linear_attn.norm" not in name:
                 assert torch.allclose(got, want, rtol=1e-6, atol=1e-6), name
@@ -153,10 +183,10 @@ def test_eval_of_the_f16_file_gives_transformers_perplexity(source, files, windo
 
 @pytest.mark.parametrize("dv", [24, 32])
 def test_q8_0_matrices_stay_blocks(source, tmp_path, dv):
-    """Q8_0: the DeltaNet's input matrices are the file's blocks with their rows reordered (raw_view None:
-    read_raw copies them in the HF order); out_proj's value heads are its columns: with heads of 32 a head
-    is whole blocks and stays Q8_0, with heads of 24 it is presented dequantised (F32). Every block read
-    is the exact dequantisation read() gives; the norms, conv1d and A_log are F32."""
+    """Q8_0: the DeltaNet's matrices are the file's blocks as they are, mapped (raw_view), their value heads
+    in the file's tiled order, which the mixer reads so (Dims.tiled_heads): out_proj stays Q8_0 whatever
+    the head width. Every block read is the exact dequantisation read() gives; the norms, conv1d and
+    A_log are F32."""
     from engine import native
     from engine.blockquant import BlockQuant
     from engine.evaluate import perplexity
@@ -167,9 +197,8 @@ def test_q8_0_matrices_stay_blocks(source, tmp_path, dv):
     g, ref = open_gguf(path), Checkpoint(src)
     try:
         q = "model.layers.0.linear_attn."
-        for n in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"):
-            assert g.tensor_type(q + n + ".weight") == GT.Q8_0 and g.raw_view(q + n + ".weight") is None
-        assert g.tensor_type(q + "out_proj.weight") == (GT.Q8_0 if dv == 32 else GT.F32)
+        for n in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"):
+            assert g.tensor_type(q + n + ".weight") == GT.Q8_0 and g.raw_view(q + n + ".weight") is not None
         for n in ("A_log", "conv1d.weight", "dt_bias"):
             assert g.tensor_type(q + n) == GT.F32
         assert g.raw_view("model.layers.3.self_attn.q_proj.weight") is not None  # untouched by the converter
@@ -177,7 +206,7 @@ def test_q8_0_matrices_stay_blocks(source, tmp_path, dv):
             t, v = g.tensor_type(name), g.read(name).float()
             if t not in (GT.F32, GT.F16, GT.BF16):
                 assert torch.equal(dequantize_rows(t, g.read_raw(name), shape[-1]).reshape(shape).float(), v), name
-            want = ref.read(name).float()
+            want = as_filed(name, ref.read(name).float(), ref.dims)
             assert (v - want).abs().max() <= 0.01 * want.abs().max(), name  # Q8_0's rounding, not a misplaced head
     finally:
         g.close()
@@ -190,7 +219,7 @@ def test_q8_0_matrices_stay_blocks(source, tmp_path, dv):
         try:
             mixer = ld.model.layers[0].mixer
             if dtype == "bf16":  # the native kernels run the file's blocks
-                assert isinstance(mixer.w_in, BlockQuant) and isinstance(mixer.wo, BlockQuant) == (dv == 32)
+                assert all(isinstance(w, BlockQuant) for w in (*getattr(mixer.w_in, "parts", [mixer.w_in]), mixer.wo))
             ppl[dtype] = perplexity(ld.model, ids)
         finally:
             ld.ckpt.close()

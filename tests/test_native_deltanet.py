@@ -172,3 +172,38 @@ def test_native_refuses_sizes_it_cannot_hold():
     with pytest.raises(RuntimeError, match="bad sizes"):
         deltanet.step(Hk, z(C), z(C, K - 1), z(C, K), z(Hv), z(Hv), z(Hv), z(Hv), z(Hv * Dv), z(Dv), EPS,
                       z(Hv, Dk, Dv), threads=1)
+
+
+@pytest.mark.parametrize("size", [(2, 16, 4, 16, 4), (16, 128, 32, 128, 4)], ids=["tiny", "real"])
+def test_tiled_value_heads_are_the_grouped_heads_reordered(path, size):
+    """tiled=True (value head h uses key head h % Hk: a GGUF's order) on inputs whose value heads are
+    tiled gives the grouped step's results in that order: native and reference alike."""
+    from engine.gguf.qwen35 import tiled_heads
+
+    Hk, Dk, Hv, Dv, K = size
+    layer, start, tokens = make(size, seed=3)
+    heads = tiled_heads(Hk, Hv)  # grouped head h is the file's head heads[h]
+    order = torch.empty_like(heads)
+    order[heads] = torch.arange(Hv)  # the file's head j is grouped head order[j]
+    vrows = lambda x, w: x.view(-1, Hv, w)[:, order].reshape(x.shape)  # noqa: E731
+
+    def tile(d):
+        out = dict(d)
+        for key, w in (("a", 1), ("b", 1), ("A_log", 1), ("dt_bias", 1), ("z", Dv)):
+            if key in out:
+                out[key] = vrows(out[key][None], w)[0].contiguous()
+        for key in ("qkv", "conv", "conv_w"):
+            if key in out:
+                t = out[key]
+                head = t[:2 * Hk * Dk]
+                v = t[2 * Hk * Dk:].reshape(Hv, Dv, *t.shape[1:])[order].reshape(Hv * Dv, *t.shape[1:])
+                out[key] = torch.cat([head, v]).contiguous()
+        if "state" in out:
+            out["state"] = out["state"][order].contiguous()
+        return out
+    want = run_ours(deltanet.reference, size, layer, start, tokens)
+    tiled = [tile(t) for t in tokens]
+    for fn in (deltanet.reference, deltanet.step):
+        got = run_ours(fn, size, tile(layer), tile(start), tiled, tiled=True)
+        close(got[0].view(TOKENS, Hv, Dv), want[0].view(TOKENS, Hv, Dv)[:, order], f"{fn.__name__} out")
+        close(got[2], want[2][order], f"{fn.__name__} state")

@@ -16,6 +16,7 @@ expert's matrix a contiguous run of rows, read alone.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -80,6 +81,8 @@ class GGUFCheckpoint:
         check_config(self.raw_config, self.path)
         self.config = hf_config(self.raw_config, self.path)
         self.dims = d = dims_from_config(self.config, self.path)
+        if self.arch == qwen35.ARCH and d.linear is not None and d.linear[0] != d.linear[2]:
+            self.dims = d = replace(d, tiled_heads=True)  # value heads in the file's order (engine/gguf/qwen35.py)
         self.family = FAMILIES[d.family]
         self._fixes = self._layout_fixes()  # HF name -> how the file's form differs (engine/gguf/layout.py)
         self._dense: dict[str, TensorInfo] = {}

@@ -121,8 +121,10 @@ def _take(index: torch.Tensor | None, dim: int = 0):
     return (lambda x: x) if index is None else (lambda x: x.index_select(dim, index))
 
 
-def fixes(d) -> dict[str, Fix]:
-    """HF name -> Fix for a qwen35moe file of Dims d (engine/gguf/layout.py)."""
+def fixes(d, tiled: bool = True) -> dict[str, Fix]:
+    """HF name -> Fix for a qwen35moe file of Dims d (engine/gguf/layout.py). tiled: the DeltaNet's value
+    heads stay in the file's tiled order (every matrix its own blocks, mapped; the engine's mixer reads
+    them so: Dims.tiled_heads); False: back in Hugging Face's grouped order (rows and columns moved)."""
     hk, dk, hv, dv, _ = d.linear or (1, 0, 1, 0, 0)  # (None: attention layers only)
     heads = tiled_heads(hk, hv) if hv != hk else None  # the converter reorders only when they differ
     plain = Fix(value=_minus_one)
@@ -134,6 +136,10 @@ def fixes(d) -> dict[str, Fix]:
             out[p + "self_attn.q_norm.weight"] = out[p + "self_attn.k_norm.weight"] = plain
             continue
         q = p + "linear_attn."
+        if tiled and heads is not None:  # read in the file's (tiled) order: the mixer knows it (Dims.tiled_heads)
+            out[q + "A_log"] = Fix(value=_a_log(None))
+            out[q + "dt_bias"] = out[q + "conv1d.weight"] = Fix(value=_same)  # F32, the HF shape
+            continue
         out[q + "A_log"] = Fix(value=_a_log(heads))
         if heads is None:
             continue
@@ -145,6 +151,10 @@ def fixes(d) -> dict[str, Fix]:
         out[q + "dt_bias"] = Fix(value=_take(heads))
         out[q + "conv1d.weight"] = Fix(value=_take(qkv))
     return out
+
+
+def _same(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 # --- writing: the converter's steps ------------------------------------------------------------------------

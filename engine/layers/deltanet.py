@@ -77,14 +77,15 @@ def build(w, p: str, layer: int, slot: int) -> "GatedDeltaNet":
     else:
         w_in = w.stack([w.matrix(q + n + ".weight") for n in NAMES])
     return GatedDeltaNet(slot, w_in, w.read(q + "conv1d.weight"), w.read(q + "A_log"), w.read(q + "dt_bias"),
-                         w.read(q + "norm.weight"), w.matrix(q + "out_proj.weight"), d.linear, d.rms_eps)
+                         w.read(q + "norm.weight"), w.matrix(q + "out_proj.weight"), d.linear, d.rms_eps,
+                         d.tiled_heads)
 
 
 class GatedDeltaNet:
     kind = "deltanet"
 
     def __init__(self, slot: int, w_in, conv_w: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor,
-                 norm_w: torch.Tensor, wo, linear_dims: tuple, eps: float):
+                 norm_w: torch.Tensor, wo, linear_dims: tuple, eps: float, tiled: bool = False):
         self.slot = slot  # this layer's index in the cache's LinearState
         self.w_in, self.wo = w_in, wo  # [qkv; z; b; a] [C + 2 Hv Dv... see NAMES, D], and out_proj [D, Hv Dv]
         self.conv_w = conv_w.float().reshape(conv_w.shape[0], -1).contiguous()  # [C, K]
@@ -92,7 +93,7 @@ class GatedDeltaNet:
         self.neg_a = -self.a_log.exp()  # -exp(A_log) [Hv]
         self.dt_bias, self.norm_w = dt_bias.float().contiguous(), norm_w.float().contiguous()
         self.hk, self.dk, self.hv, self.dv, self.k = linear_dims
-        self.eps = eps
+        self.eps, self.tiled = eps, tiled
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.w_in, self.wo, self.conv_w, self.neg_a, self.dt_bias, self.norm_w]
@@ -120,14 +121,16 @@ class GatedDeltaNet:
         n = proj.shape[0]
         if n == 1 and choice.deltanet_step(conv, rec):  # a decode step: one native call (engine/native/deltanet.py)
             return native_deltanet.step(hk, qkv[0], conv, self.conv_w, a[0], b[0], self.a_log, self.dt_bias, z[0],
-                                        self.norm_w, self.eps, rec)[None]
+                                        self.norm_w, self.eps, rec, tiled=self.tiled)[None]
         x = torch.cat([conv.t(), qkv])  # [K-1+n, C]: the conv's inputs, the state's first
         conv.copy_(x[n:].t())
         y = F.silu(F.conv1d(x.t()[None], self.conv_w[:, None, :], groups=c)[0].t())  # [n, C]
         q, k, v = y.split([hk * dk, hk * dk, hv * dv], dim=-1)
         q = _l2norm(q.reshape(n, hk, dk)) * dk ** -0.5
         k = _l2norm(k.reshape(n, hk, dk))
-        if hv != hk:  # each key head serves hv/hk consecutive value heads
+        if hv != hk and self.tiled:  # value head h uses key head h % hk (the order a GGUF stores them in)
+            q, k = q.repeat(1, hv // hk, 1), k.repeat(1, hv // hk, 1)
+        elif hv != hk:  # each key head serves hv/hk consecutive value heads
             q, k = q.repeat_interleave(hv // hk, dim=1), k.repeat_interleave(hv // hk, dim=1)
         g = self.neg_a * F.softplus(a + self.dt_bias)  # [n, Hv] (log of the decay)
         o = delta_rule.run(q, k, v.reshape(n, hv, dv), g, torch.sigmoid(b), rec)  # [n, Hv, Dv]

@@ -33,7 +33,7 @@ PATHS = ("portable C", "AVX2", "AVX-512 VNNI")
 FMT = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
 
 
-ABI = 6  # mdk_abi() of the library these structs match (cpu.c)
+ABI = 7  # mdk_abi() of the library these structs match (cpu.c)
 
 
 class Matrix(ctypes.Structure):
@@ -163,7 +163,7 @@ def _declare(lib) -> None:
     lib.mdk_decode_batch.argtypes = [POINTER(Model), i, vp, vp, vp, vp, vp, vp, vp, i]
     lib.mdk_decode_batch.restype = i
     f = c_float  # deltanet.c: one Gated DeltaNet decode step
-    lib.mdk_deltanet_step.argtypes = [i, i, i, i, i, vp, vp, vp, vp, vp, vp, vp, vp, vp, f, vp, vp, i]
+    lib.mdk_deltanet_step.argtypes = [i, i, i, i, i, i, vp, vp, vp, vp, vp, vp, vp, vp, vp, f, vp, vp, i]
     lib.mdk_deltanet_step.restype = i
 
 

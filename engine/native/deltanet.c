@@ -40,7 +40,7 @@
 #define MAXD 1024  /* the largest head dim (Dk, Dv): a task's per-head vectors are on its stack */
 
 typedef struct {
-    int Hk, Dk, Hv, Dv, K;
+    int Hk, Dk, Hv, Dv, K, tiled;
     const float *qkv, *conv_w, *a, *b, *A_log, *dt_bias, *z, *norm_w;
     float eps;
     float *conv, *state, *out;
@@ -379,7 +379,7 @@ static void conv_task(void *p, int t) {
 /* phase B, task h: value head h's state update and gated-normed output */
 static void state_task(void *p, int h) {
     const dn_ctx *c = (const dn_ctx *)p;
-    const int Dk = c->Dk, Dv = c->Dv, kh = h / (c->Hv / c->Hk);
+    const int Dk = c->Dk, Dv = c->Dv, kh = c->tiled ? h % c->Hk : h / (c->Hv / c->Hk);
     const float *q = c->qk + (size_t)kh * Dk, *k = c->qk + (size_t)(c->Hk + kh) * Dk;
     float *S = c->state + (size_t)h * Dk * Dv, *out = c->out + (size_t)h * Dv;  /* out holds v until the end */
     float e = expf(-expf(c->A_log[h]) * softplus1(c->a[h] + c->dt_bias[h]));
@@ -400,7 +400,8 @@ static void state_task(void *p, int h) {
 }
 
 /* One token of one sequence through a Gated DeltaNet mixer, after its input projections.
- * Hk key heads of Dk, Hv value heads of Dv (Hv a multiple of Hk: value head h uses key head h / (Hv/Hk)),
+ * Hk key heads of Dk, Hv value heads of Dv (Hv a multiple of Hk: value head h uses key head h / (Hv/Hk);
+ * tiled != 0: key head h % Hk, the order llama.cpp's converter stores them in),
  * C = 2*Hk*Dk + Hv*Dv conv channels, K conv taps. All float32, contiguous.
  * qkv [C]      in_proj_qkv's output for this token (before the conv)
  * conv [C,K-1] the previous K-1 conv inputs of each channel, oldest first; updated in place (shift in qkv)
@@ -412,7 +413,7 @@ static void state_task(void *p, int h) {
  * out [Hv*Dv]  the result (then multiplied by out_proj outside this function)
  * returns 0; -1: bad sizes (a size < 1, Hv not a multiple of Hk, Dk or Dv over 1024, C*K over INT_MAX);
  * -2: out of memory */
-MDK_API int mdk_deltanet_step(int Hk, int Dk, int Hv, int Dv, int K, const float *qkv, float *conv, const float *conv_w,
+MDK_API int mdk_deltanet_step(int Hk, int Dk, int Hv, int Dv, int K, int tiled, const float *qkv, float *conv, const float *conv_w,
                               const float *a, const float *b, const float *A_log, const float *dt_bias, const float *z,
                               const float *norm_w, float eps, float *state, float *out, int threads) {
     if (Hk < 1 || Dk < 1 || Hv < 1 || Dv < 1 || K < 1 || Hv % Hk || Dk > MAXD || Dv > MAXD ||
@@ -422,7 +423,7 @@ MDK_API int mdk_deltanet_step(int Hk, int Dk, int Hv, int Dv, int K, const float
     if (!qk) return -2;
     if (threads < 1) threads = 1;
     int na = Hk + Hv < 4 * threads ? Hk + Hv : 4 * threads;
-    dn_ctx c = {Hk, Dk, Hv, Dv, K, qkv, conv_w, a, b, A_log, dt_bias, z, norm_w, eps, conv, state, out, qk, na};
+    dn_ctx c = {Hk, Dk, Hv, Dv, K, tiled != 0, qkv, conv_w, a, b, A_log, dt_bias, z, norm_w, eps, conv, state, out, qk, na};
     mdk_parallel(na, conv_task, &c, threads);
     mdk_parallel(Hv, state_task, &c, threads);
     free(qk);

@@ -42,8 +42,9 @@ def _sizes(key_heads, qkv, conv, conv_w, a, b, A_log, dt_bias, z, norm_w, state)
 
 
 def step(key_heads: int, qkv, conv, conv_w, a, b, A_log, dt_bias, z, norm_w, eps: float, state,
-         out: torch.Tensor | None = None, threads: int | None = None) -> torch.Tensor:
-    """The native step: updates conv and state in place, returns out [Hv*Dv] (a new tensor if None)."""
+         out: torch.Tensor | None = None, threads: int | None = None, tiled: bool = False) -> torch.Tensor:
+    """The native step: updates conv and state in place, returns out [Hv*Dv] (a new tensor if None).
+    tiled: value head h uses key head h % Hk (a GGUF's order) instead of h // (Hv/Hk)."""
     Hk, Dk, Hv, Dv, K = _sizes(key_heads, qkv, conv, conv_w, a, b, A_log, dt_bias, z, norm_w, state)
     if out is None:
         out = torch.empty(Hv * Dv, dtype=torch.float32)
@@ -54,7 +55,7 @@ def step(key_heads: int, qkv, conv, conv_w, a, b, A_log, dt_bias, z, norm_w, eps
     if L is None:
         raise RuntimeError(f"deltanet.step: {native.status()}; use deltanet.reference")
     rc = L.mdk_deltanet_step(
-        Hk, Dk, Hv, Dv, K, qkv.data_ptr(), conv.data_ptr(), conv_w.data_ptr(), a.data_ptr(), b.data_ptr(),
+        Hk, Dk, Hv, Dv, K, int(tiled), qkv.data_ptr(), conv.data_ptr(), conv_w.data_ptr(), a.data_ptr(), b.data_ptr(),
         A_log.data_ptr(), dt_bias.data_ptr(), z.data_ptr(), norm_w.data_ptr(), float(eps), state.data_ptr(),
         out.data_ptr(), native.threads() if threads is None else int(threads))
     if rc:
@@ -62,7 +63,8 @@ def step(key_heads: int, qkv, conv, conv_w, a, b, A_log, dt_bias, z, norm_w, eps
     return out
 
 
-def reference(key_heads: int, qkv, conv, conv_w, a, b, A_log, dt_bias, z, norm_w, eps: float, state) -> torch.Tensor:
+def reference(key_heads: int, qkv, conv, conv_w, a, b, A_log, dt_bias, z, norm_w, eps: float, state,
+              tiled: bool = False) -> torch.Tensor:
     """The same step in plain torch (fp32): updates conv and state in place, returns [Hv*Dv]."""
     Hk, Dk, Hv, Dv, K = _sizes(key_heads, qkv, conv, conv_w, a, b, A_log, dt_bias, z, norm_w, state)
     x = torch.cat([conv, qkv[:, None]], dim=1)  # [C, K]: the history, then this token
@@ -72,7 +74,10 @@ def reference(key_heads: int, qkv, conv, conv_w, a, b, A_log, dt_bias, z, norm_w
     q, k, v = q.view(Hk, Dk), k.view(Hk, Dk), v.view(Hv, Dv)
     q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) / Dk ** 0.5
     k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-    q, k = q.repeat_interleave(Hv // Hk, 0), k.repeat_interleave(Hv // Hk, 0)  # [Hv, Dk]
+    if tiled:
+        q, k = q.repeat(Hv // Hk, 1), k.repeat(Hv // Hk, 1)  # [Hv, Dk]: value head h uses key head h % Hk
+    else:
+        q, k = q.repeat_interleave(Hv // Hk, 0), k.repeat_interleave(Hv // Hk, 0)  # [Hv, Dk]
     decay = (-A_log.exp() * F.softplus(a + dt_bias)).exp()[:, None, None]
     beta = torch.sigmoid(b)[:, None]
     S = state * decay
