@@ -22,8 +22,19 @@ class Stacked:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:  # x [T, K] -> [T, sum of rows]
         from .kernels import linear
+        from .native import choice
 
+        if choice.stacked(self.parts, x):  # a decode step: every part in one native call
+            from .native import matmul_parts, matrix
+
+            descs = [p.desc if not isinstance(p, torch.Tensor) else matrix(p) for p in self.parts]
+            return matmul_parts(descs, x.to(self._dtype(x))).to(x.dtype)
         return torch.cat([linear(x, p) for p in self.parts], dim=-1)
+
+    def _dtype(self, x: torch.Tensor) -> torch.dtype:
+        """The input's dtype for the native call: a 16-bit part's own dtype (its rows read x as it is)."""
+        t = next((p for p in self.parts if isinstance(p, torch.Tensor)), None)
+        return t.dtype if t is not None else x.dtype
 
     @property
     def nbytes(self) -> int:

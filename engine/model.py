@@ -198,9 +198,11 @@ class MoEModel:
         d, dense = self.dims, w.dense
         shared = None
         if d.shared_ffn:
-            w13 = torch.cat([dense(fam.shared_key(i, "w1")), dense(fam.shared_key(i, "w3"))])  # [2I', D]
-            shared = (Expert16(Tier.GPU16, w13.contiguous(), dense(fam.shared_key(i, "w2")).contiguous()),
-                      dense(fam.shared_key(i, "gate")) if d.shared_gated else None)
+            form = self._shared_from_file(fam, i)
+            if form is None:
+                w13 = torch.cat([dense(fam.shared_key(i, "w1")), dense(fam.shared_key(i, "w3"))])  # [2I', D]
+                form = Expert16(Tier.GPU16, w13.contiguous(), dense(fam.shared_key(i, "w2")).contiguous())
+            shared = (form, dense(fam.shared_key(i, "gate")) if d.shared_gated else None)
         sigmoid = d.router_kind == "sigmoid_groups"
         gate = dense(fam.router_key(i))
         if d.router_kind == "gemma":  # its own input scale [D] (times 1/sqrt(D)) and per-expert scale [E]
@@ -213,6 +215,23 @@ class MoEModel:
                         gate_bias=dense(fam.router_key(i, bias=True)) if d.router_bias else None,
                         correction=w.read(fam.correction_key(i)).float() if sigmoid else None,
                         groups=d.route_groups, scale=d.route_scale, **extra)
+
+    def _shared_from_file(self, fam, i: int):
+        """A GGUF file's shared expert in its own blocks, mapped, where the native kernels run the dense
+        matrices from the file (file_dense): as one of its routed experts would be; else None."""
+        if not self.file_dense:
+            return None
+        from .experts import QuantExpert
+
+        ck, d = self.ckpt, self.dims
+        names = [fam.shared_key(i, k) for k in ("w1", "w3", "w2")]
+        types = [ck.tensor_type(n) for n in names]
+        views = [ck.raw_view(n) for n in names]
+        if types[0] != types[1] or not all(t in BLOCK_TYPES for t in types) or any(v is None for v in views):
+            return None
+        w13 = BlockQuant.from_file(types[0], views[:2], (2 * d.shared_ffn, d.hidden))
+        return QuantExpert(Tier.CPU16, w13, BlockQuant.from_file(types[2], views[2:], (d.hidden, d.shared_ffn)),
+                           torch.device("cpu"))
 
     # ---- re-placement ----
     def build(self, layer: int, expert: int, tier: Tier, threads: int | None = None):

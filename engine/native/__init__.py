@@ -162,6 +162,7 @@ def _declare(lib) -> None:
     lib.mdk_moe.restype = i
     lib.mdk_decode_batch.argtypes = [POINTER(Model), i, vp, vp, vp, vp, vp, vp, vp, i]
     lib.mdk_decode_batch.restype = i
+    lib.mdk_matmul_parts.argtypes, lib.mdk_matmul_parts.restype = [vp, i, vp, i, i, vp, i], i
     f = c_float  # deltanet.c: one Gated DeltaNet decode step
     lib.mdk_deltanet_step.argtypes = [i, i, i, i, i, i, vp, vp, vp, vp, vp, vp, vp, vp, vp, f, vp, vp, i]
     lib.mdk_deltanet_step.restype = i
@@ -255,6 +256,16 @@ def matrix(w: torch.Tensor) -> Matrix:
     """A 16-bit or fp32 weight [N, K] (contiguous, CPU) as the kernel sees it."""
     n, k = w.shape
     return Matrix(FMT[w.dtype], n, k, w.data_ptr(), None, None)
+
+
+def matmul_parts(ms: list, x: torch.Tensor) -> torch.Tensor:
+    """x [T, K] @ [W_0; W_1; ...].T -> [T, sum of N] fp32: stacked matrices of any formats in one call."""
+    x = x.contiguous()
+    y = torch.empty(x.shape[0], sum(m.n for m in ms), dtype=torch.float32)
+    arr = (ctypes.POINTER(Matrix) * len(ms))(*[ctypes.pointer(m) for m in ms])
+    if lib().mdk_matmul_parts(arr, len(ms), x.data_ptr(), FMT[x.dtype], x.shape[0], y.data_ptr(), threads()):
+        raise MemoryError("native matmul of stacked parts: out of memory for its scratch buffers")
+    return y
 
 
 def matmul(m: Matrix, x: torch.Tensor) -> torch.Tensor:

@@ -42,6 +42,17 @@ def dense(w, rows: int) -> bool:
     return rows <= DENSE_ROWS and reads(w)
 
 
+def stacked(parts: list, x: torch.Tensor) -> bool:
+    """Stacked matrices of one input (dense_forms.Stacked) as one native call (moe.c mdk_matmul_parts): a
+    few rows, at most 8 parts, each a tensor the kernels read or a block weight with its descriptor, all
+    of one dtype among the tensors."""
+    if not (available() and len(parts) <= 8 and x.shape[0] <= DENSE_ROWS and x.device.type == "cpu"):
+        return False
+    tensors = [p for p in parts if isinstance(p, torch.Tensor)]
+    return (all(reads(p) for p in tensors) and len({p.dtype for p in tensors}) <= 1
+            and all(getattr(p, "desc", None) is not None for p in parts if not isinstance(p, torch.Tensor)))
+
+
 def expert(w13: torch.Tensor, w2: torch.Tensor) -> bool:
     """A 16-bit or fp32 host expert runs in the native expert kernels (4-bit forms are native by
     their format: quant.Q4Native, BlockQuant)."""

@@ -313,3 +313,58 @@ MDK_API int mdk_matmul(const mdk_matrix *w, const void *x, int x_fmt, int T, flo
     mdk_parallel((w->n + m.rows - 1) / m.rows, mm_task, &m, nthreads);
     return 0;
 }
+
+/* Several matrices of one input stacked along their output rows ([q; k; v], DeltaNet's [qkv; z; b; a]),
+ * each in its own format, as one call: the input converted (and int8-quantised) once, every part's row
+ * blocks one task list for the pool, so the threads meet once instead of once a part. y [T, sum of n]. */
+typedef struct { const mdk_matrix *w; int col, a, b; } part_task;
+typedef struct { const part_task *tasks; const float *xf; const uint16_t *xbf; mdk_q8 *xq; int T, ld; float *y; } parts_ctx;
+
+static void parts_task(void *c, int t) {
+    const parts_ctx *m = (const parts_ctx *)c;
+    const part_task *pt = &m->tasks[t];
+    const mdk_matrix *w = pt->w;
+    int k = w->k;
+    float y1[SUB];
+    for (int r = pt->a; r < pt->b; r += SUB) {
+        int re = r + SUB < pt->b ? r + SUB : pt->b;
+        for (int tk = 0; tk < m->T; tk++) {
+            rows_any(w, r, re, m->xf + (size_t)tk * k, (w->fmt == MDK_BF16 && m->xbf) ? m->xbf + (size_t)tk * k : NULL,
+                     m->xq ? &m->xq[tk] : NULL, y1);
+            memcpy(m->y + (size_t)tk * m->ld + pt->col + r, y1, (size_t)(re - r) * 4);
+        }
+    }
+}
+
+MDK_API int mdk_matmul_parts(const mdk_matrix *const *ws, int np, const void *x, int x_fmt, int T, float *y,
+                             int nthreads) {
+    if (np < 1 || np > 8) return -1;
+    int k = ws[0]->k, ld = 0, any_int = 0, ntasks = 0;
+    for (int p = 0; p < np; p++) {
+        if (ws[p]->k != k) return -1;
+        ld += ws[p]->n;
+        any_int |= MDK_IS_INT(ws[p]->fmt);
+    }
+    part_task tasks[8 * 64];
+    int col = 0;
+    for (int p = 0; p < np; p++) {
+        int n = ws[p]->n, per = rows_per_task(n, nthreads);
+        if ((n + per - 1) / per > 64) per = (n + 63) / 64;
+        for (int a = 0; a < n; a += per) tasks[ntasks++] = (part_task){ws[p], col, a, a + per < n ? a + per : n};
+        col += n;
+    }
+    size_t q8 = mdk_q8_bytes(k);
+    float *xf = (float *)mdk_scratch(0, (size_t)T * k * 4);
+    char *mem = any_int ? (char *)mdk_scratch(1, (size_t)T * (q8 + sizeof(mdk_q8))) : NULL;
+    if (!xf || (any_int && !mem)) return -1;
+    mdk_q8 *xq = NULL;
+    if (mem) {
+        xq = (mdk_q8 *)mem;
+        for (int t = 0; t < T; t++) mdk_q8_init(&xq[t], mem + T * sizeof(mdk_q8) + (size_t)t * q8, k);
+    }
+    prep_ctx p = {x, x_fmt, k, xf, xq};
+    mdk_parallel(T, prep_task, &p, T >= 8 ? nthreads : 1);
+    parts_ctx m = {tasks, xf, (mdk_has_bf16 && x_fmt == MDK_BF16) ? (const uint16_t *)x : NULL, xq, T, ld, y};
+    mdk_parallel(ntasks, parts_task, &m, nthreads);
+    return 0;
+}
