@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..kernels import linear
 from ..native import choice, deltanet as native_deltanet
-from . import delta_rule
+from .delta_rule import run as run_delta_rule
 
 NAMES = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")  # stacked into one input matrix, in this order
 
@@ -133,7 +133,7 @@ class GatedDeltaNet:
         elif hv != hk:  # each key head serves hv/hk consecutive value heads
             q, k = q.repeat_interleave(hv // hk, dim=1), k.repeat_interleave(hv // hk, dim=1)
         g = self.neg_a * F.softplus(a + self.dt_bias)  # [n, Hv] (log of the decay)
-        o = delta_rule.run(q, k, v.reshape(n, hv, dv), g, torch.sigmoid(b), rec)  # [n, Hv, Dv]
+        o = run_delta_rule(q, k, v.reshape(n, hv, dv), g, torch.sigmoid(b), rec)  # [n, Hv, Dv]
         o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_w
         return (o * F.silu(z.reshape(n, hv, dv))).reshape(n, hv * dv)
 
