@@ -99,7 +99,8 @@ def greedy(model, prompt: torch.Tensor, n: int) -> list[int]:
     return got
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe", "qwen3_next", "glm4_moe", "glm4_moe_lite", "gemma4"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe"] + [  # 3 s each: the rest run with -m slow
+    pytest.param(f, marks=pytest.mark.slow) for f in ("qwen3_next", "glm4_moe", "glm4_moe_lite", "gemma4")])
 def test_eval_gives_transformers_perplexity(folders, tmp_path, window_cache, family):
     eval_matches_transformers(folders(family), tmp_path)
 
