@@ -203,3 +203,26 @@ def test_an_inconsistent_2026_config_is_one_error_naming_the_field(tmp_path, fam
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelError, match="config.json: " + field):
         Checkpoint(folder)
+
+
+def test_prompt_chunks_and_batched_decode_give_the_one_sequence_logits(hybrid):
+    """The DeltaNet state carries across a prompt read in chunks (token by token below 8, chunked above)
+    and each sequence of a batched decode step reads its own state: the logits of one plain pass."""
+    from engine.model import MoEModel
+    from engine.placement import Placement, Tier
+
+    ck = Checkpoint(hybrid)
+    d = ck.dims
+    m = MoEModel(ck, Placement.random(d.layers, d.experts, [Tier.GPU16, Tier.CPU16], seed=1), torch.device("cpu"),
+                 torch.float32)
+    a, b = torch.arange(3, 23), torch.arange(40, 60)
+    whole = m.forward(a, m.new_cache(32), 0, all_logits=True)
+    cache = m.new_cache(32)
+    parts = [m.forward(a[s:e], cache, s, all_logits=True) for s, e in ((0, 5), (5, 17), (17, 20))]
+    assert (torch.cat(parts) - whole).abs().max() < 1e-4
+    ca, cb = m.new_cache(32), m.new_cache(32)
+    m.forward(a[:-1], ca, 0)
+    m.forward(b[:-1], cb, 0)
+    both = m.forward(torch.stack([a[-1], b[-1]]), [ca, cb], [19, 19])  # one token each, one forward
+    alone_b = m.forward(b, m.new_cache(32), 0)
+    assert (both[0] - whole[-1]).abs().max() < 1e-4 and (both[1] - alone_b[-1]).abs().max() < 1e-4
