@@ -222,7 +222,8 @@ def test_the_placement_map_stays_readable_at_48_by_128(qtbot):
 @pytest.mark.parametrize("config, attend", [  # 14-21 s each for 10,240 and 24,576 experts: slow
     pytest.param("qwen3.5-35b-a3b", "10 of 40 layers attend", marks=pytest.mark.slow),
     pytest.param("qwen3-next-80b-a3b", "12 of 48 layers attend", marks=pytest.mark.slow),
-    ("glm-4.5-air", "46 of 46 layers attend")])
+    ("glm-4.5-air", "46 of 46 layers attend"),
+    ("glm-4.7-flash", "1,692 MiB of keys and values (47 of 47")])  # MLA: a 576-number row a token a layer
 def test_the_2026_families_are_planned_from_their_published_configs(tmp_path, window_cache, config, attend):
     from pathlib import Path
 
