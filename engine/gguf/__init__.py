@@ -1,7 +1,8 @@
 """GGUF checkpoints (llama.cpp's format, as users hold their models: Q4_K_M above all), read in
 place: engine/gguf/header.py parses a file's header with every length bounded, reader.py finds the
 files (one, a folder, a split set) and reads tensors with positional reads, names.py and config.py
-map GGUF's names and metadata to the Hugging Face ones the engine uses, checkpoint.py is the
+map GGUF's names and metadata to the Hugging Face ones the engine uses (qwen35.py, glm.py and
+glm_lite.py an architecture's own metadata, fixes and converter steps), checkpoint.py is the
 engine's checkpoint over the file, mxfp4.py GPT-OSS's blocks in the release's layout, tokenizer.py
 the tokenizer from the metadata, tiers.py what each tier keeps of a GGUF expert, writer.py files
 for tests and benchmarks."""

@@ -7,7 +7,8 @@ the exact dequantisation (gguf.quants.dequantize of the file's rows; F32/F16/BF1
 stored), so every existing path of the engine runs a GGUF file unchanged; `read_raw`, `expert_raw`
 and `expert_mxfp4` give the file's own blocks to the tiers that keep them (engine/gguf/tiers.py).
 Where the converter rearranged a dense tensor (llama's q/k rows, Qwen3.5's value heads, +1 norms,
--exp(A_log)), a Fix per HF name (engine/gguf/layout.py) makes every read give the HF form.
+-exp(A_log), deepseek2's kv_b_proj split in two), a Fix per HF name (engine/gguf/layout.py) makes every
+read give the HF form. Expert layer l is the file's block Dims.decoder(l) (GLM's leading dense blocks).
 
 Shapes: E experts, D hidden, I expert ffn. GGUF fuses a layer's experts: ffn_gate_exps and
 ffn_up_exps [E, I, D], ffn_down_exps [E, D, I] (torch order; the file lists ne0 first), each
@@ -30,7 +31,8 @@ from ..families import FAMILIES
 from .mxfp4 import to_release
 from .config import hf_config_dict
 from .expected import Expected, Info, WhereMap
-from . import qwen35
+import engine.gguf.glm_lite as glm_lite  # (as modules, not `from . import`: no edge to the package)
+import engine.gguf.qwen35 as qwen35
 from .header import TensorInfo
 from .layout import Fix
 from .names import PERMUTED_QK, ExpertRef, expert_ref, expert_tensor_name, gguf_name, unpermute_rows
@@ -114,6 +116,8 @@ class GGUFCheckpoint:
                 for l in range(d.layers) for w in "qk"}
         if self.arch == qwen35.ARCH:
             return qwen35.fixes(d)
+        if self.arch == glm_lite.ARCH:
+            return glm_lite.fixes(d, self.file.tensors)
         return {}
 
     # ---- validation ------------------------------------------------------------------------------
@@ -129,6 +133,9 @@ class GGUFCheckpoint:
         return t
 
     def _find_dense(self, hf: str, shape: tuple[int, ...]) -> TensorInfo:
+        fix = self._fixes.get(hf)
+        if fix is not None and fix.parts:  # split by the converter: every part checked, the first stands for it
+            return [self._need(name, s) for name, s in fix.parts][0]
         name = gguf_name(hf, self.arch)
         if name is None:
             raise ModelError(self.path, f"has no GGUF name for tensor '{hf}'")
@@ -137,14 +144,15 @@ class GGUFCheckpoint:
     def _find_experts(self, l: int, w: str) -> list[ExpertRef]:
         d, t = self.dims, self.file.tensors
         rows, k = (d.hidden, d.ffn) if w == "w2" else (d.ffn, d.hidden)
-        first = expert_ref(t, l, 0, w, d.ffn)
+        b = d.decoder(l)  # the file's block
+        first = expert_ref(t, b, 0, w, d.ffn)
         if first is None:
-            raise ModelError(self.path, f"is missing tensor '{expert_tensor_name(l, w)}'")
+            raise ModelError(self.path, f"is missing tensor '{expert_tensor_name(b, w)}'")
         if first.expert is None:  # one tensor per expert (the first Mixtral GGUFs)
-            refs = [expert_ref(t, l, e, w, d.ffn) for e in range(d.experts)]
+            refs = [expert_ref(t, b, e, w, d.ffn) for e in range(d.experts)]
             for e, r in enumerate(refs):
                 if r is None:
-                    raise ModelError(self.path, f"is missing tensor 'blk.{l}.ffn_{w}.{e}.weight'")
+                    raise ModelError(self.path, f"is missing tensor 'blk.{b}.ffn_{w}.{e}.weight'")
                 self._need(r.tensor, (rows, k))
             return refs
         fused_rows = 2 * d.ffn if "gate_up" in first.tensor else rows
@@ -271,7 +279,7 @@ class GGUFCheckpoint:
 
     # ---- Checkpoint's duck type ------------------------------------------------------------------
     def expert_key(self, layer: int, expert: int, w: str) -> str:
-        return self.family.expert_key(layer, expert, w)
+        return self.family.expert_key(self.dims.decoder(layer), expert, w)
 
     def _info_of(self, hf: str) -> TensorInfo:
         if hf in self._dense:
@@ -286,7 +294,7 @@ class GGUFCheckpoint:
     def _parse_expert(self, hf: str) -> tuple[int, int, str]:
         parts = hf.split(".")  # model.layers.L.<moe>.experts.E.<weight>.weight
         try:
-            l, e = int(parts[2]), int(parts[5])
+            l, e = int(parts[2]) - self.dims.dense_first, int(parts[5])
             w = next(k for k, v in self.family.weights.items() if v == parts[6])
         except (IndexError, ValueError, StopIteration):
             raise KeyError(hf) from None
@@ -298,7 +306,7 @@ class GGUFCheckpoint:
         shape = self.expected[name]
         if name in self._dense:
             t = self._dense[name]
-            return Info(shape, ST_DTYPE[FLOATS.get(self.tensor_type(name), torch.float32)], t.nbytes)
+            return Info(shape, ST_DTYPE[FLOATS.get(self.tensor_type(name), torch.float32)], self._nbytes(name))
         if self.family.fused_experts:
             dtype = "U8" if name.endswith(("_blocks", "_scales")) else ST_DTYPE[self.dtype]
             if name.endswith("_bias"):
@@ -329,6 +337,10 @@ class GGUFCheckpoint:
         fix = self._fixes.get(name)
         if fix is None or fix.blocks_ok(t.qtype):
             return dequantize_rows(t.qtype, self.read_raw(name), t.ne[0]).reshape(shape)
+        if fix.parts:  # joined from the tensors the converter split it into
+            ts = [self.file.tensors[n] for n, _ in fix.parts]
+            return fix.join([dequantize_rows(p.qtype, self._rows(p, 0, p.rows), p.ne[0]).float().reshape(s)
+                             for p, (_, s) in zip(ts, fix.parts)]).reshape(shape)
         try:
             return fix.floats(dequantize_rows(t.qtype, self._rows(t, 0, t.rows), t.ne[0]), shape)
         except ValueError as e:  # a value the converter cannot have written
@@ -368,8 +380,15 @@ class GGUFCheckpoint:
             total += r.rows * t.row_bytes
         return total
 
+    def _nbytes(self, hf: str) -> int:
+        """A dense tensor's bytes in the file (all of its parts where the converter split it)."""
+        fix = self._fixes.get(hf)
+        if fix is not None and fix.parts:
+            return sum(self.file.tensors[n].nbytes for n, _ in fix.parts)
+        return self._dense[hf].nbytes
+
     def dense_nbytes(self) -> int:
-        return sum(t.nbytes for t in self._dense.values())
+        return sum(self._nbytes(hf) for hf in self._dense)
 
     def load_tokenizer(self):
         """The tokenizer from the file's metadata (engine/gguf/tokenizer.py), which must carry a chat

@@ -6,7 +6,8 @@ same three checks: Dims come out as for the model's safetensors. The keys are th
 convert_hf_to_gguf.py writes ({arch}.block_count, {arch}.attention.head_count, ...); where the
 converter writes nothing, the value is what llama.cpp assumes for that architecture (noted below),
 or the tensors' own shapes. Qwen3.5-MoE's hybrid layers (ssm.*, recurrent layers, partial rope) are
-read by engine/gguf/qwen35.py.
+read by engine/gguf/qwen35.py; GLM-4.5's (glm4moe) and GLM-4.7-Flash's (deepseek2) dense leading layers,
+routing and MLA by engine/gguf/glm.py and glm_lite.py.
 """
 from __future__ import annotations
 
@@ -58,12 +59,14 @@ def hf_config_dict(f) -> dict:
     hidden = key("embedding_length")
     heads = key("attention.head_count")
     head_dim = key("attention.key_length", required=False) or (hidden // heads if heads else 0)
-    vdim = key("attention.value_length", required=False)
-    if vdim not in (None, head_dim):
-        raise ModelError(path, f"has keys of {head_dim} and values of {vdim} per head; Mixdesk runs models whose "
-                         "keys and values are the same width")
+    if arch != "deepseek2":  # MLA's widths: engine/gguf/glm_lite.py
+        vdim = key("attention.value_length", required=False)
+        if vdim not in (None, head_dim):
+            raise ModelError(path, f"has keys of {head_dim} and values of {vdim} per head; Mixdesk runs models "
+                             "whose keys and values are the same width")
     rope_dim = key("rope.dimension_count", required=False)
-    if rope_dim not in (None, head_dim) and arch != "qwen35moe":  # Qwen3.5 rotates a quarter (engine/gguf/qwen35.py)
+    if rope_dim not in (None, head_dim) and arch not in ("qwen35moe", "glm4moe", "deepseek2"):
+        # partial rope: Qwen3.5 rotates a quarter (engine/gguf/qwen35.py), GLM-4.5 half (engine/gguf/glm.py)
         raise ModelError(path, f"applies rope to {rope_dim} of each head's {head_dim} dimensions; Mixdesk runs "
                          "models with rope over the whole head")
     model_type = ARCHS[arch]
@@ -71,7 +74,8 @@ def hf_config_dict(f) -> dict:
         "model_type": model_type,
         "architectures": [{"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                            "qwen2_moe": "Qwen2MoeForCausalLM", "olmoe": "OlmoeForCausalLM",
-                           "gpt_oss": "GptOssForCausalLM", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM"}[model_type]],
+                           "gpt_oss": "GptOssForCausalLM", "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+                           "glm4_moe": "Glm4MoeForCausalLM", "glm4_moe_lite": "Glm4MoeLiteForCausalLM"}[model_type]],
         "num_hidden_layers": key("block_count"),
         "hidden_size": hidden,
         "num_attention_heads": heads,
@@ -85,6 +89,12 @@ def hf_config_dict(f) -> dict:
         "tie_word_embeddings": "output.weight" not in t,
         "rope_parameters": {"rope_type": "default", "rope_theta": key("rope.freq_base", float, default=10000.0)},
     }
+    if model_type in ("glm4_moe", "glm4_moe_lite"):  # leading dense layers, sigmoid routing (engine/gguf/glm*.py)
+        import engine.gguf.glm as glm  # (as modules: no edge to the package)
+        import engine.gguf.glm_lite as glm_lite
+
+        (glm if arch == glm.ARCH else glm_lite).config_fields(f, key, raw)
+        return _special_tokens(f, raw)
     window = key("attention.sliding_window", required=False)
     gate = t.get("blk.0.ffn_gate_exps.weight")
     expert_ffn = key("expert_feed_forward_length", required=False) or \
@@ -129,6 +139,10 @@ def hf_config_dict(f) -> dict:
         raw.update(num_local_experts=experts, intermediate_size=expert_ffn, sliding_window=window or 128,
                    attention_bias=True, swiglu_limit=7.0,
                    layer_types=["sliding_attention" if l % 2 == 0 else "full_attention" for l in range(layers)])
+    return _special_tokens(f, raw)
+
+
+def _special_tokens(f, raw: dict) -> dict:
     for name, tid in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "padding")):
         v = f.get(f"tokenizer.ggml.{tid}_token_id")
         if isinstance(v, int) and not isinstance(v, bool):

@@ -42,7 +42,7 @@ class Expected(Mapping):
         if not self.d.adapter.fused_experts and ".experts." in name:
             parts = name.split(".")
             if len(parts) == 8 and parts[2].isdigit() and parts[5].isdigit() and \
-                    int(parts[2]) < self.d.layers and int(parts[5]) < self.d.experts:
+                    self.d.dense_first <= int(parts[2]) < self.d.decoder_layers and int(parts[5]) < self.d.experts:
                 w = next((k for k, v in self.d.adapter.weights.items() if v == parts[6]), None)
                 if w is not None and name == self.d.adapter.expert_key(int(parts[2]), int(parts[5]), w):
                     return (self.d.hidden, self.d.ffn) if w == "w2" else (self.d.ffn, self.d.hidden)

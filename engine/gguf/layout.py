@@ -10,6 +10,8 @@ says how, per HF name, in three kinds:
   multiple of 32); otherwise the tensor is presented as its exact dequantisation (F32).
 - values changed: Qwen3.5's zero-centred RMSNorm weights stored as 1 + w, A_log as -exp(A_log),
   its 1-D and conv tensors reordered with the heads. Small tensors, presented as F32.
+- split: one HF tensor written as several file tensors (deepseek2's kv_b_proj as attn_k_b, transposed
+  per head, and attn_v_b: engine/gguf/glm_lite.py); joined from their values, presented as F32.
 A tensor without a Fix is read as the file holds it.
 """
 from __future__ import annotations
@@ -29,11 +31,14 @@ class Fix:
     width: int = 1                     # ...of `width` columns each
     value: Callable[[torch.Tensor], torch.Tensor] | None = None  # fp32 values (HF shape, HF order) -> HF's;
                                                                  # may raise ValueError (the file is wrong)
+    parts: tuple = ()                  # ((GGUF name, torch shape), ...): the file tensors it was split into
+    join: Callable[[list], torch.Tensor] | None = None  # their fp32 values, in those shapes -> the HF tensor
 
     def blocks_ok(self, qtype: GT) -> bool:
         """Whether the file's rows, in qtype, can be given in the HF order as they are (no value
         changes; a column group is whole blocks)."""
-        return self.value is None and (self.cols is None or self.width % GGML_QUANT_SIZES[qtype][0] == 0)
+        return self.value is None and not self.parts and \
+            (self.cols is None or self.width % GGML_QUANT_SIZES[qtype][0] == 0)
 
     def raw(self, raw: torch.Tensor, qtype: GT) -> torch.Tensor:
         """The file's rows [R, row_bytes] uint8 in the HF order (only where blocks_ok)."""

@@ -10,7 +10,10 @@ llama's converter permutes the rows of attn_q and attn_k for its rope kernel (Ll
 the two halves of each head interleaved); `unpermute_rows` undoes it as a row index, which is
 lossless on quantised rows too (a row's blocks move whole). Qwen3.5-MoE's (`qwen35moe`) Gated
 DeltaNet tensors are named here too; what its converter does to them is undone by
-engine/gguf/qwen35.py (engine/gguf/layout.py: how each read undoes it).
+engine/gguf/qwen35.py (engine/gguf/layout.py: how each read undoes it). So are GLM's (`glm4moe`,
+and GLM-4.7-Flash as `deepseek2`): the leading dense layers' ffn_gate/up/down, the router's correction
+bias exp_probs_b, the ungated shared experts (shared_experts -> *_shexp) and MLA's attn_q_a ... attn_kv_b;
+deepseek2's kv_b_proj, which the converter now writes split, is joined by engine/gguf/glm_lite.py.
 """
 from __future__ import annotations
 
@@ -21,22 +24,28 @@ import torch
 
 # general.architecture -> the engine's model_type ("llama" only with experts: Mixtral)
 ARCHS = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe",
-         "gpt-oss": "gpt_oss", "qwen35moe": "qwen3_5_moe_text"}
+         "gpt-oss": "gpt_oss", "qwen35moe": "qwen3_5_moe_text", "glm4moe": "glm4_moe", "deepseek2": "glm4_moe_lite"}
 ARCH_NAMES = {"llama": "Mixtral (llama with experts)", "qwen3moe": "Qwen3-MoE", "qwen2moe": "Qwen2-MoE",
-              "olmoe": "OLMoE", "gpt-oss": "GPT-OSS", "qwen35moe": "Qwen3.5-MoE"}
+              "olmoe": "OLMoE", "gpt-oss": "GPT-OSS", "qwen35moe": "Qwen3.5-MoE", "glm4moe": "GLM-4.5",
+              "deepseek2": "GLM-4.7-Flash"}  # deepseek2 files of its shape: engine/gguf/glm_lite.py
 PERMUTED_QK = ("llama",)  # the architectures whose converter permutes q and k rows
 
 _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
            "lm_head.weight": "output.weight"}
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _ATTN = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-         "q_norm": "attn_q_norm", "k_norm": "attn_k_norm"}
+         "q_norm": "attn_q_norm", "k_norm": "attn_k_norm",
+         # multi-head latent attention (deepseek2: GLM-4.7-Flash); kv_b_proj as the oldest files hold it
+         # (the converter now writes it split: engine/gguf/glm_lite.py)
+         "q_a_proj": "attn_q_a", "q_a_layernorm": "attn_q_a_norm", "q_b_proj": "attn_q_b",
+         "kv_a_proj_with_mqa": "attn_kv_a_mqa", "kv_a_layernorm": "attn_kv_a_norm", "kv_b_proj": "attn_kv_b"}
 # Qwen3.5's Gated DeltaNet (linear_attn.*): in_proj_qkv and in_proj_z keep attention's words
 _LINEAR = {"in_proj_qkv.weight": "attn_qkv.weight", "in_proj_z.weight": "attn_gate.weight",
            "in_proj_b.weight": "ssm_beta.weight", "in_proj_a.weight": "ssm_alpha.weight",
            "out_proj.weight": "ssm_out.weight", "conv1d.weight": "ssm_conv1d.weight", "A_log": "ssm_a",
            "dt_bias": "ssm_dt.bias", "norm.weight": "ssm_norm.weight"}
 _SHARED = {"gate_proj": "ffn_gate_shexp", "up_proj": "ffn_up_shexp", "down_proj": "ffn_down_shexp"}
+_DENSE = {"gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}  # GLM's leading dense layers' MLP
 # the engine's w1 (gate), w2 (down), w3 (up) -> GGUF's word for it
 EXPERT_WORD = {"w1": "gate", "w2": "down", "w3": "up"}
 
@@ -51,12 +60,14 @@ def gguf_name(hf: str, arch: str) -> str | None:
     b, rest = f"blk.{m[1]}.", m[2]
     if rest == "input_layernorm.weight":
         return b + "attn_norm.weight"
-    if rest == "post_attention_layernorm.weight":  # GPT-OSS and Qwen3.5 keep the HF word, the others say ffn_norm
-        return b + ("post_attention_norm.weight" if arch in ("gpt-oss", "qwen35moe") else "ffn_norm.weight")
+    if rest == "post_attention_layernorm.weight":  # GPT-OSS, Qwen3.5 and GLM-4.5 keep the HF word; others ffn_norm
+        return b + ("post_attention_norm.weight" if arch in ("gpt-oss", "qwen35moe", "glm4moe") else "ffn_norm.weight")
     if rest.startswith("linear_attn.") and rest[12:] in _LINEAR:
         return b + _LINEAR[rest[12:]]
     if rest == "self_attn.sinks":
         return b + "attn_sinks.weight"
+    if rest == "mlp.gate.e_score_correction_bias":  # sigmoid routing's correction bias (GLM)
+        return b + "exp_probs_b.bias"
     parts = rest.split(".")
     if parts[0] == "self_attn" and len(parts) == 3 and parts[1] in _ATTN:
         return b + f"{_ATTN[parts[1]]}.{parts[2]}"
@@ -64,8 +75,11 @@ def gguf_name(hf: str, arch: str) -> str | None:
         return b + f"ffn_gate_inp.{parts[2]}"
     if rest == "mlp.shared_expert_gate.weight":
         return b + "ffn_gate_inp_shexp.weight"
-    if len(parts) == 4 and parts[:2] == ["mlp", "shared_expert"] and parts[2] in _SHARED:
+    if len(parts) == 4 and parts[0] == "mlp" and parts[1] in ("shared_expert", "shared_experts") \
+            and parts[2] in _SHARED:
         return b + f"{_SHARED[parts[2]]}.{parts[3]}"
+    if len(parts) == 3 and parts[0] == "mlp" and parts[1] in _DENSE:
+        return b + f"{_DENSE[parts[1]]}.{parts[2]}"
     return None
 
 

@@ -184,17 +184,23 @@ PRE_TOKENIZERS = {
     "63b97e4253352e6f357cc59ea5b583e3a680eaeaf2632188c2b952de2588485e": "tekken",
     "3ce83efda5659b07b1ad37ca97ca5797ea4285d9b9ab0dc679e4a720c9da7454": "gpt-2",
     "0fe1cf6eda062318a1af7270f3331a85c539a01778ff948e24388e949c5282f4": "gpt-2",
+    "a1336059768a55c99a734006ffb02203cd450fed003e9a71886c88acf24fdbc2": "glm4",  # GLM-4-9B
+    "9ca2dd618e8afaf09731a7cf6e2105b373ba6a1821559f258b272fe83e6eb902": "glm4",  # GLM-4.5-Air
+    "cdf5f35325780597efd76153d4d1c16778f766173908894c04afc20108536267": "glm4",  # GLM-4.7-Flash
 }
+# TextModel._set_vocab_glm's special tokens (set where the tokenizer's own files do not say them)
+GLM_SPECIALS = (("bos", "[gMASK]"), ("eot", "<|user|>"), ("unk", "<|endoftext|>"), ("eom", "<|observation|>"))
 CHKTXT = ('\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ 🦙🦙 3 '
           '33 333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ '
           '------======= нещо на Български \'\'\'\'\'\'```````""""......!!!!!!?????? I\'ve been \'told he\'s there, '
           '\'RE you sure? \'M not sure I\'ll make it, \'D you like some tea? We\'Ve a\'lL')
 
 
-def write_vocab(w, folder: Path, hp: dict, llama: bool, pre: str | None) -> None:
+def write_vocab(w, folder: Path, hp: dict, llama: bool, pre: str | None, glm: bool = False) -> None:
     """The other direction, for engine/gguf/writer.py: a folder's tokenizer as GGUF metadata, as
-    TextModel._set_vocab_gpt2 writes it (with LlamaModel.set_vocab's additions when `llama`); byte-level
-    BPE only."""
+    TextModel._set_vocab_gpt2 writes it (with LlamaModel.set_vocab's additions when `llama`; as
+    _set_vocab_glm when `glm`: GLM_SPECIALS, each where the tokenizer has it, where the converter
+    would fail without it); byte-level BPE only."""
     import gguf
     from transformers import AutoTokenizer
 
@@ -240,7 +246,11 @@ def write_vocab(w, folder: Path, hp: dict, llama: bool, pre: str | None) -> None
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(toktypes)
-    gguf.SpecialVocab(folder, load_merges=True).add_to_gguf(w)
+    special = gguf.SpecialVocab(folder, load_merges=True)
+    for kind, text in GLM_SPECIALS if glm else ():
+        if text in added:
+            special._set_special_token(kind, added[text])
+    special.add_to_gguf(w)
     if llama and hp.get("vocab_size", 32000) == 49152:
         w.add_add_bos_token(False)  # LlamaModel.set_vocab: "granite small models" (SmolLM's size too)
 

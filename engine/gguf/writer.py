@@ -1,6 +1,7 @@
 """A GGUF file from a transformers model folder (save_pretrained's layout), written the way llama.cpp
 writes one: its converter's architecture names, metadata keys, tensor names, shapes and order, the
-q/k row permutation of `llama`, Qwen3.5-MoE's steps (engine/gguf/qwen35.py, as with --no-mtp), the
+q/k row permutation of `llama`, Qwen3.5-MoE's steps (engine/gguf/qwen35.py, as with --no-mtp), GLM-4.5's
+(engine/gguf/glm.py) and GLM-4.7-Flash's as deepseek2 (engine/gguf/glm_lite.py, --no-mtp too), the
 tokenizer's metadata (convert_hf_to_gguf.py and its conversion/ package), and for the K-quant recipes
 its quantizer's type per tensor (src/llama-quant.cpp: engine/gguf/quant_types.py).
 
@@ -24,7 +25,9 @@ from gguf import MODEL_ARCH, GGMLQuantizationType as GT, LlamaFileType as FT
 from gguf.constants import GGML_QUANT_SIZES
 
 from ..errors import ModelError
-from . import qwen35
+import engine.gguf.glm as glm  # (as modules, not `from . import`: no edge to the package)
+import engine.gguf.glm_lite as glm_lite
+import engine.gguf.qwen35 as qwen35
 from .quant_types import llama_quantize_types as _llama_quantize_types
 from .tokenizer import write_vocab
 
@@ -59,7 +62,10 @@ FAMILIES = {
     # the VLM release and the text-only model: the same text model (engine/gguf/qwen35.py)
     "Qwen3_5MoeForConditionalGeneration": Family(MODEL_ARCH.QWEN35MOE, **_QWEN),
     "Qwen3_5MoeForCausalLM": Family(MODEL_ARCH.QWEN35MOE, **_QWEN),
+    "Glm4MoeForCausalLM": Family(MODEL_ARCH.GLM4_MOE, **_QWEN),
+    "Glm4MoeLiteForCausalLM": Family(MODEL_ARCH.DEEPSEEK2, **_QWEN),  # llama.cpp runs it as deepseek2
 }
+GLM = (MODEL_ARCH.GLM4_MOE, MODEL_ARCH.DEEPSEEK2)
 
 Load = Callable[[], torch.Tensor]
 Override = Mapping[str, GT] | Callable[[str, tuple], "GT | None"] | None
@@ -89,6 +95,8 @@ def write_gguf(model_folder: str | Path, out_path: str | Path, recipe: str = "f1
     if hf_arch not in FAMILIES:
         raise ModelError(folder, f"architecture {hf_arch!r} cannot be written as GGUF here")
     fam, ftype = FAMILIES[hf_arch], RECIPES[recipe]
+    if fam.arch == MODEL_ARCH.DEEPSEEK2:
+        glm_lite.check_source(folder, hp)
     mxfp4 = (hp.get("quantization_config") or {}).get("quant_method") == "mxfp4"
     n_layer = hp["num_hidden_layers"]
     plan = list(_plan(folder, hp, fam, gguf.get_tensor_name_map(fam.arch, n_layer)))
@@ -96,7 +104,7 @@ def write_gguf(model_folder: str | Path, out_path: str | Path, recipe: str = "f1
         if not p.raw:
             p.qtype = _converter_type(p, ftype)
     if ftype in K_MIXES:
-        _llama_quantize_types(plan, ftype, int(hp.get("num_local_experts") or hp.get("num_experts") or 1), n_layer)
+        _llama_quantize_types(plan, ftype, _n_experts(hp) or 1, n_layer)
     for p in plan:
         t = types.get(p.name) if isinstance(types, Mapping) else types(p.name, p.shape) if types else None
         if t is not None:
@@ -112,7 +120,7 @@ def write_gguf(model_folder: str | Path, out_path: str | Path, recipe: str = "f1
     if mxfp4 and ftype in (FT.ALL_F32, FT.MOSTLY_F16, FT.MOSTLY_BF16):
         ftype = FT.MOSTLY_MXFP4_MOE  # the converter's prepare_metadata
     _metadata(w, folder, hp, fam, ftype)
-    write_vocab(w, folder, hp, fam.arch == MODEL_ARCH.LLAMA, pre)
+    write_vocab(w, folder, hp, fam.arch == MODEL_ARCH.LLAMA, pre, glm=fam.arch in GLM)
 
     paths = w.format_shard_names(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -162,6 +170,11 @@ def _plan(folder: Path, hp: dict, fam: Family, tmap: gguf.TensorNameMap):
         sources = [qwen35.convert(n.replace("language_model.", ""), s, f, hp) for n, s, f in sources
                    if not qwen35.skipped(n)]
         sources = [x for n, s, f in sources for x in _split_fused(n, s, f)]
+    if fam.arch in GLM:  # filter_tensors (--no-mtp), then DeepseekV2Model's kv_b split (engine/gguf/glm*.py)
+        sources = [(glm.renamed(n), s, f) for n, s, f in sources
+                   if not glm.skipped(n, hp, fam.arch == MODEL_ARCH.DEEPSEEK2)]
+        if fam.arch == MODEL_ARCH.DEEPSEEK2:
+            sources = [x for n, s, f in sources for x in glm_lite.convert(n, s, f, hp)]
     if fam.arch == MODEL_ARCH.GPT_OSS:  # generate_extra_tensors: the MXFP4 experts come first
         yield from _mxfp4_experts(sources, mapped)
     experts: dict[int, dict[str, tuple]] = {}
@@ -175,7 +188,7 @@ def _plan(folder: Path, hp: dict, fam: Family, tmap: gguf.TensorNameMap):
         if m:  # a layer's experts are merged into one [E, out, in] tensor per projection once all are seen
             bid = int(m.group(1))
             experts.setdefault(bid, {})[name] = (shape, load)
-            n_e = int(hp.get("num_local_experts") or hp["num_experts"])
+            n_e = _n_experts(hp)
             if len(experts[bid]) == n_e * 3:
                 for wname in fam.merge_order:
                     parts = [experts[bid].pop(name.replace(f".{m.group(2)}.{m.group(3)}.", f".{x}.{wname}."))
@@ -190,6 +203,10 @@ def _plan(folder: Path, hp: dict, fam: Family, tmap: gguf.TensorNameMap):
     left = [n for d in experts.values() for n in d]
     if left:
         raise ModelError(folder, f"incomplete experts: {left[:3]}")
+
+
+def _n_experts(hp: dict) -> int:
+    return int(hp.get("num_local_experts") or hp.get("num_experts") or hp.get("n_routed_experts") or 0)
 
 
 def _split_fused(name: str, shape: tuple, load: Load):
@@ -328,6 +345,9 @@ def _first(hp: dict, *keys):
 
 
 def _metadata(w: gguf.GGUFWriter, folder: Path, hp: dict, fam: Family, ftype: FT) -> None:
+    arch_hp = hp
+    if fam.arch == MODEL_ARCH.DEEPSEEK2:
+        hp = glm_lite.metadata_hparams(hp)
     total, shared, expert, count = w.get_total_parameter_count()
     meta = gguf.Metadata.load(None, folder, None, total)
     meta.name = meta.name or folder.name
@@ -373,6 +393,7 @@ def _metadata(w: gguf.GGUFWriter, folder: Path, hp: dict, fam: Family, ftype: FT
         w.add_expert_count(n)
     if (n := _first(hp, "num_experts_per_tok", "num_experts_per_token", "top_k_experts")) is not None:
         w.add_expert_used_count(n)
+    glm.group_metadata(w, hp)  # n_group, topk_group, a scoring function (TextModel's, for every family)
     if hp.get("head_dim") is not None:
         w.add_key_length(hp["head_dim"])
         w.add_value_length(hp["head_dim"])
@@ -391,4 +412,8 @@ def _metadata(w: gguf.GGUFWriter, folder: Path, hp: dict, fam: Family, ftype: FT
     elif fam.arch == MODEL_ARCH.GPT_OSS:
         w.add_sliding_window(hp["sliding_window"])
         w.add_expert_feed_forward_length(hp["intermediate_size"])
+    elif fam.arch == MODEL_ARCH.GLM4_MOE:
+        glm.metadata(w, hp)
+    elif fam.arch == MODEL_ARCH.DEEPSEEK2:
+        glm_lite.metadata(w, arch_hp)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
