@@ -88,10 +88,7 @@ class MoEBlock:
         return ctypes.addressof(desc) if desc is not None else None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = linear(x, self.gate)  # [T, E]
-        if self.gate_bias is not None:
-            logits = logits + self.gate_bias
-        if self.router_kind == "sigmoid_groups":
+        if self.router_kind == "sigmoid_groups":  # (its router is fp32: x widened there)
             return self._sigmoid_route(x)
         if self.router_kind == "gemma":
             h = x.float()
@@ -99,6 +96,9 @@ class MoEBlock:
             probs = torch.softmax(linear(h, self.gate).float(), dim=-1)
             w, idx = torch.topk(probs, self.top_k, dim=-1)
             return w / w.sum(dim=-1, keepdim=True) * self.expert_scale[idx], idx
+        logits = linear(x, self.gate)  # [T, E]
+        if self.gate_bias is not None:
+            logits = logits + self.gate_bias
         if self.router_kind == "topk_softmax":
             top, idx = torch.topk(logits, self.top_k, dim=-1)  # [T, K]
             return torch.softmax(top.float(), dim=-1), idx

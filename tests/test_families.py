@@ -235,3 +235,18 @@ def test_the_2026_families_are_planned_from_their_published_configs(tmp_path, wi
     rows = [line for line in r.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
     assert len(rows) > 10 and "NOTHING FITS" not in r.stdout and attend in r.stdout
     assert "gpu-4" in rows[-1]  # the fastest end holds 4-bit experts on the GPU
+
+
+@pytest.mark.parametrize("family", ["glm4_moe", "gemma4"])
+def test_a_2026_family_runs_at_bf16_through_a_long_prompt(folders, family):
+    """bf16 with a prompt past the native GEMV's rows: GLM's fp32 sigmoid router and Gemma's router
+    take their own paths (a bf16 input meeting an fp32 router once failed here); logits stay near fp32's."""
+    ck = Checkpoint(folders(family))
+    d = ck.dims
+    pl = Placement.uniform(d.layers, d.experts, Tier.CPU16)
+    ids = torch.randint(0, d.vocab, (40,), generator=torch.Generator().manual_seed(2))
+    lo = MoEModel(ck, pl, CPU, torch.bfloat16).forward(ids, MoEModel(ck, pl, CPU, torch.bfloat16).new_cache(48), 0,
+                                                       all_logits=True)
+    hi = MoEModel(ck, pl, CPU, torch.float32).forward(ids, MoEModel(ck, pl, CPU, torch.float32).new_cache(48), 0,
+                                                      all_logits=True)
+    assert torch.isfinite(lo).all() and (lo - hi).abs().max() < 0.1 * hi.abs().max()
