@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import llama_peer  # noqa: E402
 from benchmarks.common import CACHE, read_bandwidth, record  # noqa: E402
-from benchmarks.cpu_vs_llama_cpp import Engine, Peer  # noqa: E402
+from benchmarks.cpu_vs_llama_cpp import Engine, Peer  # noqa: E402  (each: decode(), prefill())
 from benchmarks.hybrid_width import QWEN35_WIDTH, write  # noqa: E402
 
 VOCAB = QWEN35_WIDTH["vocab_size"]
@@ -113,7 +113,8 @@ def main() -> None:
         runs["engine cpu-16"] = Engine(path, "cpu-16")
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, VOCAB, (32,), generator=g).tolist()
-    best = {k: {"decode_tok_s": 0.0, "bw_at_best": 0.0, "rounds": []} for k in runs}
+    best = {k: {"decode_tok_s": 0.0, "bw_at_best": 0.0, "rounds": [], "prefill_tok_s": 0.0} for k in runs}
+    long = torch.randint(3, VOCAB, (512,), generator=g).tolist()
     bws = []
     for _ in range(a.repeats):
         for k, c in runs.items():
@@ -121,6 +122,7 @@ def main() -> None:
             bws.append(bw)
             tps = c.decode(prompt, a.new_tokens)
             best[k]["rounds"].append(round(tps, 2))
+            best[k]["prefill_tok_s"] = max(best[k]["prefill_tok_s"], c.prefill(long))
             if tps > best[k]["decode_tok_s"]:
                 best[k].update(decode_tok_s=tps, bw_at_best=bw)
     shares = {k: deltanet_share(c, prompt, a.new_tokens) for k, c in runs.items() if isinstance(c, Engine)}
@@ -129,8 +131,9 @@ def main() -> None:
     out(f"engine kernel: {native.status()}; read bandwidth {min(bws) / 1e9:.1f}-{max(bws) / 1e9:.1f} GB/s across "
         f"the rounds")
     out("")
-    out("| run | MiB a token reads | decode tok/s, best (median) | of bandwidth bound | DeltaNet share of a step |")
-    out("|---|---|---|---|---|")
+    out("| run | MiB a token reads | decode tok/s, best (median) | of bandwidth bound | DeltaNet share of a step | "
+        "prefill tok/s (512) |")
+    out("|---|---|---|---|---|---|")
     res = {}
     for k, c in runs.items():
         r = {**best[k], "step_bytes": c.step_bytes}
@@ -142,14 +145,15 @@ def main() -> None:
         share = f"{sh['deltanet_share']:.0%} ({sh['deltanet_ms_per_token']:.2f} of {sh['step_ms']:.1f} ms)" if sh else "-"
         r["median_tok_s"] = sorted(r["rounds"])[len(r["rounds"]) // 2]
         out(f"| {k} | {r['step_bytes'] / 2**20:.0f} | {r['decode_tok_s']:.2f} ({r['median_tok_s']:.2f}) | "
-            f"{r['fraction_of_bound']:.0%} | {share} |")
+            f"{r['fraction_of_bound']:.0%} | {share} | {r['prefill_tok_s']:.1f} |")
     if "llama.cpp Q4_K_M" in res:
         e, p = res["engine Q4_K_M GGUF"], res["llama.cpp Q4_K_M"]
         ratio, mid = e["decode_tok_s"] / p["decode_tok_s"], e["median_tok_s"] / p["median_tok_s"]
         res["ratio"], res["ratio_median"] = ratio, mid
         rounds = [f"{x / y:.2f}" for x, y in zip(e["rounds"], p["rounds"])]
         out(f"\n- engine / llama.cpp on the same Q4_K_M file, decode: **{ratio:.2f}x** best of each, {mid:.2f}x "
-            f"medians, per round {', '.join(rounds)} (target >= 1.0)")
+            f"medians, per round {', '.join(rounds)} (target >= 1.0); prefill of 512 tokens: "
+            f"**{e['prefill_tok_s'] / p['prefill_tok_s']:.2f}x**")
     else:
         out("\n- no llama.cpp peer (llama-cpp-python not installed, or --no-peer)")
     out(f"\n{a.new_tokens} new tokens after a 32-token prompt, greedy, {native.threads()} threads on both sides, "
