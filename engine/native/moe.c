@@ -295,12 +295,14 @@ static void mm_task(void *c, int t) {
 }
 
 /* y [T, N] fp32 = x [T, K] (x_fmt) @ W.T, for one matrix of any format. */
-MDK_API int mdk_matmul(const mdk_matrix *w, const void *x, int x_fmt, int T, float *y, int nthreads) {
-    int k = w->k;
+/* The input x [T, k] (x_fmt) as fp32 rows in scratch 0, and int8-quantised (scratch 1) when a weight is
+ * an int format (quantised): what every matrix of a call reads. 0, or -1 without scratch memory. */
+static int prepare_input(const void *x, int x_fmt, int k, int T, int quantised, int nthreads, float **xf_out,
+                         mdk_q8 **xq_out) {
     size_t q8 = mdk_q8_bytes(k);
     float *xf = (float *)mdk_scratch(0, (size_t)T * k * 4);
-    char *mem = MDK_IS_INT(w->fmt) ? (char *)mdk_scratch(1, (size_t)T * (q8 + sizeof(mdk_q8))) : NULL;
-    if (!xf || (MDK_IS_INT(w->fmt) && !mem)) return -1;
+    char *mem = quantised ? (char *)mdk_scratch(1, (size_t)T * (q8 + sizeof(mdk_q8))) : NULL;
+    if (!xf || (quantised && !mem)) return -1;
     mdk_q8 *xq = NULL;
     if (mem) {
         xq = (mdk_q8 *)mem;
@@ -308,6 +310,15 @@ MDK_API int mdk_matmul(const mdk_matrix *w, const void *x, int x_fmt, int T, flo
     }
     prep_ctx p = {x, x_fmt, k, xf, xq};
     mdk_parallel(T, prep_task, &p, T >= 8 ? nthreads : 1);
+    *xf_out = xf;
+    *xq_out = xq;
+    return 0;
+}
+
+MDK_API int mdk_matmul(const mdk_matrix *w, const void *x, int x_fmt, int T, float *y, int nthreads) {
+    float *xf;
+    mdk_q8 *xq;
+    if (prepare_input(x, x_fmt, w->k, T, MDK_IS_INT(w->fmt), nthreads, &xf, &xq)) return -1;
     mm_ctx m = {w, xf, (w->fmt == MDK_BF16 && mdk_has_bf16 && x_fmt == MDK_BF16) ? (const uint16_t *)x : NULL,
                 xq, T, rows_per_task(w->n, nthreads), y};
     mdk_parallel((w->n + m.rows - 1) / m.rows, mm_task, &m, nthreads);
@@ -353,17 +364,9 @@ MDK_API int mdk_matmul_parts(const mdk_matrix *const *ws, int np, const void *x,
         for (int a = 0; a < n; a += per) tasks[ntasks++] = (part_task){ws[p], col, a, a + per < n ? a + per : n};
         col += n;
     }
-    size_t q8 = mdk_q8_bytes(k);
-    float *xf = (float *)mdk_scratch(0, (size_t)T * k * 4);
-    char *mem = any_int ? (char *)mdk_scratch(1, (size_t)T * (q8 + sizeof(mdk_q8))) : NULL;
-    if (!xf || (any_int && !mem)) return -1;
-    mdk_q8 *xq = NULL;
-    if (mem) {
-        xq = (mdk_q8 *)mem;
-        for (int t = 0; t < T; t++) mdk_q8_init(&xq[t], mem + T * sizeof(mdk_q8) + (size_t)t * q8, k);
-    }
-    prep_ctx p = {x, x_fmt, k, xf, xq};
-    mdk_parallel(T, prep_task, &p, T >= 8 ? nthreads : 1);
+    float *xf;
+    mdk_q8 *xq;
+    if (prepare_input(x, x_fmt, k, T, any_int, nthreads, &xf, &xq)) return -1;
     parts_ctx m = {tasks, xf, (mdk_has_bf16 && x_fmt == MDK_BF16) ? (const uint16_t *)x : NULL, xq, T, ld, y};
     mdk_parallel(ntasks, parts_task, &m, nthreads);
     return 0;
