@@ -30,7 +30,7 @@ from ..errors import ModelError
 from ..families import FAMILIES
 from .mxfp4 import to_release
 from .config import hf_config_dict
-from .expected import Expected, Info, WhereMap
+from .expected import EXPERT_NAME, Expected, Info, WhereMap
 import engine.gguf.glm_lite as glm_lite  # (as modules, not `from . import`: no edge to the package)
 import engine.gguf.qwen35 as qwen35
 from .header import TensorInfo
@@ -292,11 +292,11 @@ class GGUFCheckpoint:
         return self.expert_raw_info(l, e, w)
 
     def _parse_expert(self, hf: str) -> tuple[int, int, str]:
-        parts = hf.split(".")  # model.layers.L.<moe>.experts.E.<weight>.weight
+        m = EXPERT_NAME.match(hf)  # model.layers.L.[<moe>.]experts.E.<weight>.weight
         try:
-            l, e = int(parts[2]) - self.dims.dense_first, int(parts[5])
-            w = next(k for k, v in self.family.weights.items() if v == parts[6])
-        except (IndexError, ValueError, StopIteration):
+            l, e = int(m[1]) - self.dims.dense_first, int(m[2])
+            w = next(k for k, v in self.family.weights.items() if v == m[3])
+        except (TypeError, StopIteration):
             raise KeyError(hf) from None
         if (l, "w1") not in self._experts or not 0 <= e < self.dims.experts:
             raise KeyError(hf)

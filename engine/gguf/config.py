@@ -7,7 +7,7 @@ convert_hf_to_gguf.py writes ({arch}.block_count, {arch}.attention.head_count, .
 converter writes nothing, the value is what llama.cpp assumes for that architecture (noted below),
 or the tensors' own shapes. Qwen3.5-MoE's hybrid layers (ssm.*, recurrent layers, partial rope) are
 read by engine/gguf/qwen35.py; GLM-4.5's (glm4moe) and GLM-4.7-Flash's (deepseek2) dense leading layers,
-routing and MLA by engine/gguf/glm.py and glm_lite.py.
+routing and MLA by engine/gguf/glm.py and glm_lite.py; Gemma 4's (gemma4) by engine/gguf/gemma4.py.
 """
 from __future__ import annotations
 
@@ -48,6 +48,12 @@ def hf_config_dict(f) -> dict:
             raise ModelError(path, f"metadata '{full}' is {v!r}; it must be a number")
         return kind(v)
 
+    if arch == "gemma4":  # per-layer heads, sliding pattern, proportional rope: engine/gguf/gemma4.py
+        import engine.gguf.gemma4 as gemma4  # (as a module: no edge to the package)
+
+        if "token_embd.weight" not in f.tensors:
+            raise ModelError(path, "is missing tensor 'token_embd.weight'")
+        return _special_tokens(f, gemma4.config_dict(f, key, f.tensors["token_embd.weight"]))
     experts = key("expert_count", default=0)
     if arch == "llama" and not experts:
         raise ModelError(path, "is a dense llama model (llama.expert_count is 0); Mixdesk runs Mixture-of-Experts "

@@ -2,11 +2,14 @@
 -> shape, the experts' computed when asked), `where` (HF name -> the file holding it) and `Info`."""
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..checkpoint import expert_shapes
+
+EXPERT_NAME = re.compile(r"^model\.layers\.(\d+)\.(?:\w+\.)?experts\.(\d+)\.(\w+)\.weight$")
 
 
 @dataclass(frozen=True)
@@ -40,11 +43,10 @@ class Expected(Mapping):
         if name in self.dense:
             return self.dense[name]
         if not self.d.adapter.fused_experts and ".experts." in name:
-            parts = name.split(".")
-            if len(parts) == 8 and parts[2].isdigit() and parts[5].isdigit() and \
-                    self.d.dense_first <= int(parts[2]) < self.d.decoder_layers and int(parts[5]) < self.d.experts:
-                w = next((k for k, v in self.d.adapter.weights.items() if v == parts[6]), None)
-                if w is not None and name == self.d.adapter.expert_key(int(parts[2]), int(parts[5]), w):
+            m = EXPERT_NAME.match(name)  # (mlp.experts. or Gemma 4's experts.)
+            if m and self.d.dense_first <= int(m[1]) < self.d.decoder_layers and int(m[2]) < self.d.experts:
+                w = next((k for k, v in self.d.adapter.weights.items() if v == m[3]), None)
+                if w is not None and name == self.d.adapter.expert_key(int(m[1]), int(m[2]), w):
                     return (self.d.hidden, self.d.ffn) if w == "w2" else (self.d.ffn, self.d.hidden)
             raise KeyError(name)
         return self._all_experts()[name]

@@ -14,6 +14,8 @@ engine/gguf/qwen35.py (engine/gguf/layout.py: how each read undoes it). So are G
 and GLM-4.7-Flash as `deepseek2`): the leading dense layers' ffn_gate/up/down, the router's correction
 bias exp_probs_b, the ungated shared experts (shared_experts -> *_shexp) and MLA's attn_q_a ... attn_kv_b;
 deepseek2's kv_b_proj, which the converter now writes split, is joined by engine/gguf/glm_lite.py.
+Gemma 4's (`gemma4`) sandwich norms, router scales and layer scalar are GEMMA4_LAYER (engine/gguf/gemma4.py);
+its fused experts are ffn_gate_up_exps (gate rows first) and ffn_down_exps.
 """
 from __future__ import annotations
 
@@ -24,10 +26,11 @@ import torch
 
 # general.architecture -> the engine's model_type ("llama" only with experts: Mixtral)
 ARCHS = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe",
-         "gpt-oss": "gpt_oss", "qwen35moe": "qwen3_5_moe_text", "glm4moe": "glm4_moe", "deepseek2": "glm4_moe_lite"}
+         "gpt-oss": "gpt_oss", "qwen35moe": "qwen3_5_moe_text", "glm4moe": "glm4_moe", "deepseek2": "glm4_moe_lite",
+         "gemma4": "gemma4_text"}
 ARCH_NAMES = {"llama": "Mixtral (llama with experts)", "qwen3moe": "Qwen3-MoE", "qwen2moe": "Qwen2-MoE",
               "olmoe": "OLMoE", "gpt-oss": "GPT-OSS", "qwen35moe": "Qwen3.5-MoE", "glm4moe": "GLM-4.5",
-              "deepseek2": "GLM-4.7-Flash"}  # deepseek2 files of its shape: engine/gguf/glm_lite.py
+              "deepseek2": "GLM-4.7-Flash", "gemma4": "Gemma 4"}  # deepseek2 files of its shape: engine/gguf/glm_lite.py
 PERMUTED_QK = ("llama",)  # the architectures whose converter permutes q and k rows
 
 _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
@@ -46,6 +49,16 @@ _LINEAR = {"in_proj_qkv.weight": "attn_qkv.weight", "in_proj_z.weight": "attn_ga
            "dt_bias": "ssm_dt.bias", "norm.weight": "ssm_norm.weight"}
 _SHARED = {"gate_proj": "ffn_gate_shexp", "up_proj": "ffn_up_shexp", "down_proj": "ffn_down_shexp"}
 _DENSE = {"gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}  # GLM's leading dense layers' MLP
+# Gemma 4's layer tensors beyond attention's (engine/gguf/gemma4.py says what the converter does)
+GEMMA4_LAYER = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight", "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
+    "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
+    "post_feedforward_layernorm_2.weight": "post_ffw_norm_2.weight",
+    "layer_scalar": "layer_output_scale.weight", "router.proj.weight": "ffn_gate_inp.weight",
+    "router.scale": "ffn_gate_inp.scale", "router.per_expert_scale": "ffn_down_exps.scale",
+}
 # the engine's w1 (gate), w2 (down), w3 (up) -> GGUF's word for it
 EXPERT_WORD = {"w1": "gate", "w2": "down", "w3": "up"}
 
@@ -58,6 +71,8 @@ def gguf_name(hf: str, arch: str) -> str | None:
     if not m:
         return None
     b, rest = f"blk.{m[1]}.", m[2]
+    if arch == "gemma4" and rest in GEMMA4_LAYER:  # its sandwich norms, router, scalar (engine/gguf/gemma4.py)
+        return b + GEMMA4_LAYER[rest]
     if rest == "input_layernorm.weight":
         return b + "attn_norm.weight"
     if rest == "post_attention_layernorm.weight":  # GPT-OSS, Qwen3.5 and GLM-4.5 keep the HF word; others ffn_norm

@@ -1,7 +1,8 @@
 """A GGUF file from a transformers model folder (save_pretrained's layout), written the way llama.cpp
 writes one: its converter's architecture names, metadata keys, tensor names, shapes and order, the
 q/k row permutation of `llama`, Qwen3.5-MoE's steps (engine/gguf/qwen35.py, as with --no-mtp), GLM-4.5's
-(engine/gguf/glm.py) and GLM-4.7-Flash's as deepseek2 (engine/gguf/glm_lite.py, --no-mtp too), the
+(engine/gguf/glm.py), GLM-4.7-Flash's as deepseek2 (engine/gguf/glm_lite.py, --no-mtp too), Gemma 4's text
+model (engine/gguf/gemma4.py: rope_freqs, per-layer heads, its vocabulary), the
 tokenizer's metadata (convert_hf_to_gguf.py and its conversion/ package), and for the K-quant recipes
 its quantizer's type per tensor (src/llama-quant.cpp: engine/gguf/quant_types.py).
 
@@ -25,7 +26,8 @@ from gguf import MODEL_ARCH, GGMLQuantizationType as GT, LlamaFileType as FT
 from gguf.constants import GGML_QUANT_SIZES
 
 from ..errors import ModelError
-import engine.gguf.glm as glm  # (as modules, not `from . import`: no edge to the package)
+import engine.gguf.gemma4 as gemma4  # (as modules, not `from . import`: no edge to the package)
+import engine.gguf.glm as glm
 import engine.gguf.glm_lite as glm_lite
 import engine.gguf.qwen35 as qwen35
 from .quant_types import llama_quantize_types as _llama_quantize_types
@@ -64,6 +66,8 @@ FAMILIES = {
     "Qwen3_5MoeForCausalLM": Family(MODEL_ARCH.QWEN35MOE, **_QWEN),
     "Glm4MoeForCausalLM": Family(MODEL_ARCH.GLM4_MOE, **_QWEN),
     "Glm4MoeLiteForCausalLM": Family(MODEL_ARCH.DEEPSEEK2, **_QWEN),  # llama.cpp runs it as deepseek2
+    "Gemma4ForConditionalGeneration": Family(MODEL_ARCH.GEMMA4),  # the text model (engine/gguf/gemma4.py)
+    "Gemma4ForCausalLM": Family(MODEL_ARCH.GEMMA4),
 }
 GLM = (MODEL_ARCH.GLM4_MOE, MODEL_ARCH.DEEPSEEK2)
 
@@ -97,6 +101,8 @@ def write_gguf(model_folder: str | Path, out_path: str | Path, recipe: str = "f1
     fam, ftype = FAMILIES[hf_arch], RECIPES[recipe]
     if fam.arch == MODEL_ARCH.DEEPSEEK2:
         glm_lite.check_source(folder, hp)
+    if fam.arch == MODEL_ARCH.GEMMA4:
+        gemma4.check_source(folder, hp)
     mxfp4 = (hp.get("quantization_config") or {}).get("quant_method") == "mxfp4"
     n_layer = hp["num_hidden_layers"]
     plan = list(_plan(folder, hp, fam, gguf.get_tensor_name_map(fam.arch, n_layer)))
@@ -120,7 +126,8 @@ def write_gguf(model_folder: str | Path, out_path: str | Path, recipe: str = "f1
     if mxfp4 and ftype in (FT.ALL_F32, FT.MOSTLY_F16, FT.MOSTLY_BF16):
         ftype = FT.MOSTLY_MXFP4_MOE  # the converter's prepare_metadata
     _metadata(w, folder, hp, fam, ftype)
-    write_vocab(w, folder, hp, fam.arch == MODEL_ARCH.LLAMA, pre, glm=fam.arch in GLM)
+    if fam.arch != MODEL_ARCH.GEMMA4 or not gemma4.write_vocab(w, folder):
+        write_vocab(w, folder, hp, fam.arch == MODEL_ARCH.LLAMA, pre, glm=fam.arch in GLM)
 
     paths = w.format_shard_names(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -166,6 +173,9 @@ def _plan(folder: Path, hp: dict, fam: Family, tmap: gguf.TensorNameMap):
 
     n_head, n_kv = hp["num_attention_heads"], hp.get("num_key_value_heads")
     sources = _sources(folder)
+    if fam.arch == MODEL_ARCH.GEMMA4:  # named, cut and extended as Gemma4Model does (engine/gguf/gemma4.py)
+        yield from (Planned(*x) for x in gemma4.sources(folder, sources, hp))
+        return
     if fam.arch == MODEL_ARCH.QWEN35MOE:  # filter_tensors, then the family's modify_tensors (engine/gguf/qwen35.py)
         sources = [qwen35.convert(n.replace("language_model.", ""), s, f, hp) for n, s, f in sources
                    if not qwen35.skipped(n)]
@@ -366,6 +376,7 @@ def _metadata(w: gguf.GGUFWriter, folder: Path, hp: dict, fam: Family, ftype: FT
         if (v := _first(hp, *key)) is not None:
             add(v)
     rope = dict(hp.get("rope_parameters", hp.get("rope_scaling")) or {})
+    rope = dict(rope.get("full_attention", rope))  # (Gemma 4's per kind: the global layers')
     if "rope_theta" not in rope and (theta := _first(hp, "rope_theta", "rotary_emb_base")) is not None:
         rope["rope_theta"] = theta
     rope_type, factor = rope.get("rope_type", rope.get("type")), rope.get("factor")
@@ -385,6 +396,8 @@ def _metadata(w: gguf.GGUFWriter, folder: Path, hp: dict, fam: Family, ftype: FT
         w.add_rope_dimension_sections((list(rope["mrope_section"]) + [0, 0, 0, 0])[:4])
     if rope.get("rope_theta") is not None:
         w.add_rope_freq_base(rope["rope_theta"])
+    if fam.arch == MODEL_ARCH.GEMMA4:
+        gemma4.swa_theta(w, hp)
     if (eps := _first(hp, "rms_norm_eps", "norm_eps")) is not None:  # OlmoeModel then sets 1e-5 over it
         w.add_layer_norm_rms_eps(1e-5 if fam.arch == MODEL_ARCH.OLMOE else eps)
     if (eps := _first(hp, "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")) is not None:
@@ -416,4 +429,6 @@ def _metadata(w: gguf.GGUFWriter, folder: Path, hp: dict, fam: Family, ftype: FT
         glm.metadata(w, hp)
     elif fam.arch == MODEL_ARCH.DEEPSEEK2:
         glm_lite.metadata(w, arch_hp)
+    elif fam.arch == MODEL_ARCH.GEMMA4:
+        gemma4.metadata(w, hp)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
