@@ -170,6 +170,7 @@ def test_fp32_logits_match_transformers(source, files):
     assert (got - want).abs().max().item() < 1e-4
 
 
+@pytest.mark.slow  # 5 s (a subprocess); tests/test_gguf_hybrid.py keeps one eval of a GGUF in the default run
 def test_eval_of_the_f16_file_gives_transformers_perplexity(source, files):
     """`mixdesk eval --dtype fp32 --placement cpu` on the F16 file against transformers on the source: within 1e-3."""
     from transformers import AutoTokenizer

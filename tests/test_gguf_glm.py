@@ -167,6 +167,7 @@ def test_fp32_logits_match_transformers(sources, files, family):
     assert (got - want).abs().max().item() < 1e-4
 
 
+@pytest.mark.slow  # 3 s each (a subprocess); tests/test_gguf_hybrid.py keeps one eval of a GGUF in the default run
 @pytest.mark.parametrize("family", FAMILIES)
 def test_eval_of_the_f16_file_gives_transformers_perplexity(sources, files, family, window_cache):
     """`mixdesk eval --dtype fp32 --placement cpu` on the F16 file, against transformers on the source
