@@ -16,6 +16,10 @@ STAGES = ["machine", "native", "gpu_tests", "mixtral_24gb", "budget_drop", "qwen
 SWEEPS = {"mixtral_24gb": 4, "qwen3_24gb": 3, "mixtral_12gb": 2, "qwen3_12gb": 2}
 
 
+# The CPU rehearsal of the device script runs every stage (30 s here): outside the default run, which it
+# held past 10 minutes; before a device run: `pytest -m slow tests/test_gpu_check.py`.
+pytestmark = pytest.mark.slow
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, cache_seed):
     import shutil
