@@ -359,7 +359,13 @@ class MoEModel:
         The matmuls and MoE blocks take all T tokens at once (each weight, and each expert any token
         chose, is read once); attention runs per sequence over its own cache. A decode step runs as
         one native call where choice.decode_step says so; B=1 is the batched path's own case."""
-        torch.set_flush_denormal(True)  # (its thread's FTZ/DAZ: see engine/native/cpu.c flush_denormals)
+        torch.set_flush_denormal(True)  # for this forward only (engine/native/cpu.c flush_denormals):
+        try:                            # the caller's thread may be the GUI's, whose Qt float code keeps IEEE
+            return self._forward(ids, caches, positions, all_logits, start)
+        finally:
+            torch.set_flush_denormal(False)
+
+    def _forward(self, ids, caches, positions, all_logits, start):
         if isinstance(caches, KVCache):
             caches, positions = [caches], [positions]
         T, B = ids.shape[0], len(caches)

@@ -155,11 +155,24 @@ static double now_s(void) {
 /* Denormal floats flushed to zero, on input and output (FTZ, DAZ): a Gated DeltaNet state decays
  * towards zero through the denormal range, and x86 takes a microcode assist on every denormal
  * operand (measured: a 512-token prompt's delta rule 30x slower in torch, the native step several
- * times). Values that small (< 1.2e-38) change no result a model gives. Set in every pool thread and in
- * each caller of mdk_parallel; torch's own threads likewise (engine/model.py). */
-static void flush_denormals(void) {
+ * times). Values that small (< 1.2e-38) change no result a model gives. Set for good in the pool's own
+ * threads, and in a caller of mdk_parallel only for the call (its thread may be the GUI's: Qt's own
+ * float code must keep IEEE behaviour); torch's ops in the forward likewise (engine/model.py). */
+static unsigned flush_denormals(void) {
 #if MDK_X86
-    _mm_setcsr(_mm_getcsr() | 0x8040);
+    unsigned was = _mm_getcsr();
+    _mm_setcsr(was | 0x8040);
+    return was;
+#else
+    return 0;
+#endif
+}
+
+static void restore_csr(unsigned was) {
+#if MDK_X86
+    _mm_setcsr(was);
+#else
+    (void)was;
 #endif
 }
 
@@ -235,13 +248,14 @@ static void pool_grow(int want) {
  * when all are done. Not re-entrant: the engine calls it from one thread at a time. */
 void mdk_parallel(int ntasks, mdk_task_fn fn, void *ctx, int nthreads) {
     if (ntasks <= 0) return;
-    flush_denormals();
+    unsigned csr = flush_denormals();
     int workers = nthreads - 1;
     if (workers > ntasks - 1) workers = ntasks - 1;
     if (workers > 0) pool_grow(workers);
     if (workers > pool.started) workers = pool.started;
     if (workers <= 0) {
         for (int i = 0; i < ntasks; i++) fn(ctx, i);
+        restore_csr(csr);
         return;
     }
     pool.fn = fn;
@@ -258,6 +272,7 @@ void mdk_parallel(int ntasks, mdk_task_fn fn, void *ctx, int nthreads) {
     }
     run_tasks();
     while (atomic_load(&pool.pending) > 0) RELAX();
+    restore_csr(csr);
 }
 
 MDK_API int mdk_pool_threads(void) { return pool.started + 1; }
