@@ -37,6 +37,11 @@ class Attachments(QWidget):
         self.row.setContentsMargins(0, 0, 0, 0)
         self.row.addStretch(1)
         self.docs: list[documents.Document] = []
+        # The chips, in the row's order. Kept here, never read back with QLayout.itemAt: PySide keeps
+        # the QWidgetItem wrapper itemAt returns alive after the layout deletes the item, and a later
+        # Qt object at that address came back as the stale wrapper (a QTextFrame read as a QWidgetItem,
+        # then segfaults in the window tests). tests/test_attachments_lifetime.py holds this.
+        self.chips: list[QToolButton] = []
         self.ctx = 0
         self.count_tokens = None
         self.too_long_box: QMessageBox | None = None
@@ -110,16 +115,19 @@ class Attachments(QWidget):
         chip.setProperty("tokens", tokens)
         chip.clicked.connect(lambda: self._remove(chip, doc))
         self.row.insertWidget(at, chip)
+        self.chips.insert(at, chip)
 
     def chip_widgets(self) -> list[QToolButton]:
-        return [self.row.itemAt(i).widget() for i in range(self.row.count()) if self.row.itemAt(i).widget()]
+        return list(self.chips)
 
     def _remove(self, chip, doc) -> None:
         self.docs.remove(doc)
+        self.chips.remove(chip)
         chip.deleteLater()
 
     def clear(self) -> None:
-        for w in self.chip_widgets():
+        for w in self.chips:
             w.deleteLater()
+        self.chips = []
         self.docs = []
         self._order = {}
