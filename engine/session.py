@@ -103,6 +103,7 @@ class Session:
             self._stats(force=ended > 0 or (n > 0 and not ctl.migrating))  # a reply or the migration ended
         elif ctl.calibrating and not sched.waiting:  # between requests: a slice of the calibration
             self._guard("calibrating", ctl.calibrate_slice)
+            self._stats()  # the panel and the model bar stay live through a first start's measuring
         while (query := sched.admit()) is not None:
             self._guard(f"the query {query.cmd.name!r}", lambda: self._query(query), query)
         if self.loaded is not None:
