@@ -1,6 +1,6 @@
-"""Run: .venv/bin/python scripts/first_minute.py (the built-in demo must be built: mixdesk demo-model).
 """Issue 37 item 1 on the real demo: a fresh cache, `mixdesk serve`, the question at temperature 0
-every ~8 s through the first minute+, against `--placement cpu` on another fresh cache."""
+every ~8 s through the first minute+, against `--placement cpu` on another fresh cache.
+Run: .venv/bin/python scripts/first_minute.py (the built-in demo must be built: mixdesk demo-model)."""
 import json, os, subprocess, sys, tempfile, time, http.client
 Q = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0, "max_tokens": 48}
 MD = os.path.join(os.path.dirname(sys.executable), "mixdesk")
