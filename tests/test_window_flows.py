@@ -200,3 +200,34 @@ def test_closing_with_chats_that_can_be_kept_nowhere_says_so(qtbot, tiny, small_
         assert said and "lost when Mixdesk closes" in said[0], said
     finally:
         filler.unlink()
+
+
+def test_a_refused_gguf_says_the_reason_first_and_its_name_once(qtbot, window, tmp_path):
+    """The issue's case: a GGUF the engine refuses (an architecture it does not run). The status line
+    gives the reason first, then the file's name once (never its whole path twice); Help > Log keeps
+    the whole line with the path."""
+    import gguf
+
+    bad = tmp_path / "some-model-Q4_K_M.gguf"
+    w = gguf.GGUFWriter(str(bad), "nonesuch")
+    w.add_tensor("token_embd.weight", __import__("numpy").zeros((4, 8), dtype="float32"))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    session = window.bridge.session
+    loaded_before = session.loaded
+    with no_uncaught_exceptions():
+        menu_actions(window)["File/Open model…"].trigger()
+        picker = window.picker
+        picker.hub.setText(str(bad))
+        button = next(b for b in picker.findChildren(type(window.send_btn)) if b.text() == "Download and open")
+        qtbot.mouseClick(button, Qt.LeftButton)
+        qtbot.waitUntil(lambda: "could not be opened" in window.statusBar().currentMessage(), timeout=60_000)
+    msg = window.statusBar().currentMessage()
+    why, sep, rest = msg.partition(" — ")
+    assert sep and rest.startswith((f"{bad.stem} could not be opened", f"{bad.name} could not be opened")), msg
+    assert "nonesuch" in why, msg  # the reason, first
+    assert str(tmp_path) not in msg and msg.count(bad.stem) == 1, msg  # the name once, no path
+    assert any(str(bad) in line and "nonesuch" in line for line in window.log_lines), "the whole line in the log"
+    assert session.loaded is loaded_before and window.send_btn.isEnabled()

@@ -204,6 +204,13 @@ def test_regenerate_keeps_the_earlier_answers_as_versions_to_switch_between(qtbo
     shown = window.store.messages(window.cid)[-1]
     assert shown.content == first.content and "answer 1 of 2" in window.chat.toPlainText()
     assert window.history()[-1]["content"] == first.content  # the next turn sends the version shown
+    # greedy decoding gives the same answer again: it is still a version of its own, nothing overwritten
+    window.params = SamplingParams(max_new_tokens=6)  # as the first answer was asked
+    qtbot.mouseClick(window.composer.regen_btn, Qt.LeftButton)
+    qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
+    third = window.store.messages(window.cid)[-1]
+    assert [v["content"] for v in third.meta["versions"]] == [first.content, second.content, first.content]
+    assert "answer 3 of 3" in window.chat.toPlainText()
 
 
 def test_help_log_scrolls_shows_the_whole_reason_and_copies(qtbot, window):
