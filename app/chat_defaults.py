@@ -17,7 +17,8 @@ from dataclasses import replace
 from engine.generate import SamplingParams
 
 from . import theme
-from .chat_settings import DEFAULTS, SAMPLING_KEYS, ChatSettingsDialog, default_values, overrides, read
+from .chat_settings import DEFAULTS, SAMPLING_KEYS, default_values, overrides, read
+from .chat_settings_dialog import ChatSettingsDialog
 
 KEY = "chat/new_chat_defaults"
 BUILT_IN = DEFAULTS  # repetition penalty 1.1, the longest reply 1,024 tokens

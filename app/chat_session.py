@@ -1,5 +1,6 @@
-"""One conversation as the window holds it, without Qt: the messages the store keeps, the draft and
-the staged documents (each chat its own: switching chats keeps what was being written in each), an
+"""One conversation as the window holds it, without Qt: the messages the store keeps, its settings
+(app/chat_settings.py: sampling, context length, system prompt, and the history they let the model
+see), the draft and the staged documents (each chat its own: switching chats keeps what was being written in each), an
 edit of the last turn, and the versions of a reply that was regenerated.
 
 - Edit last does not touch the store: the turn stays until the edited message is sent (then the old
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from . import chat_settings
 
 
 @dataclass
@@ -123,6 +126,23 @@ class ChatSession:
 
     def messages(self) -> list:
         return self.store.messages(self.cid) if self.cid is not None else []
+
+    # ---- its settings (app/chat_settings.py): the defaults given, its own over them ----
+    def params(self, defaults):
+        """The sampling parameters its replies use (a chat not yet made: the defaults)."""
+        return chat_settings.params_for(self.store, self.cid, defaults)
+
+    def context(self, model_ctx: int) -> int:
+        """Its context length in tokens, never above the model's (model_ctx; 0: none known)."""
+        return chat_settings.context_for(self.store, self.cid, model_ctx)
+
+    def history(self, fitting, defaults) -> chat_settings.History:
+        """What the model is sent: the system prompt, then the newest turns that fit its context
+        length, counted with `fitting` (the backend's count_tokens, ctx and prompt_ids)."""
+        if self.cid is None:
+            return chat_settings.History()
+        return chat_settings.messages_for(self.store, self.cid, fitting.count_tokens, fitting.ctx,
+                                          fitting.prompt_ids, defaults)
 
     # ---- editing the last turn ----
     def begin_edit(self, draft: Draft) -> Draft | None:

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox, QPushButto
 
 from engine.protocol import SetSlider, Stop
 
-from . import chat_defaults, chat_settings, documents, menus, remote, theme, window_state
+from . import chat_defaults, documents, menus, remote, theme, window_state
 from .composer import Composer
 from .conversation_list import ConversationList
 from .gpu_runtime import GpuOfferBar, RuntimeDialog
@@ -245,7 +245,7 @@ class MainWindow(QMainWindow, WindowWiring):
         self.chat.show_messages(messages)
         self.composer.set_think(self.chat_session.thinks())
         self.composer.show_context(self.reply.context_of(messages),
-                                   limit=chat_settings.context_for(self.store, cid, self.ctx))  # the chat's memory
+                                   limit=self.chat_session.context(self.ctx))  # the chat's memory
         self.sidebar.highlight(cid)
 
     def _on_deleted(self, cid: int) -> None:

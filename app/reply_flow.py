@@ -59,8 +59,7 @@ class ReplyFlow:
         """The chat's system prompt and the messages that fit in its context length (app/chat_settings.py),
         fitted to the backend's context (a served model fits its own)."""
         h = self.hooks
-        f = h.backend().fitting()
-        return chat_settings.messages_for(self.store, h.cid(), f.count_tokens, f.ctx, f.prompt_ids, h.params())
+        return h.session().history(h.backend().fitting(), h.params())
 
     def think(self) -> bool | None:
         """The Think switch as the composer shows it (None: the model has none)."""
@@ -90,7 +89,7 @@ class ReplyFlow:
     def start(self, earlier: list[dict] | None = None) -> None:
         """The reply to the chat's history as the store holds it (earlier: the versions it follows)."""
         h = self.hooks
-        history, params = self.history(), chat_settings.params_for(self.store, h.cid(), h.params())
+        history, params = self.history(), h.session().params(h.params())
         if history.note:  # the chat is longer than its context length: said, and logged
             h.status(history.note, 15000)
             h.log(history.note)
@@ -173,7 +172,7 @@ class ReplyFlow:
         self.chat.end_stream(stats, ev.content, meta)
         self._ended()
         ctx = h.ctx()
-        self.composer.show_context(used, ctx, limit=chat_settings.context_for(self.store, h.cid(), ctx))
+        self.composer.show_context(used, ctx, limit=h.session().context(ctx))
 
     def model_name(self) -> str:
         """The model the chat talks to ("": none known yet)."""

@@ -2,11 +2,11 @@
 of MainWindow (it inherits this class), kept apart so that app/main_window.py holds the layout and
 the window's own state: ModelSwitch (app/model_switch.py) and Connect to a server (app/remote.py)
 get frozen dataclasses of collaborators and small callables; the menus (app/menus.py) a table of
-commands; the Chat settings… and Defaults for new chats… dialogs (app/chat_settings.py,
+commands; the Chat settings… and Defaults for new chats… dialogs (app/chat_settings_dialog.py,
 app/chat_defaults.py) what they edit, and the window is updated here from what they say changed."""
 from __future__ import annotations
 
-from . import chat_defaults, chat_settings, menus, remote
+from . import chat_defaults, chat_settings_dialog, menus, remote
 from .model_switch import SwitchParts
 from .serving import ask_connection
 
@@ -71,10 +71,10 @@ class WindowWiring:
         if self.cid is None:
             self.new_chat()
         cid = self.cid
-        if chat_settings.edit(self, self.store, cid, self.ctx, self.params):
+        if chat_settings_dialog.edit(self, self.store, cid, self.ctx, self.params):
             self.statusBar().showMessage("settings saved for this chat", 8000)
             if cid == self.cid:  # the context indicator counts against the chat's memory
-                self.composer.show_context(self.composer.used, limit=chat_settings.context_for(self.store, cid, self.ctx))
+                self.composer.show_context(self.composer.used, limit=self.chat_session.context(self.ctx))
 
     def edit_new_chat_defaults(self) -> None:
         """Chat > Defaults for new chats…: the chats made before keep what they had."""

@@ -35,7 +35,7 @@ def shoot(out: Path, theme_name: str) -> list[Path]:
     from PySide6.QtCore import QSettings, QStandardPaths
     from PySide6.QtWidgets import QApplication
 
-    from app import chat_settings
+    from app import chat_settings_dialog
     from app.main_window import MainWindow
     from app.store import Store
 
@@ -43,7 +43,7 @@ def shoot(out: Path, theme_name: str) -> list[Path]:
     # the presets go to a throwaway settings folder (app/theme.py settings() is QSettings' user scope)
     QSettings.setPath(QSettings.NativeFormat, QSettings.UserScope, tempfile.mkdtemp(prefix="mixdesk-shots-config-"))
     for name, text in PRESETS.items():
-        chat_settings.save_preset(name, text)
+        chat_settings_dialog.save_preset(name, text)
     store = Store(Path(tempfile.mkdtemp(prefix="mixdesk-shots-chats-")) / "chats.sqlite3")
     cid = store.new_conversation("A weekend in Lisbon")
     store.set_system_prompt(cid, PRESETS["Travel planner"])
@@ -63,7 +63,7 @@ def shoot(out: Path, theme_name: str) -> list[Path]:
         w.refresh_conversations()
         w.chat.show_messages(store.messages(cid))
         c = store.conversation(cid)
-        dlg = chat_settings.ChatSettingsDialog(w, c.title, c.settings, c.system_prompt, w.ctx, w.params)
+        dlg = chat_settings_dialog.ChatSettingsDialog(w, c.title, c.settings, c.system_prompt, w.ctx, w.params)
         dlg.preset.setCurrentIndex(dlg.preset.findText("Travel planner"))  # the preset its prompt came from
         dlg.delete_btn.setEnabled(True)
         dlg.show()

@@ -17,7 +17,7 @@ def chat(tmp_path):
 def test_no_qt_is_imported():
     import subprocess
 
-    code = "import sys, app.chat_session, app.store; print(any(m.startswith('PySide6') for m in sys.modules))"
+    code = "import sys, app.chat_session, app.chat_settings, app.store; print(any(m.startswith('PySide6') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -131,3 +131,27 @@ def test_a_reply_is_owned_by_the_chat_session_from_start_to_end(tiny, tmp_path, 
         assert shown_version(last) == (1, 2)
     finally:
         end_session(session)
+
+
+def test_the_chat_holds_its_settings_and_fits_its_history_to_them(tmp_path):
+    """Its settings are the chat's own over the defaults given; the history sent keeps the system
+    prompt and the newest turns that fit its context length, whole turns, oldest left out first."""
+    from app.chat_backend import Fitting
+    from app.chat_settings import DEFAULTS
+
+    store, s = chat(tmp_path)
+    assert s.params(DEFAULTS) == DEFAULTS and s.context(4096) == 4096  # nobody set it up: the defaults
+    store.set_settings(s.cid, {"temperature": 0.7, "context": 120, "max_new_tokens": 20})
+    store.set_system_prompt(s.cid, "Answer in one word.")
+    assert s.params(DEFAULTS).temperature == 0.7 and s.params(DEFAULTS).repetition_penalty == DEFAULTS.repetition_penalty
+    assert s.context(4096) == 120 and s.context(100) == 100  # never above the model's
+    for i in range(6):  # a long chat: 30 words a turn
+        s.add_user(" ".join(["word"] * 15) + f" question {i}", {}, title="x")
+        store.add_message(s.cid, "assistant", " ".join(["word"] * 15), meta={})
+    s.add_user("and the capital of Italy?", {}, title="x")
+    words = Fitting(ctx=4096, count_tokens=lambda text: len(text.split()), prompt_ids=None)
+    h = s.history(words, DEFAULTS)
+    assert h[0] == {"role": "system", "content": "Answer in one word."}
+    assert h[-1] == {"role": "user", "content": "and the capital of Italy?"}
+    assert h.dropped > 0 and h.limit == 120 and [m["role"] for m in h[1:]][0] == "user"  # whole turns
+    assert ChatSession(store, None).history(words, DEFAULTS) == []  # a chat not made yet sends nothing

@@ -15,6 +15,7 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QAbstractButton, QDialogButtonBox, QInputDialog  # noqa: E402
 
 from app import chat_settings as cs  # noqa: E402
+from app import chat_settings_dialog as csd  # noqa: E402
 from app import theme  # noqa: E402
 from app.store import Store  # noqa: E402
 from engine.generate import SamplingParams  # noqa: E402
@@ -109,17 +110,17 @@ def test_without_a_tokenizer_nothing_is_left_out(tmp_path):
 
 
 def test_presets_are_kept_and_a_damaged_list_reads_as_none():
-    theme.settings().remove(cs.PRESETS_KEY)
-    cs.save_preset("Brief", PRESET)
-    cs.save_preset("Pirate", "Talk like a pirate.")
-    cs.delete_preset("Pirate")
-    cs.delete_preset("never saved")
-    assert cs.presets() == {"Brief": PRESET}
-    theme.settings().setValue(cs.PRESETS_KEY, "{not json")
-    assert cs.presets() == {}
-    theme.settings().setValue(cs.PRESETS_KEY, '["a list"]')
-    assert cs.presets() == {}
-    theme.settings().remove(cs.PRESETS_KEY)
+    theme.settings().remove(csd.PRESETS_KEY)
+    csd.save_preset("Brief", PRESET)
+    csd.save_preset("Pirate", "Talk like a pirate.")
+    csd.delete_preset("Pirate")
+    csd.delete_preset("never saved")
+    assert csd.presets() == {"Brief": PRESET}
+    theme.settings().setValue(csd.PRESETS_KEY, "{not json")
+    assert csd.presets() == {}
+    theme.settings().setValue(csd.PRESETS_KEY, '["a list"]')
+    assert csd.presets() == {}
+    theme.settings().remove(csd.PRESETS_KEY)
 
 
 # ---- through the real window ----
@@ -171,7 +172,7 @@ def open_settings(qtbot, w, fill) -> list:
         except BaseException:
             dlg.reject()  # a failed check must not leave the dialog's exec() waiting
             raise
-    seen = on_modal(safely, cs.ChatSettingsDialog)
+    seen = on_modal(safely, csd.ChatSettingsDialog)
     menu_actions(w)["Chat/Chat settings…"].trigger()
     assert seen, "Chat > Chat settings… opened no dialog"
     return seen
@@ -205,7 +206,7 @@ def send_and_wait(qtbot, w, text: str):
 
 
 def test_chat_settings_reach_the_engine_stay_with_the_chat_and_survive_a_restart(qtbot, tiny, tmp_path, monkeypatch, window_cache):
-    theme.settings().remove(cs.PRESETS_KEY)
+    theme.settings().remove(csd.PRESETS_KEY)
     w = open_window(qtbot, tiny, tmp_path)
     w.bridge.session.loaded.generator.eos_ids.clear()  # the reply runs to its longest
     sent = record_generates(w)
@@ -219,7 +220,7 @@ def test_chat_settings_reach_the_engine_stay_with_the_chat_and_survive_a_restart
         qtbot.keyClicks(dlg.prompt, PRESET)
         named = on_modal(lambda d: (d.setTextValue("Brief"), d.accept()), QInputDialog)
         click(qtbot, dlg.save_btn)  # Save as preset… asks for its name
-        assert named and cs.presets() == {"Brief": PRESET}
+        assert named and csd.presets() == {"Brief": PRESET}
         dlg.prompt.clear()
         pick(qtbot, dlg.preset, "Brief")
         assert dlg.system_prompt() == PRESET
@@ -269,7 +270,7 @@ def test_chat_settings_reach_the_engine_stay_with_the_chat_and_survive_a_restart
             assert "· 5 tokens ·" in reply.meta["stats"]
     finally:
         w2.close()
-        theme.settings().remove(cs.PRESETS_KEY)
+        theme.settings().remove(csd.PRESETS_KEY)
 
 
 def test_reset_to_defaults_and_cancel(qtbot, tiny, tmp_path, monkeypatch, window_cache):

@@ -171,7 +171,8 @@ def export(kind):
 
 def chat_settings(k: Walk):
     """Chat > Chat settings… (app/chat_settings.py; tests/test_chat_settings.py walks it in full)."""
-    from app.chat_settings import ChatSettingsDialog, params_for
+    from app.chat_settings import params_for
+    from app.chat_settings_dialog import ChatSettingsDialog
 
     def fill(d):
         d.fields["temperature"].setValue(0.7)
@@ -191,7 +192,8 @@ def new_chat_defaults(k: Walk):
     """Chat > Defaults for new chats… (app/chat_defaults.py; tests/test_switch_and_defaults.py walks it in full)."""
     from app import chat_defaults
     from app import theme as themes
-    from app.chat_settings import ChatSettingsDialog, params_for
+    from app.chat_settings import params_for
+    from app.chat_settings_dialog import ChatSettingsDialog
 
     before = k.w.cid
     had = params_for(k.w.store, before, k.w.params)

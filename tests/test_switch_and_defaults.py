@@ -19,6 +19,7 @@ pytest.importorskip("PySide6")
 from PySide6.QtCore import Qt  # noqa: E402
 
 from app import chat_settings  # noqa: E402
+from app.chat_settings_dialog import ChatSettingsDialog  # noqa: E402
 from app import theme  # noqa: E402
 from engine import queries  # noqa: E402
 from engine.generate import SamplingParams  # noqa: E402
@@ -203,13 +204,13 @@ def test_new_chats_get_a_mild_repetition_penalty_and_the_defaults_the_user_sets(
             assert sent[-1].params.repetition_penalty == pytest.approx(1.1) and sent[-1].params.max_new_tokens == 5
 
             def fill(dlg):
-                assert isinstance(dlg, chat_settings.ChatSettingsDialog)
+                assert isinstance(dlg, ChatSettingsDialog)
                 assert dlg.fields["repetition_penalty"].value() == pytest.approx(1.1)
                 assert not dlg.prompt.isVisibleTo(dlg)  # a system prompt is never carried into new chats
                 type_into(qtbot, dlg.fields["repetition_penalty"], "1.3")
                 type_into(qtbot, dlg.fields["temperature"], "0.5")
                 click(qtbot, dlg.buttons.button(dlg.buttons.StandardButton.Save))
-            seen = on_modal(fill, chat_settings.ChatSettingsDialog)
+            seen = on_modal(fill, ChatSettingsDialog)
             menu_actions(w)["Chat/Defaults for new chats…"].trigger()
             assert seen, "no dialog opened"
             menu_actions(w)["File/New chat"].trigger()
