@@ -9,12 +9,16 @@ edit of the last turn, and the versions of a reply that was regenerated.
   ("versions": [{content, meta}, ...], "version": the one shown), the one shown is the row's own
   content (what later turns send the model), and `show_version` switches it (‹ 1/2 ›).
 
-The window's widgets are handed what they show from here (app/main_window.py, app/reply_flow.py);
-tests drive it with a real SQLite store and no window (tests/test_chat_session.py)."""
+Whoever shows it watches it (`watch`): it says "messages" when its rows changed other than by the reply
+streaming (a message sent, a reply taken back to regenerate, a version switched, a failed reply's end),
+"edit" when an edit of the last turn began or ended, and "ended" when a reply ended; the window then hands
+its widgets what they show (app/main_window.py: the chat view, the sidebar, the composer). Tests drive it
+with a real SQLite store and no window (tests/test_chat_session.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from . import chat_settings
 
@@ -123,6 +127,15 @@ class ChatSession:
         self.draft = Draft()
         self.edit: Edit | None = None
         self.reply: Reply | None = None
+        self._watchers: list[Callable[[ChatSession, str], None]] = []
+
+    def watch(self, fn: Callable[["ChatSession", str], None]) -> None:
+        """fn(session, what) after each change: "messages", "edit" or "ended" (the module's docstring)."""
+        self._watchers.append(fn)
+
+    def _said(self, what: str) -> None:
+        for fn in list(self._watchers):
+            fn(self, what)
 
     def messages(self) -> list:
         return self.store.messages(self.cid) if self.cid is not None else []
@@ -152,17 +165,22 @@ class ChatSession:
         if not users:
             return None
         last = users[-1]
-        if self.edit is None:
+        began = self.edit is None
+        if began:
             self.edit = Edit(last.id, draft)
         paths = [f["path"] for f in (last.meta or {}).get("attachments") or () if f.get("path")]
         self.draft = Draft(typed_of(last), [], paths)
+        if began:
+            self._said("edit")
         return self.draft
 
     def cancel_edit(self) -> Draft:
         """The edit abandoned: the turn as it was, the draft from before the edit."""
         before = self.edit.before if self.edit is not None else Draft()
-        self.edit = None
+        was, self.edit = self.edit, None
         self.draft = before
+        if was is not None:
+            self._said("edit")
         return before
 
     def editing(self) -> list[int]:
@@ -179,12 +197,16 @@ class ChatSession:
             self.cid = self.store.new_conversation(title=title[:40])
         elif self.store.conversation(self.cid).title == "New chat":
             self.store.rename(self.cid, title[:40])
-        if self.edit is not None:
+        edited = self.edit is not None
+        if edited:
             if any(m.id == self.edit.user_id for m in self.messages()):
                 self.store.delete_messages_from(self.cid, self.edit.user_id)
             self.edit = None
         self.store.add_message(self.cid, "user", content, meta=meta)
         self.draft = Draft()
+        if edited:
+            self._said("edit")
+        self._said("messages")
         return self.cid
 
     # ---- the reply ----
@@ -218,6 +240,7 @@ class ChatSession:
         r.content = ev.content
         meta = r.meta(ev, **meta)
         self.store.update_message(r.mid, ev.content, complete=True, meta=meta)
+        self._said("ended")
         return meta
 
     def reply_failed(self, message: str) -> str | None:
@@ -226,17 +249,18 @@ class ChatSession:
         r, self.reply = self.reply, None
         if r is None:
             return None
+        note = None
         if r.content or r.reasoning:
             note = f"stopped by an error: {message.splitlines()[0] if message else 'unknown'}"
             self.store.update_message(r.mid, r.content, complete=True, meta=r.meta(stats=note))
-            return note
-        if r.earlier:
+        elif r.earlier:
             last = r.earlier[-1]
             meta = {**last["meta"], "versions": r.earlier, "version": len(r.earlier) - 1}
             self.store.update_message(r.mid, last["content"], complete=True, meta=meta)
         else:
             self.store.delete_messages_from(self.cid, r.mid)
-        return None
+        self._said("messages")
+        return note
 
     def save_partial(self) -> None:
         """At close: what streamed so far, kept as an interrupted reply."""
@@ -271,6 +295,7 @@ class ChatSession:
         i, _ = shown_version(last)
         earlier[min(i, len(earlier) - 1)] = {"content": last.content, "meta": plain(last.meta)}
         self.store.delete_messages_from(self.cid, last.id)
+        self._said("messages")
         return earlier
 
     def show_version(self, mid: int, j: int) -> bool:
@@ -284,6 +309,7 @@ class ChatSession:
         i, _ = shown_version(msg)
         vs[i] = {"content": msg.content, "meta": plain(msg.meta)}  # the one shown, as it is now
         self.store.update_message(mid, vs[j]["content"], True, meta={**vs[j]["meta"], "versions": vs, "version": j})
+        self._said("messages")
         return True
 
 

@@ -112,7 +112,6 @@ class MainWindow(QMainWindow, WindowWiring):
             session=lambda: self.chat_session, cid=lambda: self.cid, chat_sent=self._chat_sent,
             backend=lambda: self.backend, params=lambda: self.params, ctx=lambda: self.ctx,
             status=lambda m, ms: self.statusBar().showMessage(m, ms), log=lambda m: self.log_line(m),
-            chat_changed=lambda: self.refresh_conversations(),
             ended=lambda: (self.redraw_chat(), self.models.reply_ended())))  # a model checked meanwhile loads
         self.composer.send_requested.connect(self.send)
         self.composer.stop_requested.connect(self.stop)
@@ -189,8 +188,22 @@ class MainWindow(QMainWindow, WindowWiring):
     def chat_session(self) -> ChatSession:
         """The chat shown, as app/chat_session.py holds it."""
         if self.cid not in self.sessions:
-            self.sessions[self.cid] = ChatSession(self.store, self.cid)
+            self.sessions[self.cid] = s = ChatSession(self.store, self.cid)
+            s.watch(self._session_said)
         return self.sessions[self.cid]
+
+    def _session_said(self, session: ChatSession, what: str) -> None:
+        """A chat's session changed (app/chat_session.py watch): the widgets are handed what they show."""
+        shown = self.sessions.get(self.cid) is session  # a chat made by this Send is under None until it is sent
+        if what in ("messages", "ended"):  # titles, and the newest chat first
+            self.sidebar.current = session.cid if shown else self.cid
+            self.sidebar.refresh()
+        if not shown:
+            return
+        if what == "messages":
+            self.chat.show_messages(session.messages())
+        elif what == "edit":
+            self.reply.show_editing()
 
     def _leave_chat(self) -> None:
         """The chat shown keeps what was being written in it."""
@@ -212,8 +225,8 @@ class MainWindow(QMainWindow, WindowWiring):
         """A regenerated reply's ‹ ›: that version shown, and sent to the model from now on."""
         if self.generating:
             self.statusBar().showMessage("The answers can be switched when this reply ends", 8000)
-        elif self.chat_session.show_version(mid, j):
-            self.chat.show_messages(self.store.messages(self.cid))
+        else:
+            self.chat_session.show_version(mid, j)  # drawn again as the session says (_session_said)
 
     def new_chat(self) -> None:
         self._leave_chat()

@@ -30,7 +30,6 @@ class ReplyHooks:
     ctx: Callable[[], int]  # the local model's context
     status: Callable[[str, int], None]  # a note on the status bar, for so many ms
     log: Callable[[str], None]  # a line of the window's log
-    chat_changed: Callable[[], None]  # the sidebar, drawn again
     ended: Callable[[], None]  # the reply ended: the chat redrawn, a model waiting for it loads
 
 
@@ -77,13 +76,10 @@ class ReplyFlow:
             meta["think"] = self.think()
         # content: what the model reads; an edited turn is replaced only now (app/chat_session.py)
         session = h.session()
-        cid = session.add_user(content, meta, title=text or docs[0].name)
+        cid = session.add_user(content, meta, title=text or docs[0].name)  # the window, watching, shows it
         h.chat_sent(cid, session)
         c.input.clear()
         c.attachments.clear()
-        self.show_editing()
-        h.chat_changed()
-        self.chat.show_messages(self.store.messages(cid))
         self.start()
 
     def start(self, earlier: list[dict] | None = None) -> None:
@@ -115,7 +111,6 @@ class ReplyFlow:
             self.cancel_edit()
         earlier = h.session().take_last_reply()  # the answers so far stay, as versions (‹ 1/2 ›)
         if self.store.messages(cid):
-            self.chat.show_messages(self.store.messages(cid))
             self.start(earlier)
 
     def edit_last(self) -> None:
@@ -127,10 +122,9 @@ class ReplyFlow:
         if h.session().edit is not None:
             self.cancel_edit()
             return
-        draft = h.session().begin_edit(self.composer.draft())
+        draft = h.session().begin_edit(self.composer.draft())  # the window, watching, shows the editing
         if draft is not None:
             self.composer.show_draft(draft)
-            self.show_editing()
 
     def show_editing(self) -> None:
         """The composer shows whether the last message is being edited (and the status bar says so)."""
@@ -142,7 +136,6 @@ class ReplyFlow:
 
     def cancel_edit(self) -> None:
         self.composer.show_draft(self.hooks.session().cancel_edit())
-        self.show_editing()
         self.hooks.status("Edit cancelled: the message and its reply are as they were", 8000)
 
     # ---- the reply streaming ----
@@ -193,10 +186,7 @@ class ReplyFlow:
         if not self.generating:
             return
         self.wait.reply_streaming()
-        note = self.session.reply_failed(message)
-        if note:
-            self.chat.end_stream(note)
-        self.chat.show_messages(self.store.messages(self.hooks.cid()))
+        self.session.reply_failed(message)  # the window, watching, draws the chat again from the store
         self._ended()
 
     def _ended(self) -> None:

@@ -155,3 +155,39 @@ def test_the_chat_holds_its_settings_and_fits_its_history_to_them(tmp_path):
     assert h[-1] == {"role": "user", "content": "and the capital of Italy?"}
     assert h.dropped > 0 and h.limit == 120 and [m["role"] for m in h[1:]][0] == "user"  # whole turns
     assert ChatSession(store, None).history(words, DEFAULTS) == []  # a chat not made yet sends nothing
+
+
+def test_whoever_shows_the_chat_is_told_what_changed(tmp_path):
+    """The window watches each chat's session: it is told after a message is sent, an edit begins or
+    ends, a reply is taken back to regenerate, a version is switched, and a reply ends or fails; the
+    store already holds the change when it is told."""
+    from types import SimpleNamespace
+
+    store, s = chat(tmp_path)
+    told = []
+    s.watch(lambda session, what: told.append((what, [m.content for m in session.messages()])))
+
+    s.begin_edit(Draft("half-written"))
+    s.cancel_edit()
+    assert [w for w, _ in told] == ["edit", "edit"]
+    s.begin_edit(Draft())
+    told.clear()
+    s.add_user("And of Spain?", {}, title="x")
+    assert told == [("edit", ["And of Spain?"]), ("messages", ["And of Spain?"])]  # the turn replaced, then told
+    told.clear()
+
+    class Backend:
+        name = "tiny"
+
+        def generate(self, history, params, think):
+            return 7
+
+    s.start_reply(Backend(), [], None, None)
+    s.reply_done(SimpleNamespace(content="Madrid.", tool_calls=(), notes=()))
+    assert told == [("ended", ["And of Spain?", "Madrid."])]
+    told.clear()
+    earlier = s.take_last_reply()
+    assert told == [("messages", ["And of Spain?"])]
+    s.start_reply(Backend(), [], None, None, earlier)
+    s.reply_failed("out of memory")  # nothing streamed: the version before comes back
+    assert told[-1] == ("messages", ["And of Spain?", "Madrid."])
