@@ -126,6 +126,21 @@ def window_cache(cache_seed, tmp_path, monkeypatch):
     return folder
 
 
+@pytest.fixture
+def measured_machine(cache_seed, tmp_path, monkeypatch):
+    """This test's cache folder (tmp_path / "cache") holding only this machine's hardware profile, from
+    the run's seed: a model's first start (its dense timings and calibration still to come) on a
+    machine measured before, without measuring the machine again (~5 s a test). A test of the machine's
+    own first measuring keeps an empty cache."""
+    import shutil
+
+    folder = tmp_path / "cache"
+    (folder / "mixdesk").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(cache_seed / "mixdesk" / "hardware.json", folder / "mixdesk" / "hardware.json")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(folder))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_sharded(tmp_path_factory):
     """The same kind of model, written as several shards with model.safetensors.index.json."""

@@ -320,14 +320,13 @@ def test_a_dead_engine_thread_is_said_and_can_be_restarted(qtbot, window, monkey
     assert window.store.messages(window.cid)[-1].complete
 
 
-def test_a_never_calibrated_model_chats_before_its_calibration_ends(qtbot, tiny, tmp_path, monkeypatch):
+def test_a_never_calibrated_model_chats_before_its_calibration_ends(qtbot, tiny, tmp_path, monkeypatch, measured_machine):
     """Issue 15, must show 2: the first start of a model plans from its shape and lets the user
     chat; the calibration runs in the background between requests (slowed down here so that it
     cannot end first), and the planner switches to the measured profile when it is ready."""
     import engine.planning.profile as profile
     from engine.protocol import Loaded, PlacementChanged
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     real = profile.read_expert
 
     def slow(*a):
@@ -522,6 +521,7 @@ def test_slider_says_when_a_plan_is_for_requests_together(qtbot):
         assert "predicted 42.0 tok/s" in text and ("together" not in text if want is None else want in text)
 
 
+@pytest.mark.slow  # a measurement (the README's figure): pytest -m slow tests/test_app.py -k streaming_render -s
 def test_streaming_render_stays_responsive_and_flat_over_a_2000_token_reply(qtbot, tmp_path, monkeypatch):
     """A 2,000-token reply of paragraphs, lists, tables and fenced code, streamed through the real
     window: the worst event-loop gap stays under 50 ms, and the chat view's render time per token

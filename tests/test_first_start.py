@@ -48,11 +48,11 @@ def reference(wide, tmp_path_factory):
 
 
 @pytest.fixture
-def fresh(tmp_path, monkeypatch):
-    """A cache with nothing measured, and a calibration that takes at least ~10 s."""
+def fresh(measured_machine, monkeypatch):
+    """A cache where the model has nothing measured (the machine has: conftest.measured_machine), and a
+    calibration that takes at least ~10 s."""
     import engine.planning.profile as profile
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     real = profile.read_expert
 
     def slow(*a):
@@ -117,12 +117,11 @@ def test_the_window_on_a_fresh_start_answers_as_the_16_bit_model_while_it_calibr
     w.close()
 
 
-def test_the_slider_trades_quality_once_the_calibration_has_measured_it(wide, tmp_path, monkeypatch):
+def test_the_slider_trades_quality_once_the_calibration_has_measured_it(wide, measured_machine):
     """When the calibration ends, the plan follows the slider again (provisional no more); the
     fastest end then uses 4 bits where they pay."""
     from engine.protocol import SetSlider
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     plans = []
     client = Client(on_event=lambda ev: plans.append(ev) if isinstance(ev, PlacementChanged) else None)
     try:

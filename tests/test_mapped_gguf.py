@@ -310,6 +310,7 @@ def test_what_the_planner_counts_as_mapped_is_what_the_model_maps(file, tmp_path
     assert mapped_bytes(syn, torch.bfloat16, True) == ({}, 0)
 
 
+@pytest.mark.slow  # 18 s: it measures this machine's Q4_K/Q6_K tiers (pytest -m slow tests/test_mapped_gguf.py)
 def test_plan_from_the_header_alone_fits_on_this_machine_counting_the_mapped_file(tmp_path, window_cache):
     """`mixdesk plan --config-only` on a full-size Qwen3-30B-A3B Q4_K_M (its header; the data a sparse
     hole), no GPU budget given: planned for this machine as it is (its CPU; before, a GPU was assumed

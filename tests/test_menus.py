@@ -530,10 +530,10 @@ def window_buttons(w) -> set[str]:
     return {b.text() for b in w.findChildren(QAbstractButton) if not b.objectName().startswith("qt_")}
 
 
-def test_every_menu_action_and_button_does_what_it_says(qtbot, tiny, tmp_path, monkeypatch, second_server):
+def test_every_menu_action_and_button_does_what_it_says(qtbot, tiny, tmp_path, monkeypatch, second_server,
+                                                      measured_machine):  # a model's first start: it calibrates
     import engine.planning.profile as profile
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # a first start: it calibrates
     real, slowed = profile.read_expert, [True]
 
     def slow(*a):  # long enough for its Cancel to be clicked

@@ -278,10 +278,9 @@ def test_the_frontier_is_drawn_with_labelled_axes_and_the_plan_in_use_marked(qtb
 
 
 # ---- glitch: calibration ended and nothing said so ---------------------------------------------
-def test_calibration_finished_is_said_once(qtbot, tiny, tmp_path, monkeypatch):
+def test_calibration_finished_is_said_once(qtbot, tiny, tmp_path, measured_machine):
     from app.panel import CALIBRATED
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # a first start: the model is calibrated
     window = open_window(qtbot, tiny, tmp_path)
     panel = window.panel
     qtbot.waitUntil(lambda: panel.notice.isVisible(), timeout=10_000)
@@ -294,8 +293,7 @@ def test_calibration_finished_is_said_once(qtbot, tiny, tmp_path, monkeypatch):
 
 
 # ---- glitch: the Local server box widened the column and drew the legend over the map ----------
-def test_the_server_box_keeps_to_the_column(qtbot, tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def test_the_server_box_keeps_to_the_column(qtbot, tiny, tmp_path, measured_machine):
     model = tmp_path / ("Mixtral-8x7B-Instruct-v0.1-upcycled-with-a-name-far-longer-than-the-panel-" + "x" * 40)
     shutil.copytree(tiny, model)
     w = open_window(qtbot, model, tmp_path)

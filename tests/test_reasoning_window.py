@@ -143,7 +143,7 @@ def test_the_reasoning_streams_folded_and_unfolds_while_it_streams(qtbot, qwen, 
     inner = gen.retrying
     long = " ".join(f"step {i}." for i in range(60))
     try:
-        pace(gen, 0.02)
+        pace(gen, 0.01)
         with no_uncaught_exceptions():
             new_chat(qtbot, qwen)
             script(gen, f"<think>\n{long}\n</think>\n\nDone thinking.")

@@ -145,12 +145,12 @@ def test_a_failed_open_after_the_old_model_was_let_go_brings_it_back(qtbot, wind
         assert say(qtbot, window, "are you back?", 6).complete
 
 
-def test_a_reply_held_back_by_a_calibration_step_says_what_it_waits_for(qtbot, tiny, tmp_path, monkeypatch):
+def test_a_reply_held_back_by_a_calibration_step_says_what_it_waits_for(qtbot, tiny, tmp_path, monkeypatch,
+                                                                       measured_machine):
     """Defect 3: on a model's first start, a reply sent while a calibration step runs waited
     17-21 s with no word. The status line now says so while it waits, and the stats say how long."""
     import engine.planning.inputs as inputs
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     real = inputs.measure_dense_s
 
     def slow(*a, **k):  # the first background step, as long as on a busy machine (scaled down)
