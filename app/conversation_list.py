@@ -57,6 +57,10 @@ class ConversationList(QWidget):
         self.store = store
         self.current: int | None = None  # highlighted in the list
         self.undo_btn = undo_button  # lives in the status bar
+        self._undo_cid: int | None = None  # the chat its Undo brings back
+        undo_button.clicked.connect(self._undo)
+        self._undo_timer = QTimer(self, singleShot=True, interval=10000)  # a child: it dies with the list
+        self._undo_timer.timeout.connect(undo_button.hide)
         lay = QVBoxLayout(self)
         new = QPushButton("New chat")
         new.clicked.connect(self.new_requested)
@@ -127,10 +131,13 @@ class ConversationList(QWidget):
         self.store.delete(cid)
         self.deleted.emit(cid)
         self.refresh()
+        self._undo_cid = cid
         self.undo_btn.show()
-        try:
-            self.undo_btn.clicked.disconnect()
-        except (RuntimeError, TypeError):
-            pass
-        self.undo_btn.clicked.connect(lambda: (self.store.undelete(cid), self.undo_btn.hide(), self.refresh()))
-        QTimer.singleShot(10000, self.undo_btn.hide)
+        self._undo_timer.start()
+
+    def _undo(self) -> None:
+        cid, self._undo_cid = self._undo_cid, None
+        self.undo_btn.hide()
+        if cid is not None:
+            self.store.undelete(cid)
+            self.refresh()
