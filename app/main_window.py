@@ -31,7 +31,7 @@ from .panel_switch import PanelSwitch
 from .quality_slider import QualitySlider
 from .progress_row import ProgressRow, StatusBar
 from .reply_flow import ReplyFlow, ReplyHooks
-from .serving import LocalServer, ServerBox, ServerDialog
+from .serving import LocalServer, ServerBox
 from .store import Store
 from .window_wiring import WindowWiring
 from .waiting import ReplyWait
@@ -286,30 +286,7 @@ class MainWindow(QMainWindow, WindowWiring):
     def stop(self) -> None:
         self.reply.stop()
 
-    # ---- the network (app/serving.py) ----
-    def toggle_server(self, on: bool, port: int | None = None, api_key: str = "") -> None:
-        if not on:
-            self.server.stop()
-            self.server_box.stop()
-            return
-        if port is None:
-            dlg = ServerDialog(self)
-            if not menus.run_modal(dlg):
-                self.server_action.setChecked(False)
-                return
-            port, api_key = dlg.port.value(), dlg.key.text().strip()
-        try:
-            url = self.server.start(self.bridge.session, port, api_key)
-        except (OSError, ValueError) as e:
-            self.statusBar().showMessage(f"the local server could not start: {e}", 15000)
-            self.server_action.setChecked(False)
-            return
-        self.server_action.blockSignals(True)  # started from code: the menu shows it too
-        self.server_action.setChecked(True)
-        self.server_action.blockSignals(False)
-        self.server_box.show_server(self.server.server, self.model_info.name if self.model_info else "(loading)")
-        self.log_line(f"local server at {url}")
-
+    # ---- the network (app/serving.py; the Local server's switch: app/window_wiring.py) ----
     def connect_remote(self, choice: tuple[str, str, str] | None = None) -> bool:
         """File > Connect to a server (the dialog), or straight to choice = (url, key, model)."""
         return remote.connect(self.remote_parts, choice)

@@ -3,12 +3,13 @@ of MainWindow (it inherits this class), kept apart so that app/main_window.py ho
 the window's own state: ModelSwitch (app/model_switch.py) and Connect to a server (app/remote.py)
 get frozen dataclasses of collaborators and small callables; the menus (app/menus.py) a table of
 commands; the Chat settings… and Defaults for new chats… dialogs (app/chat_settings_dialog.py,
-app/chat_defaults.py) what they edit, and the window is updated here from what they say changed."""
+app/chat_defaults.py) what they edit, and the window is updated here from what they say changed;
+and Tools > Local server's switch (app/serving.py)."""
 from __future__ import annotations
 
 from . import chat_defaults, chat_settings_dialog, menus, remote
 from .model_switch import SwitchParts
-from .serving import ask_connection
+from .serving import ServerDialog, ask_connection
 
 
 class WindowWiring:
@@ -83,3 +84,27 @@ class WindowWiring:
             self.params, note = changed
             self.statusBar().showMessage(note, 8000)
             self.log_line(note)
+
+    # ---- Tools > Local server (app/serving.py) ----
+    def toggle_server(self, on: bool, port: int | None = None, api_key: str = "") -> None:
+        if not on:
+            self.server.stop()
+            self.server_box.stop()
+            return
+        if port is None:
+            dlg = ServerDialog(self)
+            if not menus.run_modal(dlg):
+                self.server_action.setChecked(False)
+                return
+            port, api_key = dlg.port.value(), dlg.key.text().strip()
+        try:
+            url = self.server.start(self.bridge.session, port, api_key)
+        except (OSError, ValueError) as e:
+            self.statusBar().showMessage(f"the local server could not start: {e}", 15000)
+            self.server_action.setChecked(False)
+            return
+        self.server_action.blockSignals(True)  # started from code: the menu shows it too
+        self.server_action.setChecked(True)
+        self.server_action.blockSignals(False)
+        self.server_box.show_server(self.server.server, self.model_info.name if self.model_info else "(loading)")
+        self.log_line(f"local server at {url}")
