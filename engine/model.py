@@ -17,7 +17,7 @@ from . import native, offload
 from .blockquant import NATIVE as BLOCK_TYPES, BlockQuant
 from .checkpoint import Checkpoint, dense_shapes
 from .layers import MIXERS, Layer, attention
-from .layers import rope
+from .layers import rope, router
 from .layers.feed_forward import DenseFFN
 from .layers.rope import Rope
 from .layers.sandwich import NORMS as SANDWICH_NORMS, SandwichLayer
@@ -203,18 +203,22 @@ class MoEModel:
                 w13 = torch.cat([dense(fam.shared_key(i, "w1")), dense(fam.shared_key(i, "w3"))])  # [2I', D]
                 form = Expert16(Tier.GPU16, w13.contiguous(), dense(fam.shared_key(i, "w2")).contiguous())
             shared = (form, dense(fam.shared_key(i, "gate")) if d.shared_gated else None)
-        sigmoid = d.router_kind == "sigmoid_groups"
+        return MoEBlock(self._router(w, fam, i), experts, self.accel, shared=shared)
+
+    def _router(self, w, fam, i: int) -> router.Router:
+        """Decoder layer i's router, of the family's kind (engine/layers/router.py)."""
+        d, dense = self.dims, w.dense
         gate = dense(fam.router_key(i))
+        bias = dense(fam.router_key(i, bias=True)) if d.router_bias else None
+        if d.router_kind == "sigmoid_groups":
+            return router.SigmoidGroups(gate, d.top_k, w.read(fam.correction_key(i)).float(), d.route_groups,
+                                        d.route_scale, d.norm_topk)
         if d.router_kind == "gemma":  # its own input scale [D] (times 1/sqrt(D)) and per-expert scale [E]
-            extra = dict(route_in=dense(fam.block(i) + "router.scale") * d.hidden ** -0.5,
-                         expert_scale=dense(fam.block(i) + "router.per_expert_scale").float(), eps=d.rms_eps)
-        else:
-            extra = {}
-        return MoEBlock(gate.float() if sigmoid else gate, experts, d.top_k, self.accel, norm_topk=d.norm_topk,
-                        shared=shared, router_kind=d.router_kind,
-                        gate_bias=dense(fam.router_key(i, bias=True)) if d.router_bias else None,
-                        correction=w.read(fam.correction_key(i)).float() if sigmoid else None,
-                        groups=d.route_groups, scale=d.route_scale, **extra)
+            return router.GemmaRouter(gate, d.top_k, dense(fam.block(i) + "router.scale") * d.hidden ** -0.5,
+                                      dense(fam.block(i) + "router.per_expert_scale").float(), d.rms_eps)
+        if d.router_kind == "topk_softmax":
+            return router.TopKSoftmax(gate, d.top_k, bias)
+        return router.SoftmaxTopK(gate, d.top_k, d.norm_topk, bias)
 
     def _shared_from_file(self, fam, i: int):
         """A GGUF file's shared expert in its own blocks, mapped, where the native kernels run the dense
@@ -295,7 +299,7 @@ class MoEModel:
         ts = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
         for layer in self.layers:
             ts += layer.tensors()
-        ts += [b.gate for b in self.moe] + [b.correction for b in self.moe if b.correction is not None]
+        ts += [t for b in self.moe for t in b.router.tensors()]
         ts += [t for b in self.moe if b.shared for t in (b.shared[0].w13, b.shared[0].w2, b.shared[1]) if t is not None]
         return ts
 

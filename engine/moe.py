@@ -1,8 +1,8 @@
 """The MoE block: route -> group tokens by expert -> run each expert in its tier -> combine.
 
 Shapes: T tokens, E experts, K top-k, D hidden.
-Routing is Mixtral's (softmax over E in fp32, top-K, renormalised where the family does), or
-GPT-OSS's (a biased router: top-K of the logits, softmax over those K). Weights multiply in fp32 and the
+Routing is the block's Router (engine/layers/router.py: Mixtral's softmax over E in fp32 and top-K,
+GPT-OSS's top-K of biased logits then a softmax, GLM's sigmoid groups, Gemma's). Weights multiply in fp32 and the
 product is cast to the activation dtype before it is summed, as transformers does, so 16-bit
 placements reproduce its numbers.
 
@@ -26,30 +26,16 @@ from .native import choice
 from .offload import OffloadCosts
 from .kernels import linear
 from .experts import Expert16, QuantExpert, run_jobs
+from .layers.router import Router
 
 CPU = torch.device("cpu")
 
 
 class MoEBlock:
-    def __init__(self, gate: torch.Tensor, experts: list[Expert16 | QuantExpert], top_k: int,
-                 accel: torch.device, offload: OffloadCosts | None = None, norm_topk: bool = True,
-                 shared: tuple[Expert16, torch.Tensor | None] | None = None, gate_bias: torch.Tensor | None = None,
-                 router_kind: str = "softmax_topk", correction: torch.Tensor | None = None,
-                 groups: tuple[int, int] = (1, 1), scale: float = 1.0, route_in: torch.Tensor | None = None,
-                 expert_scale: torch.Tensor | None = None, eps: float = 1e-6):
-        self.gate = gate  # [E, D] on accel
-        self.gate_bias = gate_bias  # [E] (GPT-OSS) or None
-        # "softmax_topk": softmax over all E, top-k (renormalised when norm_topk); "topk_softmax" (GPT-OSS):
-        # top-k of the logits, softmax over those k
-        # "sigmoid_groups" (GLM-4.5): sigmoid scores; the top-k by scores + correction [E] within the best
-        # groups[1] of groups[0] expert groups; weights the scores (renormalised when norm_topk) x scale
-        self.router_kind = router_kind
-        self.correction, self.groups, self.scale = correction, groups, scale
-        # "gemma": the router reads its own input (the stream), RMS-normalised without a weight, times
-        # route_in [D] (its scale / sqrt(D)); softmax, top-k renormalised, times expert_scale [E]
-        self.route_in, self.expert_scale, self.eps = route_in, expert_scale, eps
-        self.top_k = top_k
-        self.norm_topk = norm_topk  # renormalise the top-k weights (Mixtral; Qwen3-MoE per its config)
+    def __init__(self, router: Router, experts: list[Expert16 | QuantExpert], accel: torch.device,
+                 offload: OffloadCosts | None = None, shared: tuple[Expert16, torch.Tensor | None] | None = None):
+        self.router = router  # which experts each token goes to, and their weights (engine/layers/router.py)
+        self.gate, self.top_k = router.gate, router.top_k  # [E, D] on accel
         self.shared = shared  # (shared expert, its sigmoid gate [1, D] or None: ungated, GLM) on accel
         self.accel = accel
         self.offload = offload  # when a CPU expert's weights are copied over for a prefill (offload.py)
@@ -58,9 +44,10 @@ class MoEBlock:
         # the model sets `residual` (the stream this block's output joins) just before the call
         self.record: list | None = None
         self.residual: torch.Tensor | None = None
-        # the native kernel's table of this layer's experts (a null entry: not a native CPU expert)
+        # the native kernel's table of this layer's experts (a null entry: not a native CPU expert), and
+        # its router matrix where moe.c routes as this block does (router.plain)
         self.table = (ctypes.c_void_p * len(experts))()
-        self.router = native.matrix(gate) if choice.router(gate) else None
+        self.router_matrix = native.matrix(router.gate) if router.plain and choice.router(router.gate) else None
         self.experts = experts
 
     # ---- the expert table ----
@@ -88,38 +75,7 @@ class MoEBlock:
         return ctypes.addressof(desc) if desc is not None else None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.router_kind == "sigmoid_groups":  # (its router is fp32: x widened there)
-            return self._sigmoid_route(x)
-        if self.router_kind == "gemma":
-            h = x.float()
-            h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.route_in
-            probs = torch.softmax(linear(h, self.gate).float(), dim=-1)
-            w, idx = torch.topk(probs, self.top_k, dim=-1)
-            return w / w.sum(dim=-1, keepdim=True) * self.expert_scale[idx], idx
-        logits = linear(x, self.gate)  # [T, E]
-        if self.gate_bias is not None:
-            logits = logits + self.gate_bias
-        if self.router_kind == "topk_softmax":
-            top, idx = torch.topk(logits, self.top_k, dim=-1)  # [T, K]
-            return torch.softmax(top.float(), dim=-1), idx
-        probs = torch.softmax(logits.float(), dim=-1)  # [T, E] fp32
-        w, idx = torch.topk(probs, self.top_k, dim=-1)  # [T, K]
-        return (w / w.sum(dim=-1, keepdim=True) if self.norm_topk else w), idx
-
-    def _sigmoid_route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        scores = torch.sigmoid(linear(x.float(), self.gate))  # [T, E] fp32 (the router is fp32, as transformers has it)
-        choose = scores + self.correction
-        n, keep = self.groups
-        if n > 1:  # only the best `keep` groups compete (a group's strength: its two best experts)
-            T, E = choose.shape
-            best = choose.view(T, n, E // n).topk(2, dim=-1)[0].sum(-1)  # [T, n]
-            mask = torch.zeros_like(best).scatter_(1, best.topk(keep, dim=-1)[1], 1.0).bool()
-            choose = choose.masked_fill(~mask.repeat_interleave(E // n, dim=1), float("-inf"))
-        idx = torch.topk(choose, self.top_k, dim=-1)[1]  # [T, K]
-        w = scores.gather(1, idx)
-        if self.norm_topk:
-            w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
-        return w * self.scale, idx
+        return self.router(x)
 
     def __call__(self, x: torch.Tensor, route_x: torch.Tensor | None = None) -> torch.Tensor:  # x [T, D] on accel
         """route_x: what the router reads where it is not the experts' input (Gemma 4: the stream)."""
@@ -150,7 +106,7 @@ class MoEBlock:
         idx = torch.empty(T, K, dtype=torch.int32)
         wts = torch.empty(T, K, dtype=torch.float32)
         fmt = native.FMT[x.dtype]
-        rc = native.lib().mdk_moe(self.table, len(self.experts), ctypes.byref(self.router), K, fmt,
+        rc = native.lib().mdk_moe(self.table, len(self.experts), ctypes.byref(self.router_matrix), K, fmt,
                                   x.data_ptr(), fmt, T, out.data_ptr(), fmt, idx.data_ptr(), wts.data_ptr(),
                                   native.threads())
         if rc:

@@ -269,16 +269,17 @@ def test_bad_routing_arguments_are_refused_not_crashed():
     out-of-bounds read; the block then raises in Python (the engine thread reports it)."""
     import ctypes
 
+    from engine.layers.router import SoftmaxTopK
     from engine.moe import MoEBlock
 
     g = torch.Generator().manual_seed(0)
     experts = [Expert16(Tier.CPU16, torch.randn(64, 32, generator=g), torch.randn(32, 32, generator=g))
                for _ in range(2)]
     gate = torch.randn(2, 32, generator=g)
-    block = MoEBlock(gate, experts, 3, torch.device("cpu"))
+    block = MoEBlock(SoftmaxTopK(gate, 3), experts, torch.device("cpu"))
     x = torch.randn(1, 32, generator=g)
     idx, wts, out = torch.empty(1, 3, dtype=torch.int32), torch.empty(1, 3), torch.empty(1, 32)
-    rc = native.lib().mdk_moe(block.table, 2, ctypes.byref(block.router), 3, native.F32, x.data_ptr(),
+    rc = native.lib().mdk_moe(block.table, 2, ctypes.byref(block.router_matrix), 3, native.F32, x.data_ptr(),
                               native.F32, 1, out.data_ptr(), native.F32, idx.data_ptr(), wts.data_ptr(), 1)
     assert rc == -3
     with pytest.raises(RuntimeError):

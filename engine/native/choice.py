@@ -70,8 +70,7 @@ def moe_layer(block, x: torch.Tensor) -> bool:
     calibration hook (it needs the routes in Python), within moe.c's arrays. A prefill with offload
     costs stays in torch, whose path may copy experts to the accelerator."""
     T, K = x.shape[0], block.top_k
-    return (block.record is None and block.all_native and block.router is not None and x.device.type == "cpu"
-            and block.norm_topk and block.router_kind == "softmax_topk" and block.gate_bias is None
+    return (block.record is None and block.all_native and block.router_matrix is not None and x.device.type == "cpu"
             and (T == 1 or block.offload is None) and T * K <= MAX_SLOTS and 0 < K <= len(block.experts) <= MAX_EXPERTS)
 
 
@@ -109,7 +108,7 @@ def step_ready(model) -> bool:
     """The native step exists (whole_step) and every layer can run in it now: all its experts are
     native CPU experts (migration may have put one on the GPU) and no calibration hook listens."""
     return (model.native_step is not None and model.layer_inputs is None
-            and all(b.all_native and b.router is not None and b.record is None for b in model.moe))
+            and all(b.all_native and b.router_matrix is not None and b.record is None for b in model.moe))
 
 
 def decode_step(model, ids: torch.Tensor, caches: list, start=None) -> bool:

@@ -47,7 +47,7 @@ class DecodeStep:
                 L.qkv[i] = dense_matrix(w)
             L.nqkv, L.wo = len(qkv), dense_matrix(layer.wo)
             L.experts = ctypes.cast(block.table, ctypes.c_void_p)
-            L.router = block.router if block.router is not None else Matrix()
+            L.router = block.router_matrix if block.router_matrix is not None else Matrix()
             att = layer.mixer  # every mixer an attention mixer (choice.whole_step checks it)
             if att.q_norm is not None:  # fp32: attention's dtype on the CPU (choice.whole_step checks it)
                 L.q_norm, L.k_norm = att.q_norm.data_ptr(), att.k_norm.data_ptr()
