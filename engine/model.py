@@ -17,7 +17,7 @@ from . import native, offload
 from .blockquant import NATIVE as BLOCK_TYPES, BlockQuant
 from .checkpoint import Checkpoint, dense_shapes
 from .layers import MIXERS, Layer, attention
-from .layers import rope, router
+from .layers import norms, rope, router
 from .layers.feed_forward import DenseFFN
 from .layers.rope import Rope
 from .layers.sandwich import NORMS as SANDWICH_NORMS, SandwichLayer
@@ -347,9 +347,7 @@ class MoEModel:
         return self.rope.rows(positions, T)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.dims.rms_eps)
-        return w * h.to(w.dtype)
+        return norms.rms(x, self.dims.rms_eps, w)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, caches: list[KVCache] | KVCache, positions: list[int] | int,

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import linear
+from .norms import rms
 
 
 def shapes(d, p: str, layer: int = 0) -> dict[str, tuple[int, ...]]:
@@ -99,7 +100,7 @@ class Attention:
         if d.v_norm:  # values RMS-normalised per head, without a weight (Gemma 4)
             T, Hd, G = qkv.shape[0], self._hd(d), self._g(d)
             v = qkv[:, -G * Hd:].reshape(T, G, Hd)
-            v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + d.rms_eps)
+            v = rms(v, d.rms_eps)
             qkv = torch.cat([qkv[:, :-G * Hd], v.reshape(T, G * Hd)], dim=-1)
         return qkv, gate
 

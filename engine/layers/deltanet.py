@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ..kernels import linear
 from ..native import choice, deltanet as native_deltanet
+from .norms import rms
 from .delta_rule import run as run_delta_rule
 
 NAMES = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")  # stacked into one input matrix, in this order
@@ -111,7 +112,7 @@ class GatedDeltaNet:
     def sequence(self, proj: torch.Tensor, state, pos: int) -> torch.Tensor:
         """One sequence's n tokens (proj [n, C + Hv Dv + 2 Hv], fp32) read from `state` at position pos
         (0: from nothing) -> o [n, Hv Dv] fp32; the state then stands after them."""
-        hk, dk, hv, dv, K = self.hk, self.dk, self.hv, self.dv, self.k
+        hk, dk, hv, dv = self.hk, self.dk, self.hv, self.dv
         c = 2 * hk * dk + hv * dv
         conv, rec = state.conv[self.slot], state.rec[self.slot]  # [C, K-1], [Hv, Dk, Dv]
         if pos == 0:
@@ -134,7 +135,7 @@ class GatedDeltaNet:
             q, k = q.repeat_interleave(hv // hk, dim=1), k.repeat_interleave(hv // hk, dim=1)
         g = self.neg_a * F.softplus(a + self.dt_bias)  # [n, Hv] (log of the decay)
         o = run_delta_rule(q, k, v.reshape(n, hv, dv), g, torch.sigmoid(b), rec)  # [n, Hv, Dv]
-        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm_w
+        o = rms(o, self.eps) * self.norm_w
         return (o * F.silu(z.reshape(n, hv, dv))).reshape(n, hv * dv)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import linear
+from .norms import rms
 
 
 class Router:
@@ -93,8 +94,7 @@ class GemmaRouter(Router):
         self.route_in, self.expert_scale, self.eps = route_in, expert_scale, eps
 
     def __call__(self, x):
-        h = x.float()
-        h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.route_in
+        h = rms(x, self.eps) * self.route_in
         probs = torch.softmax(linear(h, self.gate).float(), dim=-1)
         w, idx = torch.topk(probs, self.top_k, dim=-1)
         return w / w.sum(dim=-1, keepdim=True) * self.expert_scale[idx], idx
