@@ -101,16 +101,23 @@ def overrides(values: dict, defaults: SamplingParams = DEFAULTS) -> dict:
 
 def params_for(store, cid: int | None, defaults: SamplingParams = DEFAULTS) -> SamplingParams:
     """The chat's sampling parameters: the defaults with its own settings over them."""
-    own = read(store.conversation(cid).settings) if cid is not None else {}
+    return params_of(read(store.conversation(cid).settings) if cid is not None else {}, defaults)
+
+
+def params_of(own: dict, defaults: SamplingParams = DEFAULTS) -> SamplingParams:
     return replace(defaults, **{k: v for k, v in own.items() if k in SAMPLING_KEYS})
 
 
 def context_for(store, cid: int | None, model_ctx: int) -> int:
     """The chat's context length in tokens: its own, never above the model's (0: no limit known)."""
-    own = read(store.conversation(cid).settings).get("context", 0) if cid is not None else 0
+    return context_of(read(store.conversation(cid).settings) if cid is not None else {}, model_ctx)
+
+
+def context_of(own: dict, model_ctx: int) -> int:
+    ctx = own.get("context", 0)
     if model_ctx > 0:
-        return min(own, model_ctx) if own else model_ctx
-    return own
+        return min(ctx, model_ctx) if ctx else model_ctx
+    return ctx
 
 
 class History(list):
@@ -118,6 +125,7 @@ class History(list):
 
     dropped = 0  # messages left out
     limit = 0  # the context length it was fitted to (0: none)
+    params: SamplingParams | None = None  # the chat's sampling parameters, read with it
 
     @property
     def note(self) -> str:
@@ -170,16 +178,17 @@ def messages_for(store, cid: int, count_tokens, model_ctx: int, prompt_ids=None,
     length (see the module's docstring). count_tokens(text) -> int: the model's tokenizer (None: nothing
     is left out); prompt_ids(messages) -> ids: its chat template (Loaded.prompt_ids), whose own tokens
     are then measured (None: estimated)."""
-    c = store.conversation(cid)
+    c = store.conversation(cid)  # read once: its settings and system prompt
+    own = read(c.settings)
     msgs = [{"role": m.role, "content": m.content} for m in store.messages(cid) if m.complete or m.role == "user"]
     out = History([{"role": "system", "content": c.system_prompt}] if c.system_prompt else [])
-    limit = context_for(store, cid, model_ctx)
+    limit = context_of(own, model_ctx)
     if limit and count_tokens is not None:
-        room = min(params_for(store, cid, defaults).max_new_tokens, limit // REPLY_SHARE)
+        room = min(params_of(own, defaults).max_new_tokens, limit // REPLY_SHARE)
         chars = len(c.system_prompt) + sum(len(m["content"]) for m in msgs)
         cost = (EST_FIXED, EST_PER_MESSAGE) if prompt_ids is None else template_cost(prompt_ids, count_tokens)
         if 4 * chars + cost[0] + cost[1] * (len(msgs) + 1) > limit - room:  # else it fits whatever the tokens
             msgs, out.dropped = fit(c.system_prompt, msgs, count_tokens, limit - room, cost)
-    out.limit = limit
+    out.limit, out.params = limit, params_of(own, defaults)
     out.extend(msgs)
     return out

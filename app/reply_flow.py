@@ -85,7 +85,8 @@ class ReplyFlow:
     def start(self, earlier: list[dict] | None = None) -> None:
         """The reply to the chat's history as the store holds it (earlier: the versions it follows)."""
         h = self.hooks
-        history, params = self.history(), h.session().params(h.params())
+        history = self.history()  # the chat's settings read with it (one read of the chat's row)
+        params = history.params if history.params is not None else h.session().params(h.params())
         if history.note:  # the chat is longer than its context length: said, and logged
             h.status(history.note, 15000)
             h.log(history.note)
