@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType as GT, GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType as GT
 
 from engine.sources.tiny_model import CHAT_TEMPLATE, CORPUS, write_tiny_model
 
@@ -60,37 +60,6 @@ def tiny(folder: Path, family: str, seed: int = 3, vocab: int = 320, gating: boo
             sd[name] = 1 + 0.3 * torch.randn(t.shape, generator=g)
     save_file(sd, str(path), metadata={"format": "pt"})
     return folder
-
-
-def rewrite(src: Path, dst: Path, kv: dict | None = None, tensors=None) -> Path:
-    """A copy of a GGUF file with metadata {arch}.key -> value set (None: removed; a float: FLOAT32) and its
-    tensors passed through `tensors(list of (name, array, type)) -> list` (GGUFReader, then GGUFWriter)."""
-    r = GGUFReader(src)
-    arch = r.fields["general.architecture"].contents()
-    kv = {f"{arch}.{k}": v for k, v in (kv or {}).items()}
-    w = GGUFWriter(str(dst), arch)
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture" or k in kv:
-            continue
-        if f.types[0] == GGUFValueType.ARRAY:
-            w.add_key_value(k, f.contents(), GGUFValueType.ARRAY, f.types[-1])
-        else:
-            w.add_key_value(k, f.contents(), f.types[0])
-    for k, v in kv.items():
-        if isinstance(v, str):
-            w.add_key_value(k, v, GGUFValueType.STRING)
-        elif isinstance(v, float):
-            w.add_key_value(k, v, GGUFValueType.FLOAT32)
-        elif v is not None:
-            w.add_key_value(k, v, GGUFValueType.UINT32)
-    ts = [(t.name, np.array(t.data), t.tensor_type) for t in r.tensors]
-    for name, data, qtype in (tensors(ts) if tensors else ts):
-        w.add_tensor(name, data, raw_dtype=None if qtype in (GT.F32, GT.F16) else qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
 
 
 def with_mtp_block(ts: list, last: int) -> list:

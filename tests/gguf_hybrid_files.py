@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType as GT, GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType as GT
 
 from engine.gguf import open_gguf
 from engine.model import MoEModel
@@ -90,34 +90,6 @@ def dequantised(ts: list) -> list:
 
     return [(n, dequantize(d, q).astype(np.float32), GT.F32) if q not in (GT.F32, GT.F16) else (n, d, q)
             for n, d, q in ts]
-
-
-def rewrite(src: Path, dst: Path, kv: dict | None = None, tensors=None) -> Path:
-    """A copy of a GGUF file with metadata {arch}.key -> value set (None: removed) and its tensors
-    passed through `tensors(list of (name, array, type)) -> list` (GGUFReader, then GGUFWriter)."""
-    kv = {f"{ARCH}.{k}": v for k, v in (kv or {}).items()}
-    r = GGUFReader(src)
-    w = GGUFWriter(str(dst), ARCH)
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture" or k in kv:
-            continue
-        if f.types[0] == GGUFValueType.ARRAY:
-            w.add_key_value(k, f.contents(), GGUFValueType.ARRAY, f.types[-1])
-        else:
-            w.add_key_value(k, f.contents(), f.types[0])
-    for k, v in kv.items():
-        if isinstance(v, list):
-            w.add_array(k, v)
-        elif v is not None:
-            w.add_key_value(k, v, GGUFValueType.UINT32)
-    ts = [(t.name, np.array(t.data), t.tensor_type) for t in r.tensors]
-    for name, data, qtype in (tensors(ts) if tensors else ts):
-        w.add_tensor(name, data, raw_dtype=None if qtype in (GT.F32, GT.F16) else qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
 
 
 def with_mtp_block(ts: list) -> list:

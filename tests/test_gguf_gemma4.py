@@ -32,7 +32,7 @@ from engine.errors import ModelError
 from engine.gguf import open_gguf
 from engine.gguf.writer import write_gguf
 from engine.sources.tiny_model import CHAT_TEMPLATE, CORPUS, write_tiny_model
-from gguf_glm_files import rewrite
+from gguf_checks import rewrite, same_types_as_llama_quantize
 from gguf_hybrid_files import engine_logits, llama_cpp_logits, reference
 from test_gguf_hybrid_llama_cpp import CONVERT, converter  # noqa: F401  (a fixture: the sdist's converter)
 
@@ -257,17 +257,6 @@ def test_same_bytes_as_llama_cpps_converter(converter, tmp_path):  # noqa: F811
 def test_k_quant_types_are_llama_quantizes(tmp_path):
     """Our Q4_K_M and Q5_K_M plans give every tensor the type llama-quantize (llama-cpp-python's
     llama_model_quantize, from our F16 file) gives it; rows of 256, so the K types are kept where they can be."""
-    import ctypes
-
     llama_cpp = pytest.importorskip("llama_cpp")
     src = write_tiny_model(tmp_path / "hf", "gemma4", layers=4, seed=4, hidden=256, ffn=256)
-    f16 = write_gguf(src, tmp_path / "f16.gguf", "f16")[0]
-    for recipe, ftype in (("q4_k_m", 15), ("q5_k_m", 17)):
-        ours = write_gguf(src, tmp_path / f"{recipe}.gguf", recipe)[0]
-        theirs = tmp_path / f"llama-{recipe}.gguf"
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype, params.nthread = ftype, 2
-        assert llama_cpp.llama_model_quantize(str(f16).encode(), str(theirs).encode(), ctypes.byref(params)) == 0
-        a = {t.name: t.tensor_type for t in GGUFReader(theirs).tensors}
-        b = {t.name: t.tensor_type for t in GGUFReader(ours).tensors}
-        assert a == b, {k: (a[k].name, b.get(k)) for k in a if a[k] != b.get(k)}
+    same_types_as_llama_quantize(llama_cpp, write_gguf, src, tmp_path)

@@ -32,7 +32,8 @@ from engine.errors import ModelError
 from engine.gguf import open_gguf
 from engine.gguf.checkpoint import dequantize_rows
 from engine.gguf.writer import write_gguf
-from gguf_glm_files import ARCH, rewrite, tiny, with_kv_b, with_mtp_block
+from gguf_checks import rewrite
+from gguf_glm_files import ARCH, tiny, with_kv_b, with_mtp_block
 from gguf_hybrid_files import engine_logits, reference
 
 FAMILIES = ["glm4_moe", "glm4_moe_lite"]

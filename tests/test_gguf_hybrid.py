@@ -31,7 +31,8 @@ from engine.errors import ModelError
 from engine.gguf import open_gguf
 from engine.gguf.checkpoint import dequantize_rows
 from engine.gguf.writer import write_gguf
-from gguf_hybrid_files import ARCH, engine_logits, reference, rewrite, tiny, with_mtp_block
+from gguf_checks import rewrite
+from gguf_hybrid_files import ARCH, engine_logits, reference, tiny, with_mtp_block
 
 
 @pytest.fixture(scope="module")

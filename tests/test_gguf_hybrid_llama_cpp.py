@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType as GT, GGUFReader
+from gguf import GGMLQuantizationType as GT
 
 from engine.gguf.writer import write_gguf
-from gguf_hybrid_files import dequantised, engine_logits, llama_cpp_logits, rewrite, tiny
+from gguf_checks import rewrite, same_types_as_llama_quantize
+from gguf_hybrid_files import dequantised, engine_logits, llama_cpp_logits, tiny
 
 
 @pytest.mark.parametrize("recipe,bound", [("f32", 1e-2), ("f16", 2e-2), ("q8_0", 1e-2)])
@@ -44,21 +45,10 @@ def test_q4_k_m_types_are_llama_quantizes(tmp_path):
     """Our Q4_K_M and Q5_K_M plans give every tensor the type llama-quantize (llama-cpp-python's
     llama_model_quantize, from our F16 file) gives it: ssm_conv1d and the [1, D] shared-expert gate
     stay F32, attn_qkv counts with attn_v; rows of 256 here, so the K types are kept."""
-    import ctypes
-
     llama_cpp = pytest.importorskip("llama_cpp")
     src = tiny(tmp_path / "hf", seed=4, layers=8, hidden=256, ffn=256, head_dim=64, linear_key_head_dim=128,
                linear_value_head_dim=128)
-    f16 = write_gguf(src, tmp_path / "f16.gguf", "f16")[0]
-    for recipe, ftype in (("q4_k_m", 15), ("q5_k_m", 17)):
-        ours = write_gguf(src, tmp_path / f"{recipe}.gguf", recipe)[0]
-        theirs = tmp_path / f"llama-{recipe}.gguf"
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype, params.nthread = ftype, 2
-        assert llama_cpp.llama_model_quantize(str(f16).encode(), str(theirs).encode(), ctypes.byref(params)) == 0
-        a = {t.name: t.tensor_type for t in GGUFReader(theirs).tensors}
-        b = {t.name: t.tensor_type for t in GGUFReader(ours).tensors}
-        assert a == b, {k: (a[k].name, b.get(k)) for k in a if a[k] != b.get(k)}
+    for b in same_types_as_llama_quantize(llama_cpp, write_gguf, src, tmp_path).values():
         assert b["blk.0.ssm_conv1d.weight"] == GT.F32 and b["blk.0.ffn_gate_inp_shexp.weight"] == GT.F32
 
 
