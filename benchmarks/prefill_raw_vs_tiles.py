@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     torch.manual_seed(0)
-    bw = read_bandwidth()
+    bw = read_bandwidth() / 1e9  # GB/s
     rows, out = [], []
     for n, k in SHAPES:
         raw = quantize_raw(torch.randn(n, k) * 0.02, GT.Q4_K)
