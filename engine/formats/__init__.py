@@ -6,7 +6,9 @@ Models of 2026 reason before they answer and call tools, each family in its own 
 with one value per argument (TAGGED_FORMATS): Qwen3.5 / Qwen3-Coder's
 `<tool_call><function=NAME><parameter=KEY>…</parameter></function></tool_call>` ("qwen_xml") and
 GLM-4.5..4.7's `<tool_call>NAME<arg_key>KEY</arg_key><arg_value>…</arg_value></tool_call>` ("glm"),
-whose values are typed by the offered tools' JSON schemas (tagged_calls.py). A `Parser` reads the text a
+whose values are typed by the offered tools' JSON schemas (tagged_calls.py), and Gemma 4's special
+tokens (GEMMA_FORMATS: a `<|channel>thought` block, `<|tool_call>call:NAME{key:value}<tool_call|>` in
+Gemma's own argument syntax; gemma4.py). A `Parser` reads the text a
 reply generates, as it arrives (any split of it: a token may end mid-tag), and says what each piece
 is as a list of `Delta`s; it never loses a byte: text that turns out not to be markup is content, and
 a malformed tool call (broken JSON, an unknown function) becomes content with a one-line note.
@@ -24,16 +26,20 @@ from .tagged_calls import schemas_of  # noqa: F401 - for callers of parser_for
 
 
 FORMATS = ("plain", "qwen3", "harmony", "mistral")  # tests/test_formats.py has example replies of each
-TAGGED_FORMATS = ("qwen_xml", "glm")  # the formats with calls as tags (tests/test_formats_2026.py); every
-# format is one of FORMATS + TAGGED_FORMATS
+TAGGED_FORMATS = ("qwen_xml", "glm")  # the formats with calls as tags (tests/test_formats_2026.py)
+GEMMA_FORMATS = ("gemma4",)  # Gemma 4's channel and call tokens (tests/test_formats_gemma4.py); every format is
+# one of FORMATS + TAGGED_FORMATS + GEMMA_FORMATS
 THINKING_FORMATS = ("qwen3",) + TAGGED_FORMATS  # a prompt may end inside their `<think>` block
 
 
 def format_of(template_source: str | None) -> str:
     """Which format a model replies in, from its chat template's text: what its past tool calls are
-    written as (`<arg_key>`: GLM's; `<function=` and `<parameter=` inside `<tool_call>`: Qwen3.5's,
+    written as (`<|tool_call>`: Gemma 4's, before the rest, whose `<tool_call>` it does not hold but
+    might mention; `<arg_key>`: GLM's; `<function=` and `<parameter=` inside `<tool_call>`: Qwen3.5's,
     Qwen3-Coder's), else its tags."""
     src = template_source or ""
+    if "<|tool_call>" in src:
+        return "gemma4"
     if "<|channel|>" in src:
         return "harmony"
     if "<tool_call>" in src and "<arg_key>" in src:
@@ -51,7 +57,8 @@ def parser_for(fmt: str, tools: tuple[str, ...] | None = None, thinking_open: bo
                schemas: dict[str, dict] | None = None) -> Parser:
     """A new parser for one reply. tools: the function names offered (None: no check). thinking_open:
     the prompt already opened a reasoning block (a template that ends its prompt with `<think>`; the
-    formats of THINKING_FORMATS). schemas: function name -> its `parameters` JSON schema
+    formats of THINKING_FORMATS; Gemma 4's parser takes it too, though its template never ends a prompt
+    inside its thought channel). schemas: function name -> its `parameters` JSON schema
     (`schemas_of(request tools)`), which types the argument values of TAGGED_FORMATS (without one
     they stay strings); the other formats' arguments are JSON already."""
     if fmt == "qwen3":
@@ -66,6 +73,10 @@ def parser_for(fmt: str, tools: tuple[str, ...] | None = None, thinking_open: bo
         from .glm import GlmParser
 
         return GlmParser(tools=tools, thinking_open=thinking_open, schemas=schemas)
+    if fmt == "gemma4":
+        from .gemma4 import Gemma4Parser
+
+        return Gemma4Parser(tools=tools, thinking_open=thinking_open)
     if fmt == "harmony":
         from .harmony import HarmonyParser
 

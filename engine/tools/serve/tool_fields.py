@@ -34,6 +34,7 @@ OPENINGS = {
     "mistral": ("[TOOL_CALLS]", '[TOOL_CALLS][{"name": "NAME", "arguments": '),
     "qwen_xml": ("<tool_call>\n<function=", "<tool_call>\n<function=NAME>\n"),  # Qwen3.5, Qwen3-Coder
     "glm": ("<tool_call>", "<tool_call>NAME"),  # GLM-4.5 to 4.7
+    "gemma4": ("<|tool_call>call:", "<|tool_call>call:NAME{"),  # Gemma 4
 }
 
 
