@@ -1,7 +1,7 @@
 """engine/formats/gemma4.py: Gemma 4's replies, a `<|channel>thought` block for reasoning and
 `<|tool_call>call:NAME{key:value}<tool_call|>` calls in Gemma's own argument syntax. Each example reply is
 read whole and under every split (tests/test_formats.py's splits and invariants); a turn rendered by the
-published template (/work/shared/configs/gemma-4-chat_template.jinja, through the engine's sandboxed
+published template (resources/templates/gemma-4-chat_template.jinja, as llama.cpp carries it; through the engine's sandboxed
 ChatTemplate) reads back as the reasoning, content and calls it was made from. No model: it runs in seconds.
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ from engine.tools.serve.tool_fields import OPENINGS
 from test_formats import call, check_invariants, merged, splits
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path("/work/shared/configs")
-GEMMA = SHARED / "gemma-4-chat_template.jinja"
+TEMPLATES = ROOT / "resources" / "templates"
+GEMMA = TEMPLATES / "gemma-4-chat_template.jinja"
 WEATHER = ("get_weather", "get_time")
 Q = '<|"|>'  # Gemma's string quote token
 
@@ -246,15 +246,12 @@ def test_a_forced_call_opening_reads_as_the_call(choice):
 
 
 # ---- the published template ------------------------------------------------------------------------
-needs_template = pytest.mark.skipif(not GEMMA.exists(), reason=f"{GEMMA} is not on this machine")
 
-# what format_of gave each published template before Gemma 4's format (a template found in the project's
-# resources/templates where /work/shared is absent)
+# what format_of gave each published template before Gemma 4's format
 FORMAT_BEFORE = {"qwen3-chat_template.jinja": "qwen3", "gpt-oss-chat_template.jinja": "harmony",
                  "qwen3.5-chat_template.jinja": "qwen_xml", "glm-4.7-flash-chat_template.jinja": "glm"}
 
 
-@needs_template
 def test_format_of_gemma_template():
     src = GEMMA.read_text(encoding="utf-8")
     assert format_of(src) == "gemma4"
@@ -263,10 +260,8 @@ def test_format_of_gemma_template():
 
 @pytest.mark.parametrize("name,fmt", sorted(FORMAT_BEFORE.items()))
 def test_format_of_the_other_templates_is_unchanged(name, fmt):
-    found = [d / name for d in (SHARED, ROOT / "resources" / "templates") if (d / name).exists()]
-    assert found
-    for path in found:
-        assert format_of(path.read_text(encoding="utf-8")) == fmt, path
+    path = TEMPLATES / name
+    assert format_of(path.read_text(encoding="utf-8")) == fmt, path
     assert format_of("<|tool_call>call:f{}<tool_call|> and <tool_call> and <think> and <|channel|>") == "gemma4"
 
 
@@ -308,7 +303,6 @@ TURNS = [  # (reasoning, content, [(name, arguments)])
 ]
 
 
-@needs_template
 @pytest.mark.parametrize("turn", range(len(TURNS)))
 def test_a_rendered_turn_reads_back(turn):
     reasoning, content, calls = TURNS[turn]
@@ -327,7 +321,6 @@ def test_a_rendered_turn_reads_back(turn):
             [(f"call_{i}", n, a) for i, (n, a) in enumerate(calls)], reply
 
 
-@needs_template
 def test_the_written_calls_read_back_alone():
     """The text the template wrote for the calls (and nothing else) is exactly the calls."""
     _, _, calls = TURNS[0]
@@ -342,7 +335,6 @@ def test_the_written_calls_read_back_alone():
     assert [(c.name, json.loads(c.arguments)) for c in p.tool_calls] == calls
 
 
-@needs_template
 def test_the_generation_prompt_and_thinking():
     """Thinking off: the prompt ends with an empty thought and the reply is content; on: it ends with the
     model's turn and the reply may open the thought channel itself. Neither ends inside a block."""
