@@ -2,6 +2,8 @@
 dark, at 1600x1000 and at 1000x700:
 - first-start-<theme>-<size>.png: the first seconds of a first start (nothing measured: an empty
   cache folder), while the machine is measured and the model opens;
+- first-ready-<theme>-<size>.png: the moment the model can chat (Send enabled, some seconds in), its
+  calibration starting in the background;
 - first-answer-<theme>-<size>.png: the first answer of that start, while the model's calibration
   still runs in the background (the plan stays at full precision until it has measured);
 - versions-<theme>-<size>.png: a chat whose last reply was regenerated, showing its versions (‹ 2/2 ›);
@@ -60,6 +62,8 @@ def first_start(app, out: Path, theme_name: str, size: tuple[int, int]) -> list[
         shots.append(_grab(w, out / f"first-start-{tag}.png"))
         if not wait(app, lambda: w.send_btn.isEnabled() and w.ctx > 0, 600):
             raise RuntimeError("the model did not load")
+        wait(app, lambda: False, 0.5)
+        shots.append(_grab(w, out / f"first-ready-{tag}.png"))
         w.params = SamplingParams(max_new_tokens=40)
         w.input.setPlainText(QUESTION)
         w.send()
