@@ -78,7 +78,7 @@ def plan_inputs(session) -> dict:
     held, acc = ld.model.expert_bytes(), ld.accel
     return {"inputs": session.controller.inputs, "name": ld.ckpt.folder.name, "where": acc.describe(),
             "free": default_budgets(acc.cpu_only, acc.device, held_ram=held["host"], held_vram=held["accelerator"]),
-            "measured": cached_profile(ld.ckpt) is not None}
+            "measured": cached_profile(ld.ckpt, session.controller.profiling.measured_tiers(acc)) is not None}
 
 
 def _decode(loaded, ids: list[int], new_tokens: int):

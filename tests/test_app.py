@@ -327,13 +327,13 @@ def test_a_never_calibrated_model_chats_before_its_calibration_ends(qtbot, tiny,
     import engine.planning.profile as profile
     from engine.protocol import Loaded, PlacementChanged
 
-    real = profile.read_expert
+    real = profile.build_steps
 
-    def slow(*a):
+    def slow(*a, **k):
         time.sleep(0.4)
-        return real(*a)
+        return real(*a, **k)
 
-    monkeypatch.setattr(profile, "read_expert", slow)
+    monkeypatch.setattr(profile, "build_steps", slow)
     w = open_window(qtbot, tiny, tmp_path, calibrated=False)
     seen = []
     w.bridge.events.connect(lambda batch: seen.extend(batch))

@@ -53,13 +53,13 @@ def fresh(measured_machine, monkeypatch):
     calibration that takes at least ~10 s."""
     import engine.planning.profile as profile
 
-    real = profile.read_expert
+    real = profile.build_steps
 
-    def slow(*a):
+    def slow(*a, **k):
         time.sleep(1.2)
-        return real(*a)
+        return real(*a, **k)
 
-    monkeypatch.setattr(profile, "read_expert", slow)
+    monkeypatch.setattr(profile, "build_steps", slow)
 
 
 def all_16_bit(placement) -> bool:

@@ -534,13 +534,13 @@ def test_every_menu_action_and_button_does_what_it_says(qtbot, tiny, tmp_path, m
                                                       measured_machine):  # a model's first start: it calibrates
     import engine.planning.profile as profile
 
-    real, slowed = profile.read_expert, [True]
+    real, slowed = profile.build_steps, [True]
 
-    def slow(*a):  # long enough for its Cancel to be clicked
+    def slow(*a, **k):  # long enough for its Cancel to be clicked
         if slowed[0]:
             time.sleep(0.3)
-        return real(*a)
-    monkeypatch.setattr(profile, "read_expert", slow)
+        return real(*a, **k)
+    monkeypatch.setattr(profile, "build_steps", slow)
     w = open_window(qtbot, tiny, tmp_path, calibrated=False)
     k = Walk(qtbot, w, tmp_path, tiny, second_server[0])
     try:

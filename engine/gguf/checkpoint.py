@@ -16,6 +16,7 @@ expert's matrix a contiguous run of rows, read alone.
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -55,7 +56,23 @@ def dequantize_rows(qtype: GT, raw: torch.Tensor, k: int) -> torch.Tensor:
     gguf.quants.dequantize's float32 (the reference the native kernels are tested against)."""
     if qtype in FLOATS:
         return raw.reshape(-1).view(FLOATS[qtype]).reshape(-1, k)
-    return torch.from_numpy(dequantize(raw.numpy(), qtype)).reshape(-1, k)
+    fast = _native_rows(qtype, raw, k)
+    return fast if fast is not None else torch.from_numpy(dequantize(raw.numpy(), qtype)).reshape(-1, k)
+
+
+def _native_rows(qtype: GT, raw: torch.Tensor, k: int) -> torch.Tensor | None:
+    """dequantize_rows by the native library on the file's rows (bit-equal to gguf.quants.dequantize:
+    tests/test_kernels_raw.py; about 10x faster than its numpy), or None where it cannot."""
+    from .. import native
+    from ..blockquant import NATIVE, BlockQuant, row_bytes
+
+    if (not native.available() or qtype not in NATIVE or raw.dtype != torch.uint8 or not raw.is_contiguous()
+            or os.environ.get("MIXDESK_RAW_KERNELS", "1") == "0"):
+        return None
+    try:
+        return BlockQuant.from_file(qtype, [raw], (raw.numel() // row_bytes(qtype, k), k)).dequantize()
+    except ValueError:
+        return None
 
 
 class GGUFCheckpoint:
@@ -218,9 +235,15 @@ class GGUFCheckpoint:
 
     def expert_float(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact dequantisation in fp32: w13 [2I, D] (gate rows, then up rows), w2 [D, I]."""
+        return self.expert_part_float(layer, expert, 0), self.expert_part_float(layer, expert, 1)
+
+    def expert_part_float(self, layer: int, expert: int, which: int) -> torch.Tensor:
+        """One of expert_float's two matrices: 0 w13, 1 w2."""
         d = self.dims
+        if which:
+            return dequantize_rows(*self.expert_raw(layer, expert, "w2"), d.ffn).float()
         gate, up = (dequantize_rows(*self.expert_raw(layer, expert, w), d.hidden).float() for w in ("w1", "w3"))
-        return torch.cat([gate, up]), dequantize_rows(*self.expert_raw(layer, expert, "w2"), d.ffn).float()
+        return torch.cat([gate, up])
 
     def expert_mxfp4(self, layer: int, expert: int):
         """An MXFP4 expert (GPT-OSS) in the release's layout: ((blocks13 [2I, D/32, 16], scales13

@@ -57,12 +57,9 @@ def file_form(ckpt, layer: int, expert: int, tier: Tier, dtype: torch.dtype, glu
         w13, w2 = MX4Native.pack(b13, s13), MX4Native.pack(b2, s2)
         return QuantExpert(tier, w13, w2, CPU, glu) if w13 is not None and w2 is not None else None
     d = ckpt.dims
-    exact = None
 
-    def requantised(which: int):
-        nonlocal exact
-        exact = exact or ckpt.expert_float(layer, expert)
-        return cpu4_quantize(exact[which])
+    def requantised(which: int):  # only the matrix that drops to 4 bits is dequantised
+        return cpu4_quantize(ckpt.expert_part_float(layer, expert, which))
 
     if tg == tu and (not four_bit_only or is_four_bit(tg)):
         w13 = _block_form(tg, [gate, up], (2 * d.ffn, d.hidden))
@@ -108,6 +105,20 @@ def requantised_from(ckpt) -> str:
 def cpu4_is_file_form(ckpt) -> bool:
     """Whether cpu-4 holds the file's own blocks (4-bit experts) rather than a re-quantisation."""
     return all(is_four_bit(t) for t in expert_qtypes(ckpt))
+
+
+def cpu4_keeps_file_form(ckpt, layer: int, dtype: torch.dtype) -> bool:
+    """Whether cpu-4 holds the same numbers as cpu-16 for this layer's experts (build_steps): its
+    gate, up and down are 4-bit in the file, so both tiers are the file's own blocks (one format for
+    gate and up, which the native kernels run), or both the exact dequantisation (fp32, or no native
+    library, in a file whose experts are all 4-bit)."""
+    types = [ckpt.expert_raw_info(layer, 0, w).qtype for w in ("w1", "w3", "w2")]
+    if not all(is_four_bit(t) for t in types):
+        return False
+    if dtype != torch.float32 and native.available():
+        mx = all(GT(t) == GT.MXFP4 for t in types)
+        return mx or (types[0] == types[1] and all(GT(t) in NATIVE for t in types))
+    return cpu4_is_file_form(ckpt)
 
 
 def tier_nbytes(ckpt) -> dict[str, int]:

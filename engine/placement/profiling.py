@@ -34,6 +34,16 @@ class Profiling:
     def calibrating(self) -> bool:
         return self.background is not None
 
+    def measured_tiers(self, accel) -> tuple:
+        """The 4-bit tiers this machine's calibration measures (the seams: GPU tiers planned on the
+        CPU; the planner kept to some tiers, which leaves at least cpu-4)."""
+        from ..planning.profile import calibrated_tiers
+
+        tiers = calibrated_tiers(accel.cpu_only and not self.seam)
+        if self.tiers is not None:
+            tiers = tuple(t for t in tiers if t in self.tiers) or tiers[:1]
+        return tiers
+
     def progress(self, stage: str):
         return lambda d, t, w="": self.emit(Progress(stage=stage, done=d, total=t, what=w))
 
@@ -71,10 +81,10 @@ class Profiling:
 
         if self.tiers is not None or self.tier_costs is not None or self.seam:
             return None  # test seams change the inputs after the profile: plan after loading
-        mp = cached_profile(ckpt)
+        accel = detect(cmd.device)
+        mp = cached_profile(ckpt, self.measured_tiers(accel))
         if mp is None:
             return None
-        accel = detect(cmd.device)
         dtype = DTYPES[cmd.dtype] or auto_dtype(accel.device)
         timings = dense_timings(mp, accel.device, dtype)
         if timings is None:
@@ -103,14 +113,14 @@ class Profiling:
         if remeasure:
             try:
                 mp = load_or_calibrate(loaded.model, loaded.tokenizer, progress=self.progress("calibrate"),
-                                       cancel=self.cancel, recalibrate=True)
+                                       cancel=self.cancel, recalibrate=True, tiers=self.measured_tiers(loaded.accel))
             except Cancelled:
                 self.cancel.clear()
                 if have_inputs:
                     self.emit(ErrorEvent(message="calibration cancelled: keeping the profile measured before"))
                     return None
         else:
-            mp = cached_profile(loaded.ckpt)
+            mp = cached_profile(loaded.ckpt, self.measured_tiers(loaded.accel))
         background = mp is None
         if mp is None:
             mp = uniform_profile(loaded.model)
@@ -127,8 +137,8 @@ class Profiling:
         if background:
             self.cancel.clear()
             self.background = self._measure(loaded.model, hw, calibrate_steps(
-                loaded.model, calibration_ids(loaded.tokenizer), progress=self.progress("calibrate"),
-                cancel=self.cancel))
+                loaded.model, calibration_ids(loaded.tokenizer), self.measured_tiers(loaded.accel),
+                progress=self.progress("calibrate"), cancel=self.cancel))
         return mp
 
     def _measure(self, model, hw, calibration):

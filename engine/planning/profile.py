@@ -35,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from ..experts import Expert16, quantise, read_expert, read_glu
+from ..experts import build_steps
 from ..quant import run_to_end
 from ..model import MoEModel
 from ..placement import Tier
@@ -155,16 +155,36 @@ def calibrate_steps(model: MoEModel, ids: list[int], tiers: tuple[Tier, ...] = (
         return (yield from _calibrate_steps(model, ids, tiers, progress, cancel))
 
 
+def calibrated_tiers(cpu_only: bool) -> tuple[Tier, ...]:
+    """The 4-bit tiers a calibration measures: those the planner can place experts in here (a
+    CPU-only machine has no use for NF4's error, the slowest form to build on a CPU). A GPU that
+    appears later finds the profile without gpu-4 and calibrates again (cached_profile)."""
+    return (Tier.CPU4,) if cpu_only else (Tier.CPU4, Tier.GPU4)
+
+
+def _same_as_reference(ckpt, layer: int, tier: Tier, dtype: torch.dtype) -> bool:
+    """Whether the layer's experts hold the same numbers at `tier` as at cpu-16: a GGUF layer whose
+    matrices are 4-bit already keeps the file's blocks at cpu-4 (engine/gguf/tiers.py), so there is
+    no error to measure and no form to build."""
+    if tier != Tier.CPU4 or not getattr(ckpt, "is_gguf", False):
+        return False
+    from ..gguf.tiers import cpu4_keeps_file_form
+
+    return cpu4_keeps_file_form(ckpt, layer, dtype)
+
+
 @torch.inference_mode()
 def _calibrate_steps(model: MoEModel, ids: list[int], tiers: tuple[Tier, ...], progress: ProgressFn | None,
                      cancel: threading.Event | None):
+    from ..tier_bytes import tier_bytes
+
     d, ckpt = model.dims, model.ckpt
     records = capture(model, ids)
     popularity = [torch.bincount(idx.reshape(-1).cpu(), minlength=d.experts).tolist() for _, idx, _, _ in records]
     err = {t.value: [[0.0] * d.experts for _ in range(d.layers)] for t in tiers}
     energy = {t.value: [[0.0] * d.experts for _ in range(d.layers)] for t in tiers}
     layer_kl = [0.0] * d.layers
-    sizes: dict[str, int] = {}
+    sizes = tier_bytes(ckpt, torch.empty((), dtype=model.dtype).element_size())
     cpu = torch.device("cpu")
     kl_ids = ids[:KL_TOKENS]
     model.layer_inputs = inputs = []  # each KL pass resumes at its layer: half the work on average
@@ -182,11 +202,17 @@ def _calibrate_steps(model: MoEModel, ids: list[int], tiers: tuple[Tier, ...], p
         if progress:
             progress(done, total, what)
 
+    def form(layer: int, expert: int, tier: Tier):
+        """The expert as the model builds it for tier (the file's own blocks, mapped, where it can)."""
+        return run_to_end(build_steps(ckpt, layer, expert, tier, model.accel if tier.on_accelerator else cpu,
+                                      model.dtype))
+
     yield
     for l, (x, idx, w, resid) in enumerate(records):
         x = x.to(cpu)
         idx, w = idx.cpu(), w.float().cpu()
         r2 = resid.float().cpu().pow(2).sum(-1).clamp(min=1e-12)  # [T]
+        same = {t.value for t in tiers if _same_as_reference(ckpt, l, t, model.dtype)}
         ref16s, quants = [], {t.value: [] for t in tiers}
         for e in range(d.experts):
             hit = idx == e
@@ -198,16 +224,20 @@ def _calibrate_steps(model: MoEModel, ids: list[int], tiers: tuple[Tier, ...], p
             if xe.shape[0] > MAX_TOKENS:
                 pick = torch.linspace(0, xe.shape[0] - 1, MAX_TOKENS).round().long()
                 xe, g, re2 = xe[pick], g[pick], re2[pick]
-            w13, w2 = read_expert(ckpt, l, e)
-            glu = read_glu(ckpt, l, e)
-            ref16 = Expert16(Tier.CPU16, w13.to(model.dtype), w2.to(model.dtype), glu)
-            # kept only where the model holds this expert at 4 bits (the layer's 16-bit reference
-            # for its KL pass); elsewhere the model's own 16-bit form serves
-            ref16s.append(ref16 if model.moe[l].experts[e].tier.bits < 16 else None)
-            y16 = ref16(xe).float()
-            sizes[Tier.CPU16.value] = sizes[Tier.GPU16.value] = ref16.nbytes
+            own = model.moe[l].experts[e]
+            # the 16-bit reference: the model's own form where it holds this expert at 16 bits, else
+            # the cpu-16 form (the file's blocks or a mapped view where it can: no copy), kept for
+            # the layer's KL pass, which compares against the layer at 16 bits
+            ref16 = own if own.tier.bits == 16 else form(l, e, Tier.CPU16)
+            ref16s.append(ref16 if own.tier.bits < 16 else None)
+            y16 = None
             for t in tiers:
-                q = quantise(t, w13, w2, model.accel if t.on_accelerator else cpu, model.dtype, glu=glu)
+                if t.value in same:  # the same numbers as the reference: no error
+                    quants[t.value].append(ref16)
+                    continue
+                if y16 is None:
+                    y16 = ref16(xe.to(ref16.device)).float().to(cpu)
+                q = form(l, e, t)
                 quants[t.value].append(q)
                 dy2 = (q(xe.to(q.device)).float().to(cpu) - y16).pow(2).sum(-1)  # [rows]
                 err[t.value][l][e] = float(dy2.sum().sqrt() / y16.norm().clamp(min=1e-12))
@@ -216,20 +246,23 @@ def _calibrate_steps(model: MoEModel, ids: list[int], tiers: tuple[Tier, ...], p
             step(f"layer {l} expert {e}")
             yield
         # the layer's KL, with the lossiest 4-bit form (the clearest signal); the amplification it
-        # measures belongs to the layer, so it scales every tier's energies
+        # measures belongs to the layer, so it scales every tier's energies. A layer whose 4-bit
+        # forms all equal its 16-bit ones has none to measure.
         share = [c / max(sum(popularity[l]), 1) for c in popularity[l]]
         worst = max(tiers, key=lambda t: sum(s * v for s, v in zip(share, energy[t.value][l]))).value
         block = model.moe[l]
         kept = block.experts
-        try:
-            base, start = ref, (d.decoder(l), inputs[d.decoder(l)])
-            if any(ex.tier.bits < 16 for ex in kept):  # compare against this layer at 16 bits
-                block.experts = [r if r is not None else ex for r, ex in zip(ref16s, kept)]
-                base = _logprobs(model, kl_ids, start)
-            block.experts = quants[worst]
-            layer_kl[l] = max(_kl(base, _logprobs(model, kl_ids, start)), 0.0)
-        finally:
-            block.experts = kept
+        if len(same) < len(tiers):
+            try:
+                base, start = ref, (d.decoder(l), inputs[d.decoder(l)])
+                if any(ex.tier.bits < 16 for ex in kept):  # compare against this layer at 16 bits
+                    block.experts = [r if r is not None else ex for r, ex in zip(ref16s, kept)]
+                    base = _logprobs(model, kl_ids, start)
+                block.experts = quants[worst]
+                layer_kl[l] = max(_kl(base, _logprobs(model, kl_ids, start)), 0.0)
+            finally:
+                block.experts = kept
+        del ref16s, quants
         step(f"layer {l} KL")
         yield
     sens = {}
@@ -268,10 +301,12 @@ def uniform_profile(model: MoEModel, sensitivity: float = ASSUMED_SENSITIVITY) -
                         dtype=str(model.dtype).replace("torch.", ""))
 
 
-def cached_profile(ckpt) -> ModelProfile | None:
-    """This checkpoint's cached profile, if one was measured (reads no weights)."""
+def cached_profile(ckpt, tiers: tuple[Tier, ...] = (Tier.CPU4,)) -> ModelProfile | None:
+    """This checkpoint's cached profile, if one was measured with these 4-bit tiers (reads no
+    weights): a profile measured on a CPU-only machine has no gpu-4 for a GPU found later."""
     prof = ModelProfile.load(profile_path(ckpt.folder))
-    if prof is not None and (prof.layers, prof.experts) == (ckpt.dims.layers, ckpt.dims.experts):
+    if (prof is not None and (prof.layers, prof.experts) == (ckpt.dims.layers, ckpt.dims.experts)
+            and all(t.value in prof.sensitivity for t in tiers)):
         return prof
     return None
 
@@ -305,11 +340,11 @@ def calibration_ids(tokenizer, max_tokens: int = 1024) -> list[int]:
 
 def load_or_calibrate(model: MoEModel, tokenizer, progress: ProgressFn | None = None,
                       cancel: threading.Event | None = None, max_tokens: int = 1024,
-                      recalibrate: bool = False) -> ModelProfile:
+                      recalibrate: bool = False, tiers: tuple[Tier, ...] = (Tier.CPU4, Tier.GPU4)) -> ModelProfile:
     path = profile_path(model.ckpt.folder)
-    prof = None if recalibrate else cached_profile(model.ckpt)
+    prof = None if recalibrate else cached_profile(model.ckpt, tiers)
     if prof is not None:
         return prof
-    prof = calibrate(model, calibration_ids(tokenizer, max_tokens), progress=progress, cancel=cancel)
+    prof = calibrate(model, calibration_ids(tokenizer, max_tokens), tiers, progress=progress, cancel=cancel)
     prof.save(path)
     return prof
