@@ -11,6 +11,7 @@ from .chat_template import ChatTemplate
 from .checkpoint import Checkpoint
 from .devices import Accelerator, detect
 from .errors import ModelError
+from .formats import reply_end_ids
 from .generate import Generator
 from . import native
 from .kernels import auto_dtype
@@ -153,7 +154,8 @@ def load(folder: str | Path, placement: str | Placement = "auto", device: str | 
     except BaseException:
         ckpt.close()
         raise
-    gen = Generator(model, tokenizer, ckpt.eos_token_ids(tokenizer), ctx=ctx)
+    ends = ckpt.eos_token_ids(tokenizer) | reply_end_ids(template.format, tokenizer)
+    gen = Generator(model, tokenizer, ends, ctx=ctx)
     prompts = Prompts(template, tokenizer, gen.ctx, longest_token_chars(tokenizer))
     return LoadedModel(ckpt, accel, model, tokenizer, gen, prompts)
 

@@ -1,4 +1,4 @@
-"""Tiny models that speak Qwen3's or GPT-OSS's chat format, and replies scripted through the real
+"""Tiny models that speak Qwen3's, GPT-OSS's or Gemma 4's chat format, and replies scripted through the real
 engine: a tiny model cannot produce reasoning or tool-call markup by chance, so the tests tell the
 generator which tokens to pick (Generator.pick) while everything else runs as it does for a user:
 the chat template (the published one, resources/templates/), tokenisation, the engine thread, the
@@ -25,6 +25,11 @@ STYLES = {
     "harmony": ("gpt_oss", "gpt-oss-chat_template.jinja",
                 ["<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
                  "<|return|>", "<|call|>", "<|startoftext|>"], [], ["<|return|>", "<|call|>"]),
+    # a Gemma 4 whose generation_config names only <turn|> (engine/formats REPLY_ENDS adds <|tool_response>)
+    "gemma4": ("gemma4", "gemma-4-chat_template.jinja",
+               ["<|endoftext|>", "<bos>", "<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|tool_call>",
+                "<tool_call|>", "<|tool_response>", "<tool_response|>", "<|tool>", "<tool|>", '<|"|>'], [],
+               ["<turn|>"]),
 }
 
 

@@ -132,3 +132,27 @@ def test_a_stop_string_ends_the_answer_not_the_reasoning(chat):
     tokens, done = reply(c, messages=ASK, params=SamplingParams(max_new_tokens=300, stop=("sunny in",)))
     assert done.reason == "stop" and done.content == "It is " and done.reasoning == "sunny in the notes"
     assert joined(tokens, "content") == done.content and joined(tokens, "reasoning") == done.reasoning
+
+
+def test_a_gemma_4_reply_ends_at_its_tool_response_even_where_the_checkpoint_does_not_say_so(tmp_path):
+    """A Gemma 4 checkpoint whose generation_config names only `<turn|>`: after a tool call the model
+    writes `<|tool_response>` and waits for the tool; generation stops there (engine/formats
+    REPLY_ENDS) instead of running on into a made-up result (hidden by the parser, paid for in time)."""
+    folder = write_chat_model(tmp_path / "gemma4", "gemma4")
+    c = Client()
+    loaded = c.load(str(folder), placement="cpu", dtype="fp32", ctx=2048)
+    try:
+        gen = c.session.loaded.generator
+        turn, response = (gen.tok.convert_tokens_to_ids(t) for t in ("<turn|>", "<|tool_response>"))
+        assert json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == [turn]
+        assert loaded.reply_format == "gemma4" and {turn, response} <= gen.eos_ids
+        call = '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+        script(gen, call + '<|tool_response>response:get_weather{temperature:<|"|>40 C<|"|>}<tool_response|>'
+               "It is hot in Paris.")
+        tokens, done = reply(c, messages=ASK, tools=TOOLS)
+        assert [(t.name, json.loads(t.arguments)) for t in done.tool_calls] == [("get_weather", {"city": "Paris"})]
+        assert done.reason == "eos" and done.token_ids[-1] == response
+        assert len(done.token_ids) == len(gen.tok.encode(call, add_special_tokens=False)) + 1
+        assert "hot" not in done.text
+    finally:
+        c.close()

@@ -53,6 +53,23 @@ def format_of(template_source: str | None) -> str:
     return "plain"
 
 
+# The tokens after which a format's reply holds nothing more to read (its parser stops there):
+# generation ends on them too, whatever the checkpoint's end ids say. A Gemma 4 checkpoint whose
+# generation_config names only `<turn|>` would otherwise run on past a tool call (`<|tool_response>`)
+# into a made-up tool result, unseen but paid for, until the token limit.
+REPLY_ENDS = {"gemma4": ("<turn|>", "<|tool_response>"), "harmony": ("<|call|>", "<|return|>")}
+
+
+def reply_end_ids(fmt: str, tokenizer) -> set[int]:
+    """The ids of REPLY_ENDS[fmt] that are single tokens of this tokenizer."""
+    ids = set()
+    for text in REPLY_ENDS.get(fmt, ()):
+        i = tokenizer.convert_tokens_to_ids(text)
+        if isinstance(i, int) and i != tokenizer.unk_token_id and tokenizer.convert_ids_to_tokens(i) == text:
+            ids.add(i)
+    return ids
+
+
 def parser_for(fmt: str, tools: tuple[str, ...] | None = None, thinking_open: bool = False,
                schemas: dict[str, dict] | None = None) -> Parser:
     """A new parser for one reply. tools: the function names offered (None: no check). thinking_open:
