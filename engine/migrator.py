@@ -123,16 +123,17 @@ class Migrator:
             self._cv.notify_all()
 
     # ---- engine thread: swaps ----
-    def install_ready(self, budget_s: float = 0.005, build_s: float | None = None) -> int:
+    def install_ready(self, budget_s: float = 0.005, build_s: float | None = None, most: int | None = None) -> int:
         """Swap in the forms the worker built (in plan order) for up to budget_s; then build here,
         in short steps (a read, a check, a slice of quantisation: experts.build_steps), until
-        build_s is spent (None: no limit). Returns how many moves were installed. The engine thread
+        build_s is spent (None: no limit; any positive budget runs at least one step); `most` moves at
+        most. Returns how many moves were installed. The engine thread
         builds with every native thread, so on a machine whose cores the decode steps keep busy
         (no room for a worker) moves still go at full speed, in bounded slices between steps."""
         n, t0 = 0, time.perf_counter()
         while True:
             with self._cv:
-                if self._ready and (time.perf_counter() - t0 < budget_s or n == 0):
+                if self._ready and (time.perf_counter() - t0 < budget_s or n == 0) and (most is None or n < most):
                     move, form, secs = self._ready.popleft()
                     self._cv.notify_all()
                 else:
@@ -141,9 +142,12 @@ class Migrator:
             n += 1
         steps = 0
         while True:
-            left = float("inf") if build_s is None else build_s - (time.perf_counter() - t0)
-            if left <= 0 or (steps and self._step_s > left):
+            if most is not None and n >= most:
                 return n
+            if build_s is not None:  # a positive budget always buys one step, whatever the swaps took
+                left = build_s - (time.perf_counter() - t0)
+                if build_s <= 0 or (steps and (left <= 0 or self._step_s > left)):
+                    return n
             with self._cv:
                 if self._current is None:
                     if not self._queue:

@@ -65,8 +65,8 @@ def refused(capsys, home: Path, argv: list[str], *words: str, folder: Path | Non
     problem = lines[-1]
     assert problem.startswith(("mixdesk: ", "usage:", "mixdesk chat: error", "mixdesk bench: error", "mixdesk runtime: error", "mixdesk serve: error",
                                "mixdesk: error")), err
-    for w in words:
-        assert w.lower() in problem.lower(), problem
+    for w in words:  # a word, or a tuple of words any one of which will do
+        assert any(a.lower() in problem.lower() for a in ((w,) if isinstance(w, str) else w)), problem
     assert files(*watched) == before, "something was written"
     assert seconds < max_s
     print("REFUSED:", problem)
@@ -254,7 +254,10 @@ def set_template(folder: Path, template: str) -> None:
     ("{{ raise_exception('this template refuses everything') }}", ["refuses everything"]),
     ("{% for m in messages %}{{ m.content }", ["does not parse"]),
     ("{% if false %}x{% endif %}", ["empty prompt"]),
-    ("{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}", ["loops over more"]),
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}",
+     # 900,000 items run before the item limit refuses the tenth inner range; on a loaded machine the
+     # 2 s time limit can come first: either is the bounded, named refusal this checks
+     [("loops over more", "ran for more than")]),
     ("{% for m in messages %}{{ m.content * 100000000 }}{% endfor %}", ["more than"]),
 ])
 def test_chat_templates_that_fail(capsys, home, model, template, words):

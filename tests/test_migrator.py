@@ -57,7 +57,7 @@ def test_retarget_drops_what_is_no_longer_wanted(loaded):
     m = Migrator(model, background=False)
     first = Placement.uniform(d.layers, d.experts, Tier.CPU4)
     m.retarget(model.placement.diff(first))
-    m.install_ready(0.0, build_s=0.0)  # one step of one build, nothing installed yet
+    m.install_ready(0.0, build_s=1e-9)  # one step of one build (a positive budget buys one), nothing installed yet
     back = model.placement  # the slider went back: nothing should move
     m.retarget(model.placement.diff(back))
     assert not m.pending
@@ -90,7 +90,7 @@ def test_a_failed_build_on_the_worker_is_reported_on_the_engine_thread(loaded):
         with pytest.raises(OSError, match="disk went away"):
             while time.time() < deadline:
                 m.wait_ready(0.05)
-                m.install_ready(0.005)  # None: the engine thread does not build here
+                m.install_ready(0.005)  # the worker's failure is raised here, on the engine thread
     finally:
         model.build = real
         m.stop()
