@@ -328,7 +328,6 @@ class GGUFCheckpoint:
     def info(self, name: str) -> Info:
         shape = self.expected[name]
         if name in self._dense:
-            t = self._dense[name]
             return Info(shape, ST_DTYPE[FLOATS.get(self.tensor_type(name), torch.float32)], self._nbytes(name))
         if self.family.fused_experts:
             dtype = "U8" if name.endswith(("_blocks", "_scales")) else ST_DTYPE[self.dtype]

@@ -6,8 +6,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..checkpoint import expert_shapes
+
+if TYPE_CHECKING:
+    from .checkpoint import GGUFCheckpoint
 
 EXPERT_NAME = re.compile(r"^model\.layers\.(\d+)\.(?:\w+\.)?experts\.(\d+)\.(\w+)\.weight$")
 
