@@ -6,12 +6,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..checkpoint import expert_shapes
-
-if TYPE_CHECKING:
-    from .checkpoint import GGUFCheckpoint
 
 EXPERT_NAME = re.compile(r"^model\.layers\.(\d+)\.(?:\w+\.)?experts\.(\d+)\.(\w+)\.weight$")
 
@@ -66,7 +62,7 @@ class Expected(Mapping):
 class WhereMap(Mapping):
     """HF name -> an object whose .path is the file holding the tensor (for messages), when asked."""
 
-    def __init__(self, ckpt: "GGUFCheckpoint"):
+    def __init__(self, ckpt):  # a GGUFCheckpoint (engine/gguf/checkpoint.py imports this module)
         self.ckpt = ckpt
         self._by_path = {p: Where(p) for p in ckpt.file.parts}
 
