@@ -29,7 +29,7 @@ from PySide6.QtWidgets import QTextBrowser, QToolTip
 from . import bubbles, gc_pauses, reply_footer
 from . import reasoning_view as rv
 from .file_drop import FileDrop
-from .markdown_render import Answer, warm
+from .markdown_render import Answer, streaming, warm
 
 ROLE_LABEL = bubbles.ROLE_LABEL
 FLUSH_MS = 40
@@ -221,6 +221,7 @@ class ChatView(QTextBrowser):
         if self._stream_start is not None:  # a chat shown instead of the one streaming
             self._timer.stop()
             gc_pauses.after_reply()
+            streaming(False)
         self.clear()
         self.stale_colours = False
         self.copies, self.files, self.thoughts = [], [], []
@@ -276,6 +277,7 @@ class ChatView(QTextBrowser):
     def begin_stream(self, key=None) -> None:
         """A reply starts streaming; key: its message id (the reader's unfolding is kept by it)."""
         gc_pauses.before_reply()
+        streaming(True)
         with self.one_edit():
             cur, self._frame, self._copy_index = self._bubble("assistant", "")
         self._stream_start = QTextCursor(cur)
@@ -382,5 +384,6 @@ class ChatView(QTextBrowser):
                                meta.get("stats_detail", ""))
                 self._versions(self._frame, self._live_key, meta)
             gc_pauses.after_reply()
+            streaming(False)
         self._stream_start = self._live = self._answer = None
         self._follow(at_end)

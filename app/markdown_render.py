@@ -10,6 +10,7 @@ strings and comments across lines). So a flush costs what the open block holds, 
 from __future__ import annotations
 
 import re
+import threading
 from functools import lru_cache
 
 from PySide6.QtGui import (QBrush, QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument,
@@ -35,17 +36,47 @@ def _style(name: str):
 COMMON = ("python", "bash", "sh", "console", "javascript", "typescript", "json", "c", "cpp", "rust", "go",
           "java", "html", "css", "sql", "yaml", "toml", "diff", "text")
 _warming: list = []
+_idle = threading.Event()  # cleared while a reply streams: the warm-up waits for it
+_idle.set()
+
+
+def streaming(on: bool) -> None:
+    """A reply started (True) or ended (False) streaming: the lexers' warm-up pauses meanwhile."""
+    (_idle.clear if on else _idle.set)()
 
 
 def warm() -> None:
-    """Make the common lexers, and import the rest for guessing, in a background thread (once)."""
+    """Make the common lexers, and import the rest for guessing, in a background thread (once).
+
+    Gently, and never while a reply streams: the work is Python that holds the GIL (about 0.5 s in
+    all), and a window's first reply can stream while it runs; done in one go it took two of every
+    three GIL turns from the GUI thread and the engine's, and the event loop stalled 60-87 ms
+    (tests/test_app.py's 50 ms bound, run alone). So one lexer or one module at a time, each after
+    any streaming reply has ended, with a pause after each."""
     if _warming:
         return
-    import threading
 
     def run():
+        import importlib
+        import time
+
         for lang in COMMON:
+            _idle.wait()
             _named_lexer(lang)
+            time.sleep(0.01)
+        try:  # guess_lexer imports every lexer module at once: import them here, one at a time
+            from pygments.lexers._mapping import LEXERS
+            modules = sorted({entry[0] for entry in LEXERS.values()})
+        except (ImportError, AttributeError, IndexError, TypeError):  # a Pygments that lays them out otherwise
+            modules = []
+        for name in modules:
+            _idle.wait()
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 — a lexer module that fails to import is guess_lexer's to skip
+                pass
+            time.sleep(0.005)
+        _idle.wait()
         _lexer("", "x = 1")
 
     _warming.append(threading.Thread(target=run, name="mixdesk-lexers", daemon=True))
