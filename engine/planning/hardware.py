@@ -84,8 +84,12 @@ def _batch_scale(tiers, accel: torch.device) -> dict:
         for label, (d, i) in zip(("small", "large"), SIZES):
             ex, dev, dtype = _expert(tier, d, i, accel, g)
             xs = {n: torch.randn(n, d, dtype=dtype, device=dev) for n in BATCHES}
-            times = [best_time(lambda: ex(xs[n]), dev, reps=2) for n in BATCHES]
-            out[tier.value][label] = [[n, t / times[0]] for n, t in zip(BATCHES, times)]
+            best = {n: best_time(lambda: ex(xs[n]), dev, reps=2) for n in BATCHES}
+            for _ in range(ROUNDS - 1):  # the decode sizes again, interleaved: a slow spell of a shared
+                for n in (n for n in BATCHES if n <= 4):  # machine at batch 1 skewed every ratio
+                    best[n] = min(best[n], best_time(lambda n=n: ex(xs[n]), dev, reps=1))
+            # n tokens at once never cost more than n runs one by one (the engine could run them so)
+            out[tier.value][label] = [[n, min(best[n] / best[1], float(n))] for n in BATCHES]
         out[tier.value]["bytes"] = [_expert(tier, d, i, accel, g)[0].nbytes for d, i in SIZES]
     return out
 
