@@ -220,8 +220,7 @@ class ChatView(QTextBrowser):
     def show_messages(self, messages) -> None:
         if self._stream_start is not None:  # a chat shown instead of the one streaming
             self._timer.stop()
-            gc_pauses.after_reply()
-            streaming(False)
+            self._quiet(False)
         self.clear()
         self.stale_colours = False
         self.copies, self.files, self.thoughts = [], [], []
@@ -274,10 +273,18 @@ class ChatView(QTextBrowser):
         rv.notes(frame, meta.get("notes") or (), self.palette())
 
     # ---- the streaming reply ----
+    @staticmethod
+    def _quiet(on: bool) -> None:
+        """While a reply streams, what would pause it waits: full GCs, the lexers' warm-up."""
+        if on:
+            gc_pauses.before_reply()
+        else:
+            gc_pauses.after_reply()
+        streaming(on)
+
     def begin_stream(self, key=None) -> None:
         """A reply starts streaming; key: its message id (the reader's unfolding is kept by it)."""
-        gc_pauses.before_reply()
-        streaming(True)
+        self._quiet(True)
         with self.one_edit():
             cur, self._frame, self._copy_index = self._bubble("assistant", "")
         self._stream_start = QTextCursor(cur)
@@ -383,7 +390,6 @@ class ChatView(QTextBrowser):
                 bubbles.footer(self._frame, self.palette(), reply_footer.line(stats, meta.get("model") or ""),
                                meta.get("stats_detail", ""))
                 self._versions(self._frame, self._live_key, meta)
-            gc_pauses.after_reply()
-            streaming(False)
+            self._quiet(False)
         self._stream_start = self._live = self._answer = None
         self._follow(at_end)

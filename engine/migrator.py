@@ -126,10 +126,10 @@ class Migrator:
     def install_ready(self, budget_s: float = 0.005, build_s: float | None = None, most: int | None = None) -> int:
         """Swap in the forms the worker built (in plan order) for up to budget_s; then build here,
         in short steps (a read, a check, a slice of quantisation: experts.build_steps), until
-        build_s is spent (None: no limit; any positive budget runs at least one step); `most` moves at
-        most. Returns how many moves were installed. The engine thread
-        builds with every native thread, so on a machine whose cores the decode steps keep busy
-        (no room for a worker) moves still go at full speed, in bounded slices between steps."""
+        build_s is spent (None: no limit; any positive budget runs at least one step), installing
+        `most` moves at most. Returns how many moves were installed. The engine thread builds with
+        every native thread, so on a machine whose cores the decode steps keep busy (no room for a
+        worker) moves still go at full speed, in bounded slices between steps."""
         n, t0 = 0, time.perf_counter()
         while True:
             with self._cv:
