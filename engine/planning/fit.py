@@ -20,6 +20,7 @@ import psutil
 
 from ..errors import ModelError
 from .hardware import HardwareProfile
+from .kv_reservation import size_text  # noqa: F401 - the words for bytes, imported from here too
 from .planner import Budgets, PlanInputs, frontier
 
 GB = 10**9
@@ -33,17 +34,6 @@ def machine_budgets(hw: HardwareProfile, ram_available: int | None = None, vram_
     ram = psutil.virtual_memory().available if ram_available is None else ram_available
     vram = 0 if hw.cpu_only else (hw.gpu_total if vram_free is None else vram_free)
     return Budgets(vram=int(vram * (1 - VRAM_MARGIN)), ram=int(ram * (1 - RAM_MARGIN)))
-
-
-def size_text(n: float | None) -> str:
-    """Bytes in plain words: "4.0 GB", "64 GB", "3.0 MB"."""
-    if n is None:
-        return ""
-    for unit, k in (("GB", GB), ("MB", 10**6), ("KB", 10**3)):
-        if n >= k * 0.995:
-            x = n / k
-            return f"{x:.1f} {unit}" if x < 9.95 else f"{x:.0f} {unit}"
-    return f"{int(n)} bytes"
 
 
 _gb = size_text
