@@ -52,7 +52,7 @@ class Client:
             raise EngineError(ev.message, ev.kind)
 
     def load(self, path: str, placement: str = "auto", device: str | None = None, dtype: str = "auto",
-             ctx: int = 4096) -> Loaded:
+             ctx: int | str = "auto") -> Loaded:
         rid = self.session.submit(Load(path=path, placement=placement, device=device, dtype=dtype, ctx=ctx))
         while True:
             ev = self._next()

@@ -14,12 +14,15 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, kw_only=True)
 class Load:
     """Open a model: a folder, a hub id, or "demo". placement: "auto" lets the planner place and
-    re-place experts; anything else ("cpu", "gpu", "random:SEED", a JSON file) pins the placement."""
+    re-place experts; anything else ("cpu", "gpu", "random:SEED", a JSON file) pins the placement.
+    ctx: "auto" (the model's own context length as far as memory allows its keys and values beside
+    the weights: engine/context_fit.py) or a length in tokens (refused with the figures where memory
+    cannot hold it; a length past the model's own is cut to it). Loaded.context says what it took."""
 
     path: str
     device: str | None = None
     dtype: str = "auto"
-    ctx: int = 4096
+    ctx: int | str = "auto"
     placement: str = "auto"
 
 
@@ -53,6 +56,17 @@ class Generate:
     # text the reply starts with: it ends the prompt and is read as the reply's first text (a tool
     # call forced by opening it: the server's tool_choice "required" or a named function)
     reply_prefix: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetContext:
+    """Run the loaded model at another context ("auto" or a length in tokens, as Load.ctx) without
+    reading its weights again: its KV caches are made anew at that length (what they held is read
+    again), its experts re-planned beside the new reservation, and a Loaded says the new context.
+    Answered between requests, as a query (a QueryDone: {"ctx", "bytes", "line"}; a length memory
+    cannot hold: an ErrorEvent with the figures, the context as it was)."""
+
+    tokens: int | str = "auto"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,17 +23,16 @@ class ContextOverflow(MixdeskError):
     def __init__(self, prompt_tokens: int, context: int):
         self.prompt_tokens = prompt_tokens
         self.context = context
-        super().__init__(
-            f"the prompt is {prompt_tokens} tokens but the context holds {context}; "
-            "shorten it or remove attached documents"
-        )
+        full = ", and the reply needs room too" if prompt_tokens <= context else ""
+        super().__init__(f"the prompt is {prompt_tokens:,} tokens; the context holds {context:,}{full}: "
+                         "shorten it or remove attached documents")
 
     @classmethod
     def of_chars(cls, chars: int, context: int, per_token: int) -> "ContextOverflow":
         """Refused from its length in characters, before tokenising (engine/prompt_limit.py)."""
         e = cls.__new__(cls)
         e.prompt_tokens, e.context = chars // per_token, context
-        MixdeskError.__init__(e, f"the prompt is {chars:,} characters, more than a context of {context} tokens "
+        MixdeskError.__init__(e, f"the prompt is {chars:,} characters, more than a context of {context:,} tokens "
                               f"can hold (a token is at most {per_token} characters here); shorten it or "
                               "remove attached documents")
         return e
@@ -43,7 +42,7 @@ class ContextOverflow(MixdeskError):
         """Refused from its number of messages (each takes a token at least), before rendering."""
         e = cls.__new__(cls)
         e.prompt_tokens, e.context = count, context
-        MixdeskError.__init__(e, f"{count:,} messages cannot fit in a context of {context} tokens; "
+        MixdeskError.__init__(e, f"{count:,} messages cannot fit in a context of {context:,} tokens; "
                               "start a new conversation or remove messages")
         return e
 

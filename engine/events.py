@@ -63,7 +63,8 @@ class Progress:
 
 @dataclass(frozen=True, kw_only=True)
 class Loaded:
-    """The model is ready to chat (sent again after a re-profile: the popularity may change)."""
+    """The model is ready to chat (sent again after a re-profile: the popularity may change; and after
+    a SetContext, with the new ctx)."""
 
     name: str
     description: str
@@ -85,6 +86,9 @@ class Loaded:
     takes_tools: bool = False  # its chat template renders `tools` (else a request with tools is refused)
     thinking_switch: bool = False  # its template can switch reasoning off (Generate.thinking=False)
     memory: str = ""  # where its weights are, in words, where some are read from the mapped file
+    # the context it runs at (ctx), how it was chosen and what any other length would cost
+    # (engine/planning/kv_reservation.ContextChoice: line(), bytes_at(n), fits, auto_ctx)
+    context: Any = None
 
 
 @dataclass(frozen=True, kw_only=True)

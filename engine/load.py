@@ -17,6 +17,7 @@ from . import native
 from .kernels import auto_dtype
 from .model import MoEModel, ProgressFn
 from .placement import Placement, Tier
+from .planning.kv_reservation import ContextChoice
 from .prompt import Prompts
 from .prompt_limit import longest_token_chars
 
@@ -31,6 +32,14 @@ class LoadedModel:
     tokenizer: object
     generator: Generator
     prompts: Prompts  # its chat template and tokenizer: prompts to ids (engine/prompt.py)
+    context: ContextChoice | None = None  # the context it runs at and what it costs (engine/context_fit.py)
+
+    def set_context(self, context: ContextChoice) -> None:
+        """Run at another context (SetContext): the generator's and the prompts' length; the caller
+        makes the caches anew (engine/session.py)."""
+        self.context = context
+        self.generator.ctx = min(context.ctx, self.ckpt.dims.max_positions)
+        self.prompts.ctx = self.generator.ctx
 
     def describe(self) -> str:
         d = self.ckpt.dims
@@ -52,6 +61,7 @@ class LoadedModel:
                       count_tokens=lambda text: len(tok.encode(text, add_special_tokens=False)),
                       prompt_ids=p.chat, max_token_chars=p.max_token_chars, reply_format=t.format,
                       takes_tools=t.takes_tools, thinking_switch=t.thinking_switch, memory=self.memory_note(),
+                      context=self.context,
                       **getattr(self.ckpt, "bar_fields", dict)())
 
     def memory_note(self) -> str:
@@ -139,25 +149,37 @@ def auto_placement(ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype, bud
 
 
 def load(folder: str | Path, placement: str | Placement = "auto", device: str | None = None,
-         dtype: str = "auto", ctx: int = 4096, progress: ProgressFn | None = None, budgets=None,
-         slider: float = 1.0) -> LoadedModel:
-    """budgets and slider apply to placement "auto" (budgets: planner.Budgets; None: free memory)."""
+         dtype: str = "auto", ctx: int | str | ContextChoice = "auto", progress: ProgressFn | None = None,
+         budgets=None, slider: float = 1.0) -> LoadedModel:
+    """ctx: "auto" (the model's own context length as memory allows: engine/context_fit.py), a length
+    (refused with the figures when its keys and values do not fit), or a ContextChoice made already
+    (the session's, whose reservation `budgets` do not hold yet either). budgets and slider apply to
+    placement "auto" (budgets: planner.Budgets, the memory the model may use; None: free memory); it
+    is planned under them less the context's keys and values."""
+    from . import context_fit
+    from .planning.inputs import default_budgets
+
     ckpt = open_checkpoint(folder)
     try:
         tokenizer = ckpt.load_tokenizer()
         template = ChatTemplate.of(tokenizer, ckpt.folder)  # it must parse and render, before anything is built
         accel = detect(device)
         torch_dtype = DTYPES[dtype] or auto_dtype(accel.device)
-        pl = placement if isinstance(placement, Placement) else parse_placement(placement, ckpt, accel, torch_dtype,
-                                                                                 budgets, slider)
+        pl = placement if isinstance(placement, Placement) or placement == "auto" else \
+            parse_placement(placement, ckpt, accel, torch_dtype)
+        free = budgets or default_budgets(accel.cpu_only, accel.device)
+        context = ctx if isinstance(ctx, ContextChoice) else context_fit.choose(
+            ckpt, accel, torch_dtype, free, ctx, None if pl == "auto" else pl)
+        if pl == "auto":
+            pl = auto_placement(ckpt, accel, torch_dtype, context_fit.net(free, context.reserve), slider)
         model = MoEModel(ckpt, pl, accel.device, torch_dtype, progress=progress)
     except BaseException:
         ckpt.close()
         raise
     ends = ckpt.eos_token_ids(tokenizer) | reply_end_ids(template.format, tokenizer)
-    gen = Generator(model, tokenizer, ends, ctx=ctx)
+    gen = Generator(model, tokenizer, ends, ctx=context.ctx)
     prompts = Prompts(template, tokenizer, gen.ctx, longest_token_chars(tokenizer))
-    return LoadedModel(ckpt, accel, model, tokenizer, gen, prompts)
+    return LoadedModel(ckpt, accel, model, tokenizer, gen, prompts, context)
 
 
 def cpu4_share(ckpt) -> float:

@@ -8,6 +8,7 @@ q/k/v are one fused matmul and rope is applied to q and k together.
 from __future__ import annotations
 
 import math
+import weakref
 from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Callable, Iterator
@@ -46,6 +47,25 @@ class KVCache:
         self.ctx = ctx
         self.state = state
         self.tokens: list[int] = []  # the token ids whose keys/values are in the cache, in order
+        self.reached = 0  # the furthest position written so far: the rows whose pages are touched
+
+    @staticmethod
+    def element_bytes(dtype) -> int:
+        """Bytes one stored key or value takes in a cache of this dtype (what the planner reserves for
+        a context: engine/planning/kv_reservation.py)."""
+        return torch.empty((), dtype=dtype).element_size()
+
+    def reach(self, end: int) -> None:
+        """Positions up to `end` are being written (a forward's check, before it writes them)."""
+        if end > self.reached:
+            self.reached = end
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes of the cache touched so far: the rows up to `reached` of every layer (torch.empty
+        leaves later pages untouched), and the whole linear-attention state."""
+        kv = self.nbytes - (self.state.nbytes if self.state is not None else 0)
+        return kv * min(self.reached, self.ctx) // max(self.ctx, 1) + (self.state.nbytes if self.state is not None else 0)
 
     @property
     def nbytes(self) -> int:
@@ -89,6 +109,7 @@ class MoEModel:
         # prompts (benchmarks/concurrent_streams.py --prompt 896): attention is bound by its
         # arithmetic there, not by the cache's bytes.
         self.kv_dtype = dtype
+        self._caches = weakref.WeakSet()  # the KV caches made and alive: the memory monitor counts their pages
         self.placement = placement
         total = d.layers * (d.experts + 1) + 1
         step = 0
@@ -337,7 +358,17 @@ class MoEModel:
         if d.layer_attn is not None:  # layers of several widths: rows of their own [G, ctx, Hd] each
             cache.k = [torch.empty(a[0], ctx, a[1], dtype=self.kv_dtype, device=self.accel) for a in d.layer_attn]
             cache.v = [torch.empty_like(k) for k in cache.k]
+        self._caches.add(cache)
         return cache
+
+    def caches_resident_bytes(self) -> int:
+        """Bytes the KV caches made for this model, and still alive, have touched (any thread)."""
+        for _ in range(3):
+            try:
+                return sum(c.resident_bytes for c in list(self._caches))
+            except RuntimeError:  # the set changed as it was read (the engine thread made a cache)
+                continue
+        return 0
 
     # ---- forward ----
     def rope_tables(self, upto: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -378,6 +409,7 @@ class MoEModel:
         for c, p, n in zip(caches, positions, counts):
             if p + n > c.ctx:
                 raise ValueError(f"position {p + n} exceeds the cache ({c.ctx})")
+            c.reach(p + n)
         if T == B and native.available():
             native.torch_threads.narrow()  # a decode step's torch ops are small: torch stays at one thread
             if choice.decode_step(self, ids, caches, start):

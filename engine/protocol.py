@@ -2,7 +2,7 @@
 tests) send it, and what it sends back. Every message is built with keywords.
 
 Commands go in through `Session.submit`, which returns the request id of a Load, Generate or Query
-(the engine hands ids out; no client picks one). Events come out on the engine thread (a GUI
+(the engine hands ids out; no client picks one), and of a SetContext. Events come out on the engine thread (a GUI
 forwards them to its own thread): a request's own events (its Tokens, its Done, its ErrorEvent, a
 QueryDone) go to the callable given with it (`submit(cmd, reply_to=...)`, by default the session's
 `emit`); every other event goes to `emit` and to each of the session's listeners.
@@ -13,12 +13,12 @@ module without torch or any model code (tests/test_layering.py checks it in a fr
 """
 from __future__ import annotations
 
-from .commands import (Generate, Load, Query, Reading, Reprofile, SetBudgets, SetSlider,  # noqa: F401
+from .commands import (Generate, Load, Query, Reading, Reprofile, SetBudgets, SetContext, SetSlider,  # noqa: F401
                        Shutdown, Stop)
 from .events import (Done, EngineStopped, ErrorEvent, Loaded, MigrationProgress, PlacementChanged,  # noqa: F401
                      Progress, QueryDone, Stats, Token)
 from .sampling import SamplingParams  # noqa: F401
 
-COMMANDS = (Load, Generate, Stop, SetSlider, SetBudgets, Reprofile, Query, Shutdown, Reading)
+COMMANDS = (Load, Generate, Stop, SetSlider, SetBudgets, SetContext, Reprofile, Query, Shutdown, Reading)
 EVENTS = (Progress, Loaded, Token, Done, QueryDone, PlacementChanged, MigrationProgress, Stats, ErrorEvent,
           EngineStopped)

@@ -16,6 +16,8 @@ client hands the engine code to run: these handlers are all a client can ask for
                      vram, ram (bytes; None: free memory)   (ppl, ref_ppl, kl), tokens, done (a Done)
   evaluate_pinned    text, tokens, new_tokens               dict: perplexity, tokens, counts (experts per
                                                             tier), done (a Done)
+  set_context        tokens ("auto" or a length)            dict: ctx, bytes, line (the context the model
+                                                            runs at now: a SetContext, engine/session.py)
   check_model        spec (a folder, a file, a hub id,      str: the model's folder, once found (built,
                      "demo")                                downloaded), opened and its tokenizer and
                                                             chat template read; the model in use stays
@@ -49,6 +51,11 @@ def _loaded(session):
     if session.loaded is None:
         raise MixdeskError("no model is loaded")
     return session.loaded
+
+
+@handler("set_context")
+def set_context(session, tokens="auto") -> dict:
+    return session.set_context(tokens)
 
 
 @handler("calibrating")

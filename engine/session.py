@@ -21,7 +21,7 @@ import torch
 from . import errorlog, mapped, queries
 from .placement.controller import PlacementController
 from .protocol import (EngineStopped, ErrorEvent, Generate, Load, Loaded, Progress, Query, QueryDone, Reading, Reprofile,
-                       SetBudgets, SetSlider, Shutdown, Stop)
+                       SetBudgets, SetContext, SetSlider, Shutdown, Stop)
 from .scheduler import Request, Scheduler
 from .telemetry import Telemetry
 
@@ -39,6 +39,7 @@ class Session:
         self.telemetry = Telemetry()
         self.scheduler = Scheduler(max_streams, on_decode=self.telemetry.decode_step, on_done=self.telemetry.request_done)
         self.controller = PlacementController(self.publish, self._announce, max_streams=max_streams, **placement)
+        self.controller.kv_resident = self._kv_resident
         self.loaded = None
         self.last_loaded: Loaded | None = None  # the model ready now, as last announced (for late listeners)
         self.current_stop: threading.Event | None = None  # the running query's own stop (a Stop sets it)
@@ -52,7 +53,10 @@ class Session:
 
     def submit(self, cmd, reply_to: Callable[[object], None] | None = None) -> int | None:
         """Queue a command; a Load, Generate or Query gets a request id (returned), and its own
-        events go to reply_to (None: emit). A Stop acts at once, even on a request still queued."""
+        events go to reply_to (None: emit). A Stop acts at once, even on a request still queued. A
+        SetContext runs as the query set_context (between requests: engine/queries.py)."""
+        if isinstance(cmd, SetContext):
+            cmd = Query(name="set_context", args={"tokens": cmd.tokens})
         if isinstance(cmd, (Load, Generate, Query)):
             req = self.scheduler.new(cmd, reply_to or self.emit)
             self.commands.put(req)
@@ -218,6 +222,8 @@ class Session:
         try:
             self._unload()
             self.telemetry.reset()  # the speeds Stats report are the new model's, from its first reply
+            context = self._context(probe, cmd)  # auto or asked, beside the weights at their smallest
+            ctl.reserve = context.reserve  # kept out of the experts' budgets from the first plan on
             placement = ctl.plan_before_load(probe, cmd)
         finally:
             probe.close()
@@ -225,14 +231,54 @@ class Session:
 
         if placement == "auto" and cached() is None:  # a first start measures this machine before it plans (load_or_measure)
             self.publish(Progress(stage="machine", done=0, total=0, what="Measuring this machine once (about 20 s)"))
-        self.loaded = ld = load(path, placement, cmd.device, cmd.dtype, cmd.ctx, progress=ctl.profiling.progress("load"),
+        self.loaded = ld = load(path, placement, cmd.device, cmd.dtype, context, progress=ctl.profiling.progress("load"),
                                 budgets=ctl.first_budgets(cmd.device), slider=ctl.slider)
         ld.generator.on_oom = ctl.on_oom
-        self.scheduler.attach(ld.generator)
+        self._attach_caches(ld)
         self._prepare_waiting()
         ctl.attach(ld)
         self._announce()
         ctl.follow_memory(self.commands.put)
+
+    def _attach_caches(self, ld) -> None:
+        """Requests start on the model's generator, with KV caches of its context (made anew after a
+        SetContext)."""
+        self.scheduler.attach(ld.generator)
+
+    def _context(self, ckpt, cmd: Load):
+        """The context a Load opens at (engine/context_fit.py) under the memory the model may use now."""
+        from .context_fit import choose
+        from .devices import detect
+        from .kernels import auto_dtype
+        from .load import DTYPES, parse_placement
+
+        accel = detect(cmd.device)
+        dtype = DTYPES[cmd.dtype] or auto_dtype(accel.device)
+        pinned = None if cmd.placement == "auto" else parse_placement(cmd.placement, ckpt, accel, dtype)
+        return choose(ckpt, accel, dtype, self.controller.free_budgets(accel), cmd.ctx, pinned)
+
+    def set_context(self, tokens) -> dict:
+        """SetContext, between requests: the model runs at another context, its weights untouched. The
+        KV caches are made anew at the new length (what they held is read again), the experts re-planned
+        beside the new reservation, and the model announced again with it."""
+        from .context_fit import choose
+        from .errors import MixdeskError
+
+        ld, ctl = self.loaded, self.controller
+        if ld is None:
+            raise MixdeskError("no model is loaded")
+        pinned = ld.model.placement if ctl.pinned else None
+        context = choose(ld.ckpt, ld.accel, ld.model.dtype, ctl.free_budgets(ld.accel), tokens, pinned)
+        ld.set_context(context)
+        self._attach_caches(ld)  # the old caches go with the old KVCaches
+        ctl.reserve_context(context.reserve)
+        self._announce()
+        return {"ctx": context.ctx, "bytes": context.nbytes, "line": context.line()}
+
+    def _kv_resident(self) -> int:
+        """Bytes the loaded model's KV caches have touched so far (the monitor's thread)."""
+        ld = self.loaded
+        return ld.model.caches_resident_bytes() if ld is not None else 0
 
     def _announce(self) -> None:
         """The model is ready (sent again after a re-profile: the popularity it carries may change)."""

@@ -64,6 +64,11 @@ class PlacementController:
         # steps run at: an average over ~20 steps, re-planned when it settles near another count
         self._width = 1.0
         self.plan_streams = 1
+        # one context's keys and values, (VRAM, RAM) bytes, kept out of the budgets the experts are
+        # planned under (engine/context_fit.py), and the bytes the KV caches have touched so far (the
+        # session's), which the monitor adds back as the model's own up to that reservation
+        self.reserve = (0, 0)
+        self.kv_resident: Callable[[], int] = lambda: 0
 
     @property
     def held(self) -> tuple[int, int]:
@@ -102,12 +107,31 @@ class PlacementController:
         return Budgets(vram=free.vram if self.cap.vram is None else min(free.vram, self.cap.vram),
                        ram=free.ram if self.cap.ram is None else min(free.ram, self.cap.ram))
 
+    def free_budgets(self, accel) -> Budgets:
+        """The memory the model may use now, within the user's caps, with nothing kept for a context:
+        the monitor's reading where it runs (the model's held bytes added back), a reading of the
+        memory source given (a test's scripted machine) before it does, else the machine's free memory."""
+        if self.monitor is not None:
+            return self._gross(self.monitor.reading())
+        if self._source is not None:
+            return self._gross(Monitor(self._source, lambda r: None).reading())
+        return self._capped(accel.cpu_only, accel)
+
+    def reserve_context(self, reserve: tuple[int, int]) -> None:
+        """The context's keys and values now take `reserve` (VRAM, RAM): re-plan the experts beside it."""
+        self.reserve = reserve
+        self._set_budgets(force=True)
+
     def plan_before_load(self, probe, cmd: Load) -> Placement | str:
-        """What to load: the user's placement, or one planned from a cached profile, or "auto"."""
+        """What to load: the user's placement, or one planned from a cached profile (beside the
+        context's reservation), or "auto"."""
+        from ..context_fit import net
+
         self.pinned = cmd.placement != "auto"
         if self.pinned:
             return cmd.placement
-        return self.profiling.plan_from_cache(probe, cmd, self._capped, self.slider, self.plan_streams) or "auto"
+        return self.profiling.plan_from_cache(probe, cmd, lambda c, a: net(self._capped(c, a), self.reserve),
+                                              self.slider, self.plan_streams) or "auto"
 
     def attach(self, loaded, inputs: PlanInputs | None = None) -> None:
         """The model is built: its migrator, and (unless pinned) its profile, or the planner inputs
@@ -128,7 +152,7 @@ class PlacementController:
         through on_reading, on the monitor's thread."""
         ld = self.loaded
         source = self._source or SystemSource(ld.accel.device.index if ld.accel.is_cuda else None)
-        self.monitor = Monitor(source, lambda r: on_reading(Reading(reading=r)), lambda: self.held,
+        self.monitor = Monitor(source, lambda r: on_reading(Reading(reading=r)), self._held_with_cache,
                                period=self.poll_s, lock=self.migrator.lock)
         self.reading = self.monitor.reading()
         self._set_budgets(force=True)
@@ -224,16 +248,32 @@ class PlacementController:
         self._frontier = None
         self.migrator.dense_on_accelerator = not self.inputs.cpu_only
 
+    def _held_with_cache(self) -> tuple[int, int]:
+        """What the monitor adds back to free memory: the weights' bytes, and the KV caches' touched
+        bytes up to the context's reservation (memory already the model's: else a filling cache would
+        count twice, once in the reservation and once as memory gone, and push experts out)."""
+        v, r = self.held
+        kv = min(self.kv_resident(), sum(self.reserve))
+        return (v + kv, r) if self.reserve[0] else (v, r + kv)
+
     # ---- planning ----
-    def _set_budgets(self, force: bool) -> None:
-        if self.reading is None or self.inputs is None:
-            return
-        vram, ram = self.reading.vram, self.reading.ram
+    def _gross(self, reading) -> Budgets:
+        """A reading within the user's caps."""
+        vram, ram = reading.vram, reading.ram
         if self.cap.vram is not None:
-            vram = min(vram, self.cap.vram) if self.reading.sample.vram_total else self.cap.vram
+            vram = min(vram, self.cap.vram) if reading.sample.vram_total else self.cap.vram
         if self.cap.ram is not None:
             ram = min(ram, self.cap.ram)
-        new = Budgets(vram=vram, ram=ram)
+        return Budgets(vram=vram, ram=ram)
+
+    def _set_budgets(self, force: bool) -> None:
+        """The budgets the experts are planned under: the reading within the caps, less the context's
+        reservation."""
+        from ..context_fit import net
+
+        if self.reading is None or self.inputs is None:
+            return
+        new = net(self._gross(self.reading), self.reserve)
         old = self.budgets
         held = self.held
         shrunk_below_held = new.vram < held[0] or new.ram < held[1]

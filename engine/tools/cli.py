@@ -60,6 +60,16 @@ def _device(text: str) -> str:
 MAX_CTX = 1 << 20
 
 
+def _ctx(text: str):
+    """--ctx: auto, or a whole number of tokens in range."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return _int(16, MAX_CTX)(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e}; or auto (the model's own context as memory allows)") from None
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="a model folder (safetensors; Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE or GPT-OSS), a GGUF file "
@@ -71,7 +81,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, type=_device, help="cpu | cuda | cuda:N (default: CUDA when available)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"],
                    help="16-bit compute format; auto = bf16 on GPUs, the faster of bf16/fp16 measured on CPUs")
-    p.add_argument("--ctx", type=_int(16, MAX_CTX), default=4096, help="context length in tokens")
+    p.add_argument("--ctx", type=_ctx, default="auto", metavar="auto|N",
+                   help="context length: auto (default: the model's own, as far as memory allows its keys and "
+                   "values beside the weights) or N tokens (refused with the figures where memory cannot hold it)")
 
 
 def _params(a):
@@ -112,6 +124,7 @@ def cmd_chat(a, on_event=None) -> int:
         loaded = _load(client, a)
         if not a.quiet:
             print(loaded.description, file=sys.stderr)
+            print(loaded.context.summary(), file=sys.stderr)
             if loaded.memory:
                 print(loaded.memory, file=sys.stderr)
             if a.prompt is None:
@@ -158,7 +171,7 @@ def cmd_chat(a, on_event=None) -> int:
                         fin = None
                         break
                     turns = turns[2:]  # drop the oldest exchange and try again
-                    print(f"\n[the conversation no longer fits the {loaded.ctx}-token context: "
+                    print(f"\n[the conversation no longer fits the {loaded.ctx:,}-token context: "
                           "the oldest exchange was dropped]", file=sys.stderr)
             if fin is None:
                 continue
@@ -167,7 +180,7 @@ def cmd_chat(a, on_event=None) -> int:
                 print("[stopped]")
             turns.append({"role": "assistant", "content": fin.content})  # its reasoning is not sent back
             if fin.reason == "context":
-                print(f"[the reply filled the {loaded.ctx}-token context; the oldest turns will be dropped "
+                print(f"[the reply filled the {loaded.ctx:,}-token context; the oldest turns will be dropped "
                       "to make room]", file=sys.stderr)
             if not a.quiet:
                 print(f"[{fin.reason}; prefill {fin.prompt_tokens - fin.reused_tokens} tok in {fin.prefill_s:.2f}s, "
@@ -196,6 +209,7 @@ def cmd_bench(a) -> int:
             loaded = _load(client, a)
             load_s = time.perf_counter() - t0
             print(loaded.description)
+            print(loaded.context.summary())
             if loaded.memory:
                 print(loaded.memory)
             g = torch.Generator().manual_seed(0)
@@ -257,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the model the app opens: a folder, a GGUF file, a hub id (owner/name) or demo (default)")
     ap.add_argument("--device", dest="window_device", default=None, type=_device, metavar="DEVICE",
                     help="cpu | cuda | cuda:N")
+    ap.add_argument("--ctx", dest="window_ctx", default=None, type=_ctx, metavar="auto|N",
+                    help="the context the app opens the model at (default: the one chosen for it last, else auto)")
     ap.add_argument("--self-test", action="store_true", help="check the installation and exit")
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
     c = sub.add_parser("chat", help="interactive terminal chat with streaming")
@@ -315,16 +331,17 @@ def run(a) -> int:
         return 130
 
 
-def chat_args(model: str | None = None, device: str | None = None) -> argparse.Namespace:
+def chat_args(model: str | None = None, device: str | None = None, ctx=None) -> argparse.Namespace:
     """The arguments of a plain `mixdesk chat` (the headless fallback of the window)."""
     argv = ["chat"] + (["--model", model] if model and model != "demo" else []) + (["--device", device] if device else [])
+    argv += ["--ctx", str(ctx)] if ctx is not None else []
     return build_parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if not getattr(a, "fn", None):  # no command: the terminal chat here (app/entry.py opens the window)
-        a = chat_args(a.window_model, a.window_device)
+        a = chat_args(a.window_model, a.window_device, a.window_ctx)
     return run(a)
 
 

@@ -61,6 +61,7 @@ def cmd_serve(a) -> int:
             raise ServeError(str(e)) from None
         print(f"serving {loaded.name} at {server.url} (OpenAI-compatible; model id {loaded.name!r}"
               + (", API key required" if a.api_key else "") + "). Ctrl-C stops.", flush=True)
+        print(loaded.context.summary(), flush=True)
         try:
             while server.thread.is_alive():
                 server.thread.join(0.5)
