@@ -76,7 +76,7 @@ class Composer(QWidget):
 
     def _on_loaded(self, ev) -> None:
         self.think_btn.setVisible(ev.thinking_switch)
-        self.attachments.set_context(ev.ctx, ev.count_tokens)
+        self.attachments.set_context(ev.ctx, ev.count_tokens, getattr(ev, "context", None))
         self.ctx = ev.ctx
 
     def show_context(self, used: int | None, ctx: int | None = None, limit: int | None = None) -> None:

@@ -211,28 +211,30 @@ class Fitted:
     part: Document | None = None
 
 
-def parse_later(path, room: int = 0, count_tokens=None) -> concurrent.futures.Future:
-    """parse(path) and fit it to `room` tokens, off the GUI thread; a Future of Fitted."""
-    return _pool.submit(_parse_and_fit, path, room, count_tokens)
+def parse_later(path, room: int = 0, count_tokens=None, longest: int = 0) -> concurrent.futures.Future:
+    """parse(path) and fit it to `room` tokens, off the GUI thread; a Future of Fitted (see fit)."""
+    return _pool.submit(_parse_and_fit, path, room, count_tokens, longest)
 
 
-def _parse_and_fit(path, room: int, count_tokens) -> Fitted:
+def _parse_and_fit(path, room: int, count_tokens, longest: int = 0) -> Fitted:
     path = Path(path)
     doc = parse_in_child(path) if path.suffix.lower() in CHILD_SUFFIXES else parse(path)
     if count_tokens is None or room <= 0:
         return Fitted(doc, 0, False)
-    return fit(doc, room, count_tokens)
+    return fit(doc, room, count_tokens, longest)
 
 
-def fit(doc: Document, room: int, count_tokens) -> Fitted:
+def fit(doc: Document, room: int, count_tokens, longest: int = 0) -> Fitted:
     """Count doc's tokens against `room`. Only a prefix of 16 characters a token of room is read (no
-    tokenizer averages more), so a 19 MB file costs what its first part costs."""
-    limit = 16 * room
+    tokenizer averages more), so a 19 MB file costs what its first part costs. longest: the room of
+    the longest context the model could open at (more than room): a document that would fit there is
+    counted exactly (the window then offers that context)."""
+    limit = 16 * max(room, longest)
     head = doc.text[:limit]
     n = count_tokens(head)
     if len(doc.text) <= limit:
         return Fitted(doc, n, True, first_part(doc, room, count_tokens) if n > room else None)
-    if n <= room:  # an unusual text (long runs of spaces): count it all
+    if n <= max(room, longest):  # an unusual text (long runs of spaces): count it all
         n = count_tokens(doc.text)
         return Fitted(doc, n, True, first_part(doc, room, count_tokens) if n > room else None)
     return Fitted(doc, n, False, first_part(Document(doc.path, head, doc.size, doc.pages), room, count_tokens))

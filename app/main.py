@@ -12,7 +12,8 @@ def store_path():
     return user_data_path("mixdesk", appauthor=False) / "chats.sqlite3"
 
 
-def run(model: str = "demo", device: str | None = None) -> int:
+def run(model: str = "demo", device: str | None = None, ctx=None) -> int:
+    """ctx: the context to open the model at ("auto" or tokens; None: the one chosen for it last)."""
     import qasync
     from PySide6.QtWidgets import QApplication
 
@@ -27,7 +28,7 @@ def run(model: str = "demo", device: str | None = None) -> int:
     asyncio.set_event_loop(loop)
     closed = asyncio.Event()
     app.aboutToQuit.connect(closed.set)
-    win = MainWindow(Store(store_path()), model=model, device=device)
+    win = MainWindow(Store(store_path()), model=model, device=device, ctx=ctx)
     win.show()
     with loop:
         loop.run_until_complete(closed.wait())

@@ -11,12 +11,14 @@ import logging
 import time
 
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox, QPushButton, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QApplication, QHBoxLayout, QMainWindow, QMessageBox, QPushButton, QSplitter, QVBoxLayout,
+                               QWidget)
 
 from engine.protocol import SetSlider, Stop
 
 from . import chat_defaults, documents, menus, remote, theme, window_state
 from .composer import Composer
+from .context_choice import ContextButton, ContextSwitch, remembered
 from .conversation_list import ConversationList
 from .gpu_runtime import GpuOfferBar, RuntimeDialog
 from .bridge import EngineBridge
@@ -41,7 +43,8 @@ log = logging.getLogger("mixdesk")
 
 class MainWindow(QMainWindow, WindowWiring):
     def __init__(self, store: Store, model: str = "demo", session_kwargs: dict | None = None,
-                 device: str | None = None, dtype: str = "auto"):
+                 device: str | None = None, dtype: str = "auto", ctx=None):
+        """ctx: the context to open the model at ("auto" or tokens; None: the one chosen for it last)."""
         super().__init__()
         self.setWindowTitle("Mixdesk")
         self.resize(1280, 800)
@@ -64,6 +67,9 @@ class MainWindow(QMainWindow, WindowWiring):
         self.wait = ReplyWait(self.statusBar(), self)
         self._build()
         self.models = ModelSwitch(self.switch_parts())  # handed its parts, not the window (app/window_wiring.py)
+        self.contexts = ContextSwitch(self.bridge.send, lambda: self.models.current and self.models.current[0], self)
+        self.contexts.changed.connect(self.models.context_changed)
+        self.contexts.refused.connect(lambda _: self.attachments.waiting.clear())  # the longer context is not coming
         self.remote_parts = self.remote_parts_of()  # app/remote.py's connect, disconnect, show_mode
         self._follow()
         self.set_theme(theme.saved(), remember=False)
@@ -76,7 +82,7 @@ class MainWindow(QMainWindow, WindowWiring):
         shown = (self.panel_switch, self.enter_sends_action)  # geometry, slider and the chat that was open:
         window_state.restore(self, self.splitter, *shown, self.slider, self.store, self.open_chat)
         window_state.follow(self.slider, self.sidebar.selected, *shown, self.store.path)
-        self.load_model(model, device, dtype)
+        self.load_model(model, device, dtype, ctx)
 
     # ---- layout ----
     def _build(self) -> None:
@@ -96,7 +102,12 @@ class MainWindow(QMainWindow, WindowWiring):
         self.gpu_offer.action.clicked.connect(lambda: self.gpu_runtime(start=self.gpu_offer.action.text() == "Download…"))
         cl.addWidget(self.gpu_offer)
         self.model_label = ModelBar()
-        cl.addWidget(self.model_label)
+        self.context_button = ContextButton()  # the model's context: auto or a length, changed without a reload
+        self.context_button.chosen.connect(lambda value: self.contexts.request(value))
+        bar = QHBoxLayout()
+        bar.addWidget(self.model_label, 1)
+        bar.addWidget(self.context_button)
+        cl.addLayout(bar)
         self.slider = QualitySlider()
         self.slider.changed.connect(lambda v: self.bridge.send(SetSlider(value=v)))
         cl.addWidget(self.slider)
@@ -122,6 +133,7 @@ class MainWindow(QMainWindow, WindowWiring):
         self.attachments, self.input, self.send_btn, self.stop_btn = c.attachments, c.input, c.send_btn, c.stop_btn
         self.context_label = c.context_label
         self.attachments.notice.connect(lambda m: (self.statusBar().showMessage(m, 15000), self.log_line(m)))
+        self.attachments.longer_context.connect(lambda n: self.contexts.request(n, remember_it=False))  # for a document
         self.chat.file_dropped.connect(self.attachments.attach)  # files dropped on the messages: attached
         cl.addWidget(c)
         split.addWidget(center)
@@ -145,6 +157,7 @@ class MainWindow(QMainWindow, WindowWiring):
         """Each reader of the engine's events subscribes to the controller's signals."""
         e = self.engine
         e.filters.append(self.models.on_event)  # the answer to File > Open model's check or load
+        e.filters.append(self.contexts.on_event)  # the answer to a SetContext (the model bar's, a document's)
         self.reply.follow(e)
         self.model_label.follow(e)
         self.progress_row.follow(e)
@@ -157,10 +170,11 @@ class MainWindow(QMainWindow, WindowWiring):
         self.slider.follow(e)  # placement_changed
 
     # ---- models ----
-    def load_model(self, path: str, device: str | None = None, dtype: str | None = None) -> None:
-        """Open a model (device and dtype: the window's unless given); the one in use stays until the
-        new one is ready, and comes back if the new one fails (app/model_switch.py)."""
-        self.models.open((path, device or self.device, dtype or self.dtype))
+    def load_model(self, path: str, device: str | None = None, dtype: str | None = None, ctx=None) -> None:
+        """Open a model (device and dtype: the window's unless given; ctx: "auto" or tokens, None: the
+        one chosen for this model last); the one in use stays until the new one is ready, and comes
+        back if the new one fails (app/model_switch.py)."""
+        self.models.open((path, device or self.device, dtype or self.dtype, remembered(path) if ctx is None else ctx))
 
     @property
     def model_spec(self) -> tuple | None:
@@ -170,8 +184,10 @@ class MainWindow(QMainWindow, WindowWiring):
         """File > Open model…: the picker (non-blocking): recent models, a folder, or a hub id."""
         from .model_picker import ModelPicker
 
-        self.picker = ModelPicker(self, in_use=self.models.current[0] if self.models.current else None)
-        self.picker.accepted.connect(lambda: self.picker.choice and self.load_model(self.picker.choice))
+        self.picker = ModelPicker(self, in_use=self.models.current[0] if self.models.current else None,
+                                  device=self.device, dtype=self.dtype)
+        self.picker.accepted.connect(lambda: self.picker.choice and self.load_model(self.picker.choice,
+                                                                                    ctx=self.picker.context))
         self.picker.open()
 
     # ---- conversations ----
@@ -305,6 +321,7 @@ class MainWindow(QMainWindow, WindowWiring):
     def _on_loaded(self, ev) -> None:
         self.count_tokens, self.ctx = ev.count_tokens, ev.ctx
         self.model_info = ev
+        self.context_button.show_context(getattr(ev, "context", None))
         self.wait.calibration(False)  # a calibration that ends says so with a Loaded
         if self.server.running:
             self.server_box.show_server(self.server.server, ev.name)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont
-from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QLabel, QListWidget,
+from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QLabel, QListWidget,
                                QListWidgetItem, QPushButton, QSplitter, QVBoxLayout, QWidget)
 
-from . import hub_search, theme
+from . import context_choice, hub_search, theme
 from .model_browser import HubBrowser, Jobs, Machine
 
 MAX_RECENT = 10
@@ -64,11 +64,13 @@ def remember(spec: str) -> None:
 
 
 class ModelPicker(QDialog):
-    def __init__(self, parent=None, in_use: str | None = None):
-        """in_use: the spec of the model in use (marked in the recent list)."""
+    def __init__(self, parent=None, in_use: str | None = None, device: str | None = None, dtype: str = "auto"):
+        """in_use: the spec of the model in use (marked in the recent list); device and dtype: what the
+        window opens models with (the context's memory depends on them)."""
         super().__init__(parent)
         self.setWindowTitle("Open a model")
         self.in_use = in_use
+        self.device, self.dtype = device, dtype
         self.resize(900, 640)
         self.choice: str | None = None
         self.jobs = Jobs()
@@ -134,6 +136,18 @@ class ModelPicker(QDialog):
         split.setStretchFactor(1, 2)
         lay = QVBoxLayout(self)
         lay.addWidget(split, 1)
+        ctx_row = QHBoxLayout()  # the context it opens at: auto, or a length with what it costs
+        ctx_row.addWidget(QLabel("Context:"))
+        self.context_box = QComboBox()
+        self.context_box.setToolTip("How many tokens the model can read at once (a conversation with its documents). "
+                                    "Auto: the model's own length, as far as memory allows; remembered for this model")
+        ctx_row.addWidget(self.context_box)
+        ctx_row.addStretch(1)
+        lay.addLayout(ctx_row)
+        self.list.currentItemChanged.connect(lambda item, _=None: item is not None and self._context_for(
+            item.data(Qt.UserRole)))
+        self.browser.results.currentItemChanged.connect(lambda *_: self._context_for(self.browser.current_spec()))
+        self._context_for(self.list.currentItem().data(Qt.UserRole))
         buttons = QDialogButtonBox(QDialogButtonBox.Open | QDialogButtonBox.Cancel)
         buttons.accepted.connect(self._open)
         buttons.rejected.connect(self.reject)
@@ -158,7 +172,27 @@ class ModelPicker(QDialog):
             spec = self.list.item(i).data(Qt.UserRole)
             self.jobs.run(("recent", None, spec), hub_search.recent_line, spec, m.hw, m.budgets)
 
+    # ---- the context it opens at ----
+    @property
+    def context(self):
+        """The context chosen: "auto" or a length in tokens."""
+        value = self.context_box.currentData()
+        return value if value is not None else "auto"
+
+    def _context_for(self, spec: str | None) -> None:
+        """The Context box for the model selected: what it remembers, then (from the model's header,
+        off the GUI thread) what each length costs here."""
+        self.context_spec = spec
+        chosen = context_choice.remembered(spec)
+        context_choice.fill(self.context_box, None, chosen)
+        if spec:
+            self.jobs.run(("context", spec), context_choice.cost_of, spec, self.device, self.dtype)
+
     def _done(self, tag, result) -> None:
+        if tag[0] == "context":
+            if tag[1] == self.context_spec and result is not None:
+                context_choice.fill(self.context_box, result, self.context)
+            return
         if tag[0] != "recent":
             return
         line, tip = result

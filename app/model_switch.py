@@ -60,7 +60,7 @@ class ModelSwitch:
 
     def __init__(self, parts: SwitchParts):
         self.parts = parts
-        self.current: tuple | None = None  # (path, device, dtype) of the model in use
+        self.current: tuple | None = None  # (path, device, dtype, ctx) of the model in use (ctx: "auto" or tokens)
         self.pending: tuple | None = None  # the one being opened
         self.check_id = self.load_id = None  # the engine's ids of the check and the load in progress
         self.building = False  # the engine began the load (its "load" progress): the next Loaded answers it
@@ -111,9 +111,9 @@ class ModelSwitch:
         p.set_loading(True)
         p.composer.send_btn.setEnabled(False)
         p.bar.setText(f"loading {display_name(self.pending[0])}…; Send waits for it")
-        _, device, dtype = self.pending
+        _, device, dtype, ctx = (*self.pending, "auto")[:4]
         self.building = False
-        self.load_id = p.bridge.send(Load(path=path, device=device, dtype=dtype))
+        self.load_id = p.bridge.send(Load(path=path, device=device, dtype=dtype, ctx=ctx))
 
     def on_event(self, ev) -> bool:
         """The window's engine events that answer a switch; True when handled here."""
@@ -146,13 +146,20 @@ class ModelSwitch:
         if isinstance(ev, Loaded) and self.load_id is not None and self.building:
             self.load_id = None
             if self.failed is None:
+                from .context_choice import remember as remember_context
                 from .model_picker import remember
 
                 remember(self.pending[0])
+                remember_context(self.pending[0], (*self.pending, "auto")[3])  # the context it was opened at
             self.switched = self.current is not None  # it replaced a model (not the first, nor one brought back)
             self.current, self.pending = self.pending, None
             return False  # the window shows it as any Loaded
         return False
+
+    def context_changed(self, value) -> None:
+        """The model in use runs at another context now (SetContext): a restart opens it at that one."""
+        if self.current is not None:
+            self.current = (*self.current[:3], value)
 
     def _failed(self, message: str, after_unload: bool) -> None:
         p = self.parts

@@ -64,8 +64,8 @@ class KVCache:
     def resident_bytes(self) -> int:
         """Bytes of the cache touched so far: the rows up to `reached` of every layer (torch.empty
         leaves later pages untouched), and the whole linear-attention state."""
-        kv = self.nbytes - (self.state.nbytes if self.state is not None else 0)
-        return kv * min(self.reached, self.ctx) // max(self.ctx, 1) + (self.state.nbytes if self.state is not None else 0)
+        state = self.state.nbytes if self.state is not None else 0
+        return (self.nbytes - state) * min(self.reached, self.ctx) // max(self.ctx, 1) + state
 
     @property
     def nbytes(self) -> int:

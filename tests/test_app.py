@@ -484,9 +484,9 @@ def test_the_model_picker_offers_recent_models_and_opens_one(qtbot, window, tiny
     assert specs[0] == "demo" and str(tiny) in specs  # the model just loaded is a recent one
     picker.list.setCurrentRow(specs.index(str(tiny)))
     loads = []
-    window.load_model = lambda *a: loads.append(a)
+    window.load_model = lambda *a, **k: loads.append((a, k))
     picker._pick(picker.list.currentItem().data(QtNS.UserRole))
-    assert loads == [(str(tiny),)]
+    assert loads == [((str(tiny),), {"ctx": "auto"})]  # at the context its Context box shows (app/context_choice.py)
 
 
 def test_a_damaged_page_is_reported_never_a_crash(tmp_path):

@@ -112,7 +112,8 @@ def test_set_context_changes_it_without_reading_the_weights_again(long_tiny, mea
         caches = m.s.scheduler.caches
         answer = m.submit(SetContext(tokens=32768))
         assert isinstance(answer, QueryDone), answer
-        assert answer.value == {"ctx": 32768, "bytes": 32768 * PER_TOKEN, "line": "32,768 tokens: 17 MB of keys and values"}
+        assert answer.value == {"ctx": 32768, "bytes": 32768 * PER_TOKEN,
+                                "line": "32,768 tokens: 17 MB of keys and values"}
         ev = m.wait(lambda e: isinstance(e, Loaded))
         assert ev.ctx == 32768 and not ev.context.auto
         assert m.s.loaded is ld and ld.model is model  # the same weights' objects: nothing read again
@@ -202,7 +203,8 @@ def test_the_server_answers_a_prompt_past_the_context_with_openais_400(long_tiny
             n = len(client.session.loaded.prompts.template.ids(messages))
             assert n > 2048 and len(messages[0]["content"]) < 2048 * loaded.max_token_chars  # refused by its tokens
             body = json.dumps({"model": loaded.name, "messages": messages}).encode()
-            status, _, answer = send(server.url, "POST", "/chat/completions", body, {"Content-Type": "application/json"})
+            status, _, answer = send(server.url, "POST", "/chat/completions", body,
+                                     {"Content-Type": "application/json"})
             assert status == 400
             assert answer == {"error": {"message": f"the prompt is {n:,} tokens; the context holds 2,048: shorten it "
                                                    "or remove attached documents", "type": "invalid_request_error",

@@ -504,6 +504,18 @@ def offered_only_for_a_switchable_template(k: Walk):
     assert not k.w.composer.think_btn.isVisibleTo(k.w)
 
 
+def context(k: Walk):
+    """The model bar's Context: a length from its menu (the tiny model's own 512, chosen rather than auto),
+    in use without a reload of the weights; then Auto again."""
+    b, model = k.w.context_button, k.w.bridge.session.loaded.model
+    assert b.isVisibleTo(k.w) and b.text() == "Context: 512 tokens · 262 KB (auto)", b.text()
+    for text, after in (("512 tokens · 262 KB", "Context: 512 tokens · 262 KB"),
+                        ("Auto (fits: 512 tokens)", "Context: 512 tokens · 262 KB (auto)")):
+        next(a for a in b.menu().actions() if a.text() == text).trigger()
+        k.wait(lambda: b.text() == after, 30_000)
+    assert k.w.bridge.session.loaded.model is model
+
+
 def copy_server_url(k: Walk):
     """The server box's Copy (shown while the local server runs: local_server clicks it)."""
     k.click(k.w.server_box.copy)
@@ -511,6 +523,7 @@ def copy_server_url(k: Walk):
 
 
 BUTTONS = {
+    "Context": context,  # its text says the context in use (window_buttons names it so)
     "Copy": copy_server_url,
     "Cancel": cancel_calibration,
     "Think": offered_only_for_a_switchable_template,
@@ -527,7 +540,8 @@ BUTTONS = {
 
 
 def window_buttons(w) -> set[str]:
-    return {b.text() for b in w.findChildren(QAbstractButton) if not b.objectName().startswith("qt_")}
+    return {"Context" if b is w.context_button else b.text() for b in w.findChildren(QAbstractButton)
+            if not b.objectName().startswith("qt_")}
 
 
 def test_every_menu_action_and_button_does_what_it_says(qtbot, tiny, tmp_path, monkeypatch, second_server,
@@ -549,7 +563,8 @@ def test_every_menu_action_and_button_does_what_it_says(qtbot, tiny, tmp_path, m
         with no_uncaught_exceptions():
             BUTTONS["Cancel"](k)
             slowed[0] = False
-            for text in ("Send", "Stop", "Regenerate", "Edit last", "Attach…", "Download…", "Not now", "Think"):
+            for text in ("Send", "Stop", "Regenerate", "Edit last", "Attach…", "Download…", "Not now", "Think",
+                         "Context"):
                 BUTTONS[text](k)
             k.say("one more message")  # a chat to export, prompt and delete
             for path, check in ACTIONS.items():

@@ -158,8 +158,9 @@ class ContextChoice:
         """How it was chosen, in a line (the CLI's and the window's tooltip)."""
         how = "auto" if self.auto else "asked for"
         own = f"the model's own {self.cost.max_positions:,}"
-        free = f"{size_text(self.room)} free for it beside the weights" if self.room > 0 else "no memory measured"
-        return f"{how}: {own}; {self.fits:,} fit in memory now ({free})"
+        if self.room <= 0:
+            return f"{how}: {own}; the weights alone take the memory free now"
+        return f"{how}: {own}; {self.fits:,} fit in memory now, with {size_text(self.room)} free beside the weights"
 
 
 def choose_length(cost: ContextCost, room: int, budget: int, asked, on_accelerator: bool = False) -> ContextChoice:
