@@ -125,6 +125,7 @@ def _load():
     want = os.environ.get("MIXDESK_KERNEL_PATH", "").lower()
     cap = {"c": 0, "portable": 0, "avx2": 1, "avx512": 2}.get(want, -1)
     lib.mdk_select_path(cap)
+    lib.mdk_gemm_threshold(-1)  # reads MIXDESK_GEMM_MIN
     _why = ""
     return _Locked(lib)
 
@@ -134,6 +135,8 @@ def _declare(lib) -> None:
     lib.mdk_abi.restype = i
     lib.mdk_select_path.argtypes, lib.mdk_select_path.restype = [i], i
     lib.mdk_cpu_has_bf16.restype = i
+    lib.mdk_gemm_threshold.argtypes, lib.mdk_gemm_threshold.restype = [i], i
+    lib.mdk_gemm_test.argtypes, lib.mdk_gemm_test.restype = [POINTER(Matrix), vp, i, vp, i], i
     lib.mdk_q4_bytes.argtypes, lib.mdk_q4_bytes.restype = [i, i], ctypes.c_size_t
     lib.mdk_q4_quantize.argtypes = [vp, i, i, i, vp, i]
     lib.mdk_q4_quantize.restype = None
@@ -191,6 +194,12 @@ def q4_quantize(src: int, fmt: int, n: int, k: int, out: int, threads: int) -> N
 
 def available() -> bool:
     return lib() is not None
+
+
+def gemm_threshold(want: int = -1) -> int:
+    """From how many tokens a GGUF matrix's product runs gemm.c's prompt kernel (0: never); want >= 0
+    sets it. Returns the one in use."""
+    return lib().mdk_gemm_threshold(want)
 
 
 def set_path(cap: int) -> str:

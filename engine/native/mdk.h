@@ -111,6 +111,7 @@ typedef struct {          /* one token's activation, quantised for the int8 dot 
     float *dx;            /* [k/32] scale per natural block */
     float *sx;            /* [k/32] dx * sum(q) of the block (for the minimum term) */
     int16_t *s16;         /* [k/16] sum(q) of each half block (Q6_K's sub-blocks of 16: its -32 offset term) */
+    float *sxh;           /* [k/16] dx * s16 (gemm.c: the offset term of formats with scales per 16) */
     unsigned long long gen;  /* this quantisation's number, unique in the process (mdk_q8_init and
                                 mdk_quantize_act set a new one; mdk_quantize_act_range, which tasks run on
                                 parts of one activation at once, does not: init before it). kraw_x86.c keeps
@@ -149,6 +150,13 @@ void mdk_qb_rows_multi(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const 
 /* kquantize.c: fp32/fp16/bf16 rows [n, k] (src_fmt) -> raw GGUF blocks of fmt (any MDK_IS_KQ/QB);
  * llama.cpp-style scale searches, deterministic and independent of nthreads. 0, or -1: bad shape. */
 MDK_API int mdk_quantize_blocks(int fmt, const void *src, int src_fmt, int n, int k, uint8_t *raw, int nthreads);
+
+/* ---- gemm.c: many tokens times raw rows (a prompt's products; AVX-512 VNNI) ---- */
+extern int mdk_gemm_min;  /* tokens from which a call takes it */
+int mdk_gemm_ok(const mdk_matrix *w);
+int mdk_gemm_ptrs(int n, const mdk_q8 ***a, float ***y);  /* this thread's pointer arrays of n */
+int mdk_gemm_rows(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y,
+                  const float *wts, const float *bias);
 
 /* ---- dense.c ---- */
 void mdk_dense_rows(const mdk_matrix *w, int r0, int r1, const float *x, const uint16_t *xbf, float *y);

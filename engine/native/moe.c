@@ -33,6 +33,11 @@ typedef struct {
     int rows1, rows3;
 } moe_ctx;
 
+/* Whether n tokens of w go through gemm.c's kernel (many tokens, raw rows, AVX-512 VNNI) */
+static int gemm_fits(const mdk_matrix *w, int n) {
+    return mdk_gemm_min > 0 && n >= mdk_gemm_min && MDK_IS_INT(w->fmt) && mdk_gemm_ok(w);
+}
+
 static void rows_any(const mdk_matrix *w, int r0, int r1, const float *xf, const uint16_t *xbf, const mdk_q8 *xq,
                      float *y) {
     if (MDK_IS_INT(w->fmt)) mdk_wq_rows(w, r0, r1, xq, y);
@@ -47,6 +52,19 @@ static void phase1(void *c, int t) {
     int I = m->I, a = t * m->rows1, b = a + m->rows1 < I ? a + m->rows1 : I;
     for (int j = 0; j < m->njobs; j++) {
         const mdk_matrix *w = &m->ex[j]->w13;
+        int ns = m->offs[j + 1] - m->offs[j];
+        const mdk_q8 **aa;
+        float **yy;
+        if (gemm_fits(w, ns) && !mdk_gemm_ptrs(ns, &aa, &yy)) {  /* a prompt: every slot against each panel */
+            for (int half = 0; half < 2; half++) {
+                for (int i = 0; i < ns; i++) {
+                    int s = m->offs[j] + i;
+                    aa[i] = &m->xq[m->tok[s]];
+                    yy[i] = m->h + (size_t)s * 2 * I + half * I + a;
+                }
+                mdk_gemm_rows(w, half * I + a, half * I + b, aa, ns, yy, NULL, NULL);
+            }
+        } else
         for (int r = a; r < b; r += SUB) {
             int re = r + SUB < b ? r + SUB : b;
             for (int half = 0; half < 2; half++)
@@ -112,6 +130,18 @@ static void phase3(void *c, int t) {
     for (int j = 0; j < m->njobs; j++) {
         const mdk_matrix *w = &m->ex[j]->w2;
         const float *b2 = m->ex[j]->b2;
+        int ns = m->offs[j + 1] - m->offs[j];
+        const mdk_q8 **aa;
+        float **yy;
+        if (gemm_fits(w, ns) && !mdk_gemm_ptrs(ns, &aa, &yy)) {  /* out[tok] += rw * (w2 . a + b2) */
+            for (int i = 0; i < ns; i++) {
+                int s = m->offs[j] + i;
+                aa[i] = &m->aq[s];
+                yy[i] = m->out + (size_t)m->tok[s] * D + a;
+            }
+            mdk_gemm_rows(w, a, b, aa, ns, yy, m->rw + m->offs[j], b2);
+            continue;
+        }
         for (int r = a; r < b; r += SUB) {
             int re = r + SUB < b ? r + SUB : b;
             for (int s = m->offs[j]; s < m->offs[j + 1];) {
@@ -274,6 +304,13 @@ static void mm_task(void *c, int t) {
     mm_ctx *m = (mm_ctx *)c;
     int n = m->w->n, k = m->w->k, a = t * m->rows, b = a + m->rows < n ? a + m->rows : n;
     float y4[4][SUB];
+    const mdk_q8 **aa;
+    float **yy;
+    if (gemm_fits(m->w, m->T) && !mdk_gemm_ptrs(m->T, &aa, &yy)) {
+        for (int i = 0; i < m->T; i++) aa[i] = &m->xq[i], yy[i] = m->y + (size_t)i * n + a;
+        mdk_gemm_rows(m->w, a, b, aa, m->T, yy, NULL, NULL);
+        return;
+    }
     for (int r = a; r < b; r += SUB) {
         int re = r + SUB < b ? r + SUB : b;
         for (int tk = 0; tk < m->T;) {
@@ -337,6 +374,13 @@ static void parts_task(void *c, int t) {
     const mdk_matrix *w = pt->w;
     int k = w->k;
     float y1[SUB];
+    const mdk_q8 **aa;
+    float **yy;
+    if (gemm_fits(w, m->T) && !mdk_gemm_ptrs(m->T, &aa, &yy)) {
+        for (int i = 0; i < m->T; i++) aa[i] = &m->xq[i], yy[i] = m->y + (size_t)i * m->ld + pt->col + pt->a;
+        mdk_gemm_rows(w, pt->a, pt->b, aa, m->T, yy, NULL, NULL);
+        return;
+    }
     for (int r = pt->a; r < pt->b; r += SUB) {
         int re = r + SUB < pt->b ? r + SUB : pt->b;
         for (int tk = 0; tk < m->T; tk++) {
