@@ -24,8 +24,9 @@ class Backend(Protocol):
     local: bool  # the local engine (its measurements and waits are the chat's)
     thinking_switch: bool  # the model's chat template can switch its reasoning off
 
-    def generate(self, messages: list[dict], params, thinking: bool | None = None) -> int:
-        """Start a reply; its request id (its Token, Done and ErrorEvent events carry it)."""
+    def generate(self, messages: list[dict], params, thinking: bool | None = None, cache_key: str = "") -> int:
+        """Start a reply; its request id (its Token, Done and ErrorEvent events carry it). cache_key:
+        the conversation it continues (the local engine keeps each one's KV cache under it)."""
 
     def stop(self, request_id: int) -> None:
         """End the reply (a Done with reason 'cancelled' follows)."""
@@ -52,10 +53,10 @@ class LocalBackend:
         ev = self.info()
         return bool(ev is not None and ev.thinking_switch)
 
-    def generate(self, messages: list[dict], params, thinking: bool | None = None) -> int:
+    def generate(self, messages: list[dict], params, thinking: bool | None = None, cache_key: str = "") -> int:
         from engine.protocol import Generate
 
-        return self.send(Generate(messages=messages, params=params, thinking=thinking))
+        return self.send(Generate(messages=messages, params=params, thinking=thinking, cache_key=cache_key))
 
     def stop(self, request_id: int) -> None:
         from engine.protocol import Stop

@@ -222,7 +222,8 @@ class ChatSession:
         mid = self.store.add_message(self.cid, "assistant", "", complete=False,
                                      meta=with_versions(earlier, "", {}) or None)
         self.reply = r = Reply(mid, earlier, backend.name, think, now)
-        r.request = backend.generate(list(history), params, False if think is False else None)
+        r.request = backend.generate(list(history), params, False if think is False else None,
+                                     cache_key=f"chat:{self.cid}")  # the engine keeps this chat's KV cache by it
         return r
 
     def reply_token(self, ev, now: float) -> list[tuple[str, object]]:

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QGuiApplication, QPalette, QTextCursor
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QPalette, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QTextBrowser, QToolTip
 
 from . import bubbles, gc_pauses, reply_footer
@@ -78,6 +78,7 @@ class ChatView(QTextBrowser):
         self._frame = None  # the frame the streaming reply ends in (the document's own)
         self._answer: Answer | None = None
         self._copy_index = 0  # the streaming reply's whole-message Copy link
+        self.reading = ""  # the line where the reply will appear while its long prompt is read ("": none)
         self._stream_text = ""
         self._shown = 0
         self._live: rv.Thought | None = None  # the streaming reply's reasoning block
@@ -229,6 +230,7 @@ class ChatView(QTextBrowser):
             timer.deleteLater()
         self._copied = {}
         self._stream_start = self._live = self._answer = self._frame = None
+        self.reading = ""
         with self.one_edit():
             for m in messages:
                 self._append(m.role, m.content, m.meta or {}, "" if m.complete else " _(interrupted)_", m.id)
@@ -290,11 +292,39 @@ class ChatView(QTextBrowser):
         self._stream_start = QTextCursor(cur)
         self._stream_start.setKeepPositionOnInsert(True)  # the reply's first position, whatever goes in there
         self._answer = None
-        self._stream_text = self._reasoning = ""
+        self._stream_text = self._reasoning = self.reading = ""
         self._shown = 0
         self.flush_log = []
         self._live, self._live_key, self._live_seconds = None, key, None
         self._timer.start()
+
+    def show_reading(self, text: str) -> None:
+        """Where the reply will appear, before its first word: how far its prompt has been read
+        ("Reading the document: 4,096 of 18,512 tokens · about 1 min left"), in the placeholder's colour;
+        the reply's first word (or its end) takes its place."""
+        if self._stream_start is None or self._shown or self._live is not None:
+            return
+        at_end = self._at_end()
+        with self.one_edit():
+            cur = self._reading_span()
+            fmt = QTextCharFormat()
+            fmt.setForeground(self.palette().color(QPalette.PlaceholderText))
+            fmt.setFontItalic(True)
+            cur.insertText(text, fmt)
+        self.reading = text
+        self._follow(at_end)
+
+    def _reading_span(self) -> QTextCursor:
+        """A cursor over what the streaming reply holds before its first word: the reading line."""
+        cur = QTextCursor(self.document())
+        cur.setPosition(self._stream_start.position())
+        cur.setPosition(self._frame.lastPosition(), QTextCursor.KeepAnchor)
+        return cur
+
+    def _clear_reading(self) -> None:
+        if self.reading:
+            self._reading_span().removeSelectedText()
+            self.reading = ""
 
     def add_text(self, text: str) -> None:
         self._stream_text += text
@@ -356,6 +386,7 @@ class ChatView(QTextBrowser):
         self.flushes += 1
         at_end = self._at_end()
         with self.one_edit():
+            self._clear_reading()
             self._flush_thought()
             self._feed_answer()
         self._follow(at_end)
@@ -371,6 +402,7 @@ class ChatView(QTextBrowser):
         meta = meta or {}
         if self._stream_start is not None:
             with self.one_edit():
+                self._clear_reading()
                 self._reasoning = meta.get("reasoning", self._reasoning)
                 self._live_seconds = meta.get("thought_s") or self._live_seconds or 0.0
                 self._flush_thought()

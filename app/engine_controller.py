@@ -13,11 +13,12 @@ from typing import Callable
 from PySide6.QtCore import QObject, Signal
 
 from engine.protocol import (Done, EngineStopped, ErrorEvent, Loaded, MigrationProgress, PlacementChanged, Progress,
-                             Stats, Token)
+                             PromptProgress, Stats, Token)
 
 
 class EngineController(QObject):
     reply_token = Signal(object)  # Token of the reply in progress (local engine or remote server)
+    reply_reading = Signal(object)  # PromptProgress of the reply in progress: its long prompt being read
     reply_done = Signal(object)  # Done of the reply in progress
     reply_failed = Signal(str)  # the reply in progress ended by an error: its message
     stats = Signal(object)  # Stats of the local engine (not while the chat goes to a remote server)
@@ -55,6 +56,9 @@ class EngineController(QObject):
         if isinstance(ev, Token):
             if mine:
                 self.reply_token.emit(ev)
+        elif isinstance(ev, PromptProgress):
+            if mine:
+                self.reply_reading.emit(ev)
         elif isinstance(ev, Done):
             if mine:
                 self.reply_request = None

@@ -111,8 +111,10 @@ class RemoteChat(QObject):
 
         return Fitting()
 
-    def generate(self, messages: list[dict], params: SamplingParams, thinking: bool | None = None) -> int:
-        """Start a reply; its request id (its events carry it; Stop it with stop(id))."""
+    def generate(self, messages: list[dict], params: SamplingParams, thinking: bool | None = None,
+                 cache_key: str = "") -> int:
+        """Start a reply; its request id (its events carry it; Stop it with stop(id)). The server keeps
+        its caches by the prompt's prefix: cache_key is not sent."""
         request_id = next(_IDS)
         stop = self._stops[request_id] = threading.Event()
         gui_threads.start(lambda: self._run(request_id, messages, params, stop), "mixdesk-remote")

@@ -38,6 +38,8 @@ class ReplyFlow:
         self.chat, self.composer, self.store, self.engine, self.wait = chat, composer, store, engine, wait
         self.hooks = hooks
         self.session = None  # the ChatSession whose reply is in progress (None: none is)
+        self.read = None  # the reply's prompt's reading, as last said (PromptProgress; None: not said)
+        self.reads_document = False  # its chat carries a document (the reading line says "the document")
 
     @property
     def generating(self) -> bool:
@@ -50,6 +52,7 @@ class ReplyFlow:
 
     def follow(self, engine) -> None:
         engine.reply_token.connect(self.on_token)
+        engine.reply_reading.connect(self.on_reading)
         engine.reply_done.connect(self.on_done)
         engine.reply_failed.connect(self.failed)
 
@@ -94,6 +97,8 @@ class ReplyFlow:
         if backend.local:
             self.wait.reply_started()  # says so if a calibration step holds it back
         self.session = h.session()
+        self.read = None  # its prompt's reading, as last said (a long prompt's)
+        self.reads_document = any((m.meta or {}).get("attachments") for m in self.session.messages())
         reply = self.session.start_reply(backend, history, params, self.think(), earlier, now=time.monotonic())
         self.composer.set_generating(True)
         self.chat.begin_stream(key=reply.mid)
@@ -140,6 +145,15 @@ class ReplyFlow:
         self.hooks.status("Edit cancelled: the message and its reply are as they were", 8000)
 
     # ---- the reply streaming ----
+    def on_reading(self, ev) -> None:
+        """A long prompt being read (PromptProgress): said where the reply will appear, with the time
+        left at the rate measured."""
+        if not self.generating:
+            return
+        self.wait.reply_streaming()  # the reply is under way: no calibration step holds it any more
+        self.read = ev
+        self.chat.show_reading(ev.describe("the document" if self.reads_document else "the prompt"))
+
     def on_token(self, ev) -> None:
         if not self.generating:
             return
@@ -159,7 +173,11 @@ class ReplyFlow:
         h = self.hooks
         self.wait.reply_streaming()
         backend = h.backend()
-        stats, detail = reply_footer.footer(ev, self.wait.stats_note() if backend.local else "")
+        note = self.wait.stats_note() if backend.local else ""
+        if ev.reason == "cancelled" and not ev.token_ids and self.read is not None:  # Stop while the prompt was read
+            note += (f" · stopped while reading the prompt: {self.read.read:,} of {self.read.total:,} tokens read, "
+                     "kept for the next reply")
+        stats, detail = reply_footer.footer(ev, note)
         used = ev.prompt_tokens + len(ev.token_ids)
         meta = self.session.reply_done(ev, stats=stats, stats_detail=detail, context=used,  # the chat's context
                                        context_model=backend.name)  # indicator, reopened with the same model

@@ -30,6 +30,6 @@ def footer(done, note: str = "") -> tuple[str, str]:
     tip = (f"decode: {max(n - 1, 0)} tokens in {done.decode_s:.2f} s ({done.decode_tok_s:.1f} tok/s)\n"
            f"prefill: {prefill} tokens in {done.prefill_s:.2f} s"
            + (f" ({done.prefill_tok_s:.0f} tok/s)" if done.prefill_s > 0 else "")
-           + (f"; {done.reused_tokens} reused from the previous turn" if done.reused_tokens else "")
+           + (f"; {done.reused_tokens} already read (reused from the conversation's cache)" if done.reused_tokens else "")
            + f"\nprompt: {done.prompt_tokens} tokens\nreason: {done.reason}")
     return text, tip

@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 from .errors import MixdeskError
 from .sampling import SamplingParams
-from .protocol import (Done, EngineStopped, ErrorEvent, Generate, Load, Loaded, Progress, Query, QueryDone, Reprofile,
-                       Stop, Token)
+from .protocol import (Done, EngineStopped, ErrorEvent, Generate, Load, Loaded, Progress, PromptProgress, Query,
+                       QueryDone, Reprofile, Stop, Token)
 from .session import Session
 
 
@@ -70,11 +70,13 @@ class Client:
 
     def generate(self, messages: list[dict] | None = None, prompt_ids: list[int] | None = None,
                  params: SamplingParams = SamplingParams(), on_text: Callable[[str], None] | None = None,
-                 fresh: bool = False, on_reasoning: Callable[[str], None] | None = None) -> Done:
+                 fresh: bool = False, on_reasoning: Callable[[str], None] | None = None,
+                 on_reading: Callable[[PromptProgress], None] | None = None) -> Done:
         """One reply, its content passed to on_text as it streams and its reasoning to on_reasoning
-        (the model's format read: engine/formats). Messages are rendered here, before the request
-        goes in (Loaded.prompt_ids: engine/prompt.py). Ctrl-C stops the reply (the partial reply
-        comes back, reason 'cancelled')."""
+        (the model's format read: engine/formats), a long prompt's progress to on_reading as it is
+        read. Messages are rendered here, before the request goes in (Loaded.prompt_ids:
+        engine/prompt.py). Ctrl-C stops the reply (the partial reply comes back, reason 'cancelled'),
+        or the prompt's reading, within a chunk (what was read stays cached for the next send)."""
         if messages is not None and prompt_ids is None and self.loaded is not None:
             try:
                 prompt_ids, messages = self.loaded.prompt_ids(messages), None
@@ -82,21 +84,22 @@ class Client:
                 raise EngineError(str(e), type(e).__name__) from None
         rid = self.session.submit(Generate(messages=messages, prompt_ids=prompt_ids, params=params, fresh=fresh))
         while True:
-            try:
+            try:  # a Ctrl-C while waiting, or while a callback draws what came, stops the request
                 ev = self._next()
+                if isinstance(ev, ErrorEvent):
+                    self._error(ev, rid)
+                elif isinstance(ev, Token) and ev.request_id == rid:
+                    for d in ev.deltas:
+                        if d.part == "content" and on_text is not None:
+                            on_text(d.text)
+                        elif d.part == "reasoning" and on_reasoning is not None:
+                            on_reasoning(d.text)
+                elif isinstance(ev, PromptProgress) and ev.request_id == rid and on_reading is not None:
+                    on_reading(ev)
+                elif isinstance(ev, Done) and ev.request_id == rid:
+                    return ev
             except KeyboardInterrupt:
                 self.session.submit(Stop(request_id=rid))
-                continue
-            if isinstance(ev, ErrorEvent):
-                self._error(ev, rid)
-            elif isinstance(ev, Token) and ev.request_id == rid:
-                for d in ev.deltas:
-                    if d.part == "content" and on_text is not None:
-                        on_text(d.text)
-                    elif d.part == "reasoning" and on_reasoning is not None:
-                        on_reasoning(d.text)
-            elif isinstance(ev, Done) and ev.request_id == rid:
-                return ev
 
     def query(self, name: str, **args) -> Any:
         """The engine thread's answer to the named query (engine/queries.py lists them)."""

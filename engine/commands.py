@@ -41,6 +41,10 @@ class Generate:
     # "chat": the conversation's own KV cache (one such request at a time, its prefix carried over
     # between turns); "pool": a cache of its own, running beside others (the local server)
     slot: str = "chat"
+    # the conversation a "chat" request continues: its KV cache is kept under this key, beside other
+    # conversations' (engine/kv_cache.py; "": the one conversation of a client that has one, the
+    # terminal chat's); the window passes its chat's id
+    cache_key: str = ""
     # the chat template's options (for `messages`; a client that renders prompt_ids itself passes
     # them to Loaded.prompt_ids, and `tools` here only to say what may be called): tools in OpenAI's
     # shape, {"type": "function", "function": {...}}, the functions the reply may call (None: none

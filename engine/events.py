@@ -33,7 +33,7 @@ class Done:
     text: str
     token_ids: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
-    reused_tokens: int = 0  # prompt tokens whose keys/values came from the previous turn
+    reused_tokens: int = 0  # prompt tokens whose keys/values were cached (an earlier turn, a return to the chat, a file)
     prefill_s: float = 0.0
     decode_s: float = 0.0
     # the reply read in the model's format (engine/formats): for a plain reply, content is text
@@ -51,6 +51,40 @@ class Done:
     def prefill_tok_s(self) -> float:
         n = self.prompt_tokens - self.reused_tokens
         return n / self.prefill_s if self.prefill_s > 0 else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptProgress:
+    """A long prompt is being read (a request's own event, one per chunk read): `read` of its `total`
+    tokens are in its KV cache now (those reused from an earlier turn included), read this time at
+    `tok_s` tokens a second so far (0: not measured yet)."""
+
+    request_id: int
+    read: int
+    total: int
+    tok_s: float = 0.0
+    reused: int = 0  # of `read`, the tokens that were cached already
+
+    @property
+    def seconds_left(self) -> float | None:
+        """The rest of the prompt at the rate measured so far (None: no rate yet)."""
+        return (self.total - self.read) / self.tok_s if self.tok_s > 0 else None
+
+    def describe(self, what: str = "the prompt") -> str:
+        """"Reading the document: 4,096 of 18,512 tokens · about 1 min left" (what: the prompt, the document)."""
+        text = f"Reading {what}: {self.read:,} of {self.total:,} tokens"
+        left = self.seconds_left
+        return text if left is None else f"{text} · {time_left(left)}"
+
+
+def time_left(seconds: float) -> str:
+    """A wait in round words: "about 40 s left", "about 3 min left", "about 1 h 20 min left"."""
+    if seconds < 55:
+        return f"about {max(5, 5 * round(seconds / 5)):.0f} s left"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"about {minutes} min left"
+    return f"about {minutes // 60} h {minutes % 60} min left"
 
 
 @dataclass(frozen=True, kw_only=True)

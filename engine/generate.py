@@ -18,7 +18,7 @@ import torch
 
 from . import native
 from .errors import ContextOverflow, MixdeskError
-from .events import Done, Token  # noqa: F401 - the events it makes (engine/events.py), imported from here too
+from .events import Done, PromptProgress, Token  # noqa: F401 - the events it makes (engine/events.py), imported here too
 from .formats import Delta, Parser
 from .kv_cache import turn_boundary
 from .model import KVCache, MoEModel
@@ -217,12 +217,14 @@ class Generator:
     def new_cache(self) -> KVCache:
         return self.model.new_cache(self.ctx)
 
-    def sequence(self, prompt: list[int], p: SamplingParams, cancel, cache: KVCache, chunk: int = 0,
+    def sequence(self, prompt: list[int], p: SamplingParams, cancel, cache: KVCache, chunk=0,
                  request_id: int = 0, parser: Parser | None = None, opening: str = ""):
         """The coroutine behind stream (see the module's docstring). `cache` holds keys and values
         of the prompt's first len(cache.tokens) tokens already (its owner kept only a common prefix:
-        engine/kv_cache.py); the rest is read. chunk > 0: the prompt is fed in chunks of that many
-        tokens, each its own Need, so a driver can run other sequences' decode steps between them.
+        engine/kv_cache.py); the rest is read. chunk > 0 (or a callable giving it before each chunk):
+        the prompt is fed in chunks of that many tokens, each its own Need, so a driver can run other
+        sequences' decode steps between them, with a PromptProgress as the read starts and after each
+        chunk; a cancel acts after the chunk in progress, and the chunks read stay in the cache.
         cancel: anything with is_set(), or None. Its events carry request_id. parser reads the reply in
         the model's format as it streams (engine/formats; None: all of it is content). opening: text
         the prompt ends with that is the reply's own start (read first; Generate.reply_prefix)."""
@@ -255,12 +257,18 @@ class Generator:
                 reason = "context"
                 break
             step0 = time.perf_counter()
-            while chunk and len(feed) > chunk:  # a long prompt, a chunk at a time
-                yield Need(feed[:chunk], pos, cache)
-                cache.tokens.extend(feed[:chunk])
-                pos, feed = pos + chunk, feed[chunk:]
+            size = chunk() if callable(chunk) else chunk
+            if size and len(feed) > size:  # a long prompt, a chunk at a time, its progress said as it goes
+                yield PromptProgress(request_id=request_id, read=pos, total=len(prompt), reused=reuse)
+            while size and len(feed) > size:
+                yield Need(feed[:size], pos, cache)
+                cache.tokens.extend(feed[:size])  # kept whatever comes next: a Stop leaves what was read
+                pos, feed = pos + size, feed[size:]
+                yield PromptProgress(request_id=request_id, read=pos, total=len(prompt), reused=reuse,
+                                     tok_s=(pos - reuse) / max(time.perf_counter() - step0, 1e-9))
                 if cancel is not None and cancel.is_set():
                     break
+                size = chunk() if callable(chunk) else chunk
             if cancel is not None and cancel.is_set():
                 reason = "cancelled"
                 break

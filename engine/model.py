@@ -73,6 +73,56 @@ class KVCache:
             sum(t.nbytes for t in self.k + self.v)  # (one tensor, or one per layer)
         return kv + (self.state.nbytes if self.state is not None else 0)
 
+    # ---- what it holds, by name (kept on disk between runs: engine/kv_files.py) ----
+    def _rows(self) -> list[tuple[str, torch.Tensor]]:
+        """Every tensor that holds a row per position, by name, one per attention layer: [G, ctx, Hd]
+        (position is dim 1). Whatever else the storage keeps per position (scales) belongs here too."""
+        ks, vs = (list(self.k), list(self.v))  # one tensor [L, G, ctx, Hd] (its layers are views), or a list
+        return [(f"k.{i}", t) for i, t in enumerate(ks)] + [(f"v.{i}", t) for i, t in enumerate(vs)]
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes one position takes: keys and values of every attention layer. The cache's own
+        memory grows by this as positions fill (torch.empty leaves the rest untouched); a linear
+        state does not grow."""
+        return sum(t.nbytes for _, t in self._rows()) // self.ctx
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Everything it holds for its tokens, by name, as views (no copy): each layer's rows up to
+        len(tokens), and a linear state's tensors (engine/layers/state.py)."""
+        n = len(self.tokens)
+        out = {name: t[:, :n] for name, t in self._rows()}
+        if self.state is not None:
+            out.update(self.state.tensors())
+        return out
+
+    def from_tensors(self, tokens: list[int], tensors) -> None:
+        """Hold `tokens`, with what tensors() named for them copied in: a dict, or (name, tensor)
+        pairs taken one at a time (a file read a tensor at a time never holds more than one beside
+        the cache). A name it does not have, a shape or dtype other than its own, or one missing
+        raises ValueError; the cache then holds nothing (tokens stays [] until every tensor is in)."""
+        n = len(tokens)
+        if n > self.ctx:
+            raise ValueError(f"{n:,} positions do not fit this cache's {self.ctx:,}")
+        self.tokens = []
+        rows, seen = dict(self._rows()), set()
+        for name, t in (tensors.items() if isinstance(tensors, dict) else tensors):
+            if name in rows:
+                dst = rows[name][:, :n]
+            elif name.startswith("state.") and self.state is not None:
+                dst = self.state.slot(name, n)
+            else:
+                raise ValueError(f"this model's cache has no tensor {name!r}")
+            if tuple(t.shape) != tuple(dst.shape) or t.dtype != dst.dtype:
+                raise ValueError(f"{name} is {t.dtype} {tuple(t.shape)}; this cache holds {dst.dtype} {tuple(dst.shape)}")
+            self.reach(n)
+            dst.copy_(t)
+            seen.add(name)
+        missing = (set(rows) | (self.state.required(seen) if self.state is not None else set())) - seen
+        if missing:
+            raise ValueError(f"missing {', '.join(sorted(missing)[:4])}")
+        self.tokens = list(tokens)
+
 
 class Run:
     """What every layer of one forward shares: the sequences' caches, positions and new-token counts,

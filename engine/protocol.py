@@ -16,9 +16,9 @@ from __future__ import annotations
 from .commands import (Generate, Load, Query, Reading, Reprofile, SetBudgets, SetContext, SetSlider,  # noqa: F401
                        Shutdown, Stop)
 from .events import (Done, EngineStopped, ErrorEvent, Loaded, MigrationProgress, PlacementChanged,  # noqa: F401
-                     Progress, QueryDone, Stats, Token)
+                     Progress, PromptProgress, QueryDone, Stats, Token)
 from .sampling import SamplingParams  # noqa: F401
 
 COMMANDS = (Load, Generate, Stop, SetSlider, SetBudgets, SetContext, Reprofile, Query, Shutdown, Reading)
-EVENTS = (Progress, Loaded, Token, Done, QueryDone, PlacementChanged, MigrationProgress, Stats, ErrorEvent,
-          EngineStopped)
+EVENTS = (Progress, PromptProgress, Loaded, Token, Done, QueryDone, PlacementChanged, MigrationProgress, Stats,
+          ErrorEvent, EngineStopped)

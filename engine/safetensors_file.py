@@ -90,6 +90,9 @@ class SafetensorsFile:
             raise ModelError(self.path, "is corrupt: its header is not valid JSON") from None
         if not isinstance(header, dict):
             raise ModelError(self.path, "is corrupt: its header is not a JSON object")
+        meta = header.get("__metadata__")  # the writer's own notes, strings (a KV cache file's: engine/kv_files.py)
+        self.metadata: dict[str, str] = {k: v for k, v in meta.items() if isinstance(v, str)} \
+            if isinstance(meta, dict) else {}
         base = 8 + n
         out: dict[str, TensorInfo] = {}
         data_end = 0

@@ -5,13 +5,15 @@ any thread) and its own stop event; its events go to the client that asked (`Req
 Generate arrives with its prompt as ids (`Request.prompt`, prepared by the session with
 engine/prompt.py): the scheduler renders nothing. The engine thread queues generation requests and
 queries in order (`enqueue`) and lets them start as room allows (`admit`): a chat request waits for
-the chat's cache to be free (one chat reply at a time, its prefix carried over between turns); a
-pool request (the local server's) takes a pool cache, up to `max_streams` requests at once; a query
-waits for every request to end.
+its conversation's cache to be free (one reply a conversation at a time, its prefix carried over
+between turns; engine/kv_cache.py keeps each conversation's cache by its key); a pool request (the
+local server's) takes a pool cache; up to `max_streams` requests at once; a query waits for every
+request to end.
 
 `step()` runs one round, after vLLM's EngineCore.step (schedule -> execute -> update):
 - one prompt chunk of the oldest request still reading its prompt, so the requests already
-  decoding stall for at most one chunk;
+  decoding stall for at most one chunk (`chunk` tokens; larger when nothing else decodes:
+  `prompt_chunk`, the one place that decides);
 - one decode step for every request waiting on one token, as one forward of B tokens, each at its
   own position in its own cache (MoEModel.forward): every layer's dense weights, and every expert
   any of the B tokens chose, are read once for all of them.
@@ -36,7 +38,9 @@ from .kv_cache import KVCaches
 from .prompt import Prepared
 from .protocol import ErrorEvent, Generate, Query
 
-CHUNK = 64  # prompt tokens read per round while other requests decode
+CHUNK = 64  # prompt tokens read per round while other requests decode (the default of Scheduler.chunk)
+SOLO_CHUNK = 512  # at most this many when nothing else decodes (Scheduler.solo_chunk)
+CHUNK_S = 1.0  # ... and about as many as this many seconds read, at the rate measured (a Stop acts within it)
 
 
 @dataclass(eq=False)
@@ -55,14 +59,24 @@ class Request:
     def slot(self) -> str:
         return getattr(self.cmd, "slot", "")
 
+    @property
+    def key(self) -> str:
+        """The cache it continues ("": a pool cache chosen by its prompt; engine/kv_cache.py)."""
+        return getattr(self.cmd, "cache_key", "") or ("chat" if self.slot == "chat" else "")
+
 
 class Scheduler:
-    def __init__(self, max_streams: int = 4, chunk: int = CHUNK,
+    def __init__(self, max_streams: int = 4, chunk: int | None = None,
                  on_decode: Callable[[int, float], None] | None = None,
                  on_done: Callable[[Done], None] | None = None):
         """on_decode(width, seconds) after each decode step; on_done(done) after each request's end
         (telemetry)."""
-        self.max_streams, self.chunk = max_streams, chunk
+        self.max_streams = max_streams
+        self.chunk = CHUNK if chunk is None else chunk  # prompt tokens a round reads while others decode
+        self.solo_chunk = SOLO_CHUNK  # the most a round reads when nothing else decodes (chunk: no more than chunk)
+        self.chunk_s = CHUNK_S
+        self.read_tok_s = 0.0  # prompt tokens a second, as the last chunks read measured
+        self.cache_budget: int | None = None  # bytes the caches may hold (None: kv_cache.default_budget)
         self.on_decode = on_decode or (lambda n, s: None)
         self.on_done = on_done or (lambda d: None)
         self._ids = itertools.count(1)
@@ -100,10 +114,14 @@ class Scheduler:
         with self._lock:
             self._known.pop(req.id, None)
 
-    def attach(self, generator: Generator) -> None:
-        """A model is ready: requests start on it, with the chat's cache and a pool of their own."""
+    def attach(self, generator: Generator, files=None, prefill_rate: Callable[[], float] = lambda: 0.0) -> None:
+        """A model is ready: requests start on it, with caches of their own (files: its KV cache files,
+        engine/kv_files.py; prefill_rate: the telemetry's, against which a file is worth reading)."""
+        if self.caches is not None:  # caches made anew (another context): the old ones' files are finished
+            self.caches.close()
         self.gen = generator
-        self.caches = KVCaches(generator.new_cache, self.max_streams)
+        self.read_tok_s = 0.0
+        self.caches = KVCaches(generator.new_cache, self.max_streams, self.cache_budget, files, prefill_rate)
 
     def detach(self) -> None:
         """The model goes: running requests end with a word, not silence; waiting ones stay."""
@@ -111,6 +129,8 @@ class Scheduler:
             self._end(r, ErrorEvent(message="the model was closed while this request ran", request_id=r.id,
                                     kind="Unloaded"))
         self.running = []
+        if self.caches is not None:
+            self.caches.close()  # the files being written are finished
         self.gen = self.caches = None
 
     def enqueue(self, req: Request) -> None:
@@ -127,9 +147,7 @@ class Scheduler:
             return not self.running
         if len(self.running) >= self.max_streams:
             return False
-        if req.slot == "chat":
-            return not any(r.slot == "chat" for r in self.running)
-        return self.caches.pool_available()
+        return self.caches.available(req.key)
 
     def admit(self) -> Request | None:
         """Start waiting requests in order while there is room. A waiting request that was
@@ -153,9 +171,10 @@ class Scheduler:
                 return
             cmd.params.check()
             prompt = req.prompt or self._as_given(cmd)
-            req.cache = self.caches.claim(cmd.slot, prompt.ids, cmd.fresh)
-            req.seq = gen.sequence(prompt.ids, cmd.params, req.stop, req.cache, chunk=self.chunk, request_id=req.id,
-                                   parser=prompt.parser, opening=prompt.opening)
+            reserve = min(gen.ctx, len(prompt.ids) + cmd.params.max_new_tokens)  # the positions it may fill
+            req.cache = self.caches.claim(req.key, prompt.ids, cmd.fresh, reserve)
+            req.seq = gen.sequence(prompt.ids, cmd.params, req.stop, req.cache, chunk=self.prompt_chunk,
+                                   request_id=req.id, parser=prompt.parser, opening=prompt.opening)
         except Exception as e:  # noqa: BLE001 - the error boundary: this request ends, the engine serves on
             self._fail(req, e, "starting the reply")
             return
@@ -217,16 +236,30 @@ class Scheduler:
                 self._fail(r, e, "generating", log)
         return before - len(self.running)
 
+    def prompt_chunk(self) -> int:
+        """How many prompt tokens the next chunk reads: `chunk` while other requests decode (they stall
+        for one chunk at most); when nothing else does, more (larger products run faster), doubling up
+        to solo_chunk while a chunk takes no more than chunk_s at the rate measured (so Stop and the
+        progress still come about that often)."""
+        n = self.chunk
+        if any(r.need is not None and len(r.need.feed) == 1 for r in self.running) or self.read_tok_s <= 0:
+            return n
+        while n * 2 <= self.solo_chunk and n * 2 <= self.read_tok_s * self.chunk_s:
+            n *= 2
+        return n
+
     def _round(self) -> None:
         reading = [r for r in self.running if r.need is not None and len(r.need.feed) > 1]
         if reading:  # the oldest prompt, one chunk
             r = reading[0]
+            t0 = time.perf_counter()
             try:
                 logits = self.gen.forward(r.need)
                 mapped.check()  # a model file changed under the step: no token from it
             except Exception as e:  # noqa: BLE001 - this request ends with it
                 self._fail(r, e, "generating")
             else:
+                self.read_tok_s = len(r.need.feed) / max(time.perf_counter() - t0, 1e-9)
                 self._advance(r, logits)
         decoding = [r for r in self.running if r.need is not None and len(r.need.feed) == 1]
         self.last_width = len(decoding)
@@ -256,5 +289,5 @@ class Scheduler:
 
     @property
     def chat_tokens(self) -> int:
-        """Positions the chat's cache holds (the context in use)."""
-        return len(self.caches.chat.tokens) if self.caches is not None else 0
+        """Positions the last conversation's cache holds (the context in use)."""
+        return self.caches.chat_tokens if self.caches is not None else 0

@@ -41,6 +41,7 @@ class Session:
         self.controller = PlacementController(self.publish, self._announce, max_streams=max_streams, **placement)
         self.controller.kv_resident = self._kv_resident
         self.loaded = None
+        self.keep_caches = True  # conversations' KV caches written to the user cache folder (engine/kv_files.py)
         self.last_loaded: Loaded | None = None  # the model ready now, as last announced (for late listeners)
         self.current_stop: threading.Event | None = None  # the running query's own stop (a Stop sets it)
         self.commands: queue.Queue = queue.Queue()
@@ -243,7 +244,10 @@ class Session:
     def _attach_caches(self, ld) -> None:
         """Requests start on the model's generator, with KV caches of its context (made anew after a
         SetContext)."""
-        self.scheduler.attach(ld.generator)
+        from .kv_files import KVFiles
+
+        files = KVFiles.for_model(ld) if self.keep_caches else None  # conversations' caches kept on disk too
+        self.scheduler.attach(ld.generator, files, prefill_rate=lambda: self.telemetry.prefill_tok_s)
 
     def _context(self, ckpt, cmd: Load):
         """The context a Load opens at (engine/context_fit.py) under the memory the model may use now."""

@@ -179,7 +179,7 @@ def test_whoever_shows_the_chat_is_told_what_changed(tmp_path):
     class Backend:
         name = "tiny"
 
-        def generate(self, history, params, think):
+        def generate(self, history, params, think, cache_key=""):
             return 7
 
     s.start_reply(Backend(), [], None, None)

@@ -51,3 +51,37 @@ class LinearState:
         """Forget the copies past `tokens` (the cache's tokens were cut back to that many)."""
         for t in [t for t in self.snapshots if t > tokens]:
             del self.snapshots[t]
+
+    # ---- by name, as the KV cache keeps it on disk (engine/model.py KVCache.tensors) ----
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The live state and each turn boundary's copy: state.conv, state.rec, state.at.T.conv, ..."""
+        out = {"state.conv": self.conv, "state.rec": self.rec}
+        for t, (conv, rec) in sorted(self.snapshots.items()):
+            out[f"state.at.{t}.conv"], out[f"state.at.{t}.rec"] = conv, rec
+        return out
+
+    def slot(self, name: str, tokens: int) -> torch.Tensor:
+        """Where the tensor of that name goes back (a cache of `tokens` tokens restored): the live
+        state, or a turn boundary's copy within those tokens, made here. ValueError for another name."""
+        if name in ("state.conv", "state.rec"):
+            return self.conv if name.endswith("conv") else self.rec
+        parts = name.split(".")
+        if len(parts) == 4 and parts[1] == "at" and parts[2].isdigit() and parts[3] in ("conv", "rec"):
+            t = int(parts[2])
+            if 0 < t <= tokens:
+                if t not in self.snapshots:
+                    if len(self.snapshots) >= SNAPSHOTS:
+                        raise ValueError(f"more than {SNAPSHOTS} copies of the linear state")
+                    self.snapshots[t] = (torch.empty_like(self.conv), torch.empty_like(self.rec))
+                return self.snapshots[t][0 if parts[3] == "conv" else 1]
+        raise ValueError(f"the linear state has no tensor {name!r}")
+
+    def required(self, seen: set) -> set:
+        """The names a restore must have given, once `seen` were: the live state, and both halves of
+        every copy one half of which came."""
+        out = {"state.conv", "state.rec"}
+        for name in seen:
+            if name.startswith("state.at."):
+                base = name.rsplit(".", 1)[0]
+                out |= {base + ".conv", base + ".rec"}
+        return out

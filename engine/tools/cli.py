@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ..client import for_terminal, progress_bar
-from .cli_reply import Reply
+from .cli_reply import ReadingBar, Reply
 from ..errors import MixdeskError
 
 
@@ -156,11 +156,12 @@ def cmd_chat(a, on_event=None) -> int:
             turns.append({"role": "user", "content": user})
             if prompts is None:
                 print("mixdesk> ", end="", flush=True)
-            shown = Reply()
+            bar = ReadingBar(on=not a.quiet, prefix="mixdesk> " if prompts is None else "")
+            shown = Reply(bar)
             while True:
                 try:
                     fin = client.generate(system + turns, params=params, on_text=shown.content,
-                                          on_reasoning=shown.reasoning)
+                                          on_reasoning=shown.reasoning, on_reading=bar.show)
                     break
                 except EngineError as e:
                     if e.kind != "ContextOverflow" or prompts is not None:
@@ -176,6 +177,12 @@ def cmd_chat(a, on_event=None) -> int:
             if fin is None:
                 continue
             shown.end(fin)
+            if fin.reason == "cancelled" and not fin.token_ids and bar.last is not None:
+                r = bar.last  # stopped while its prompt was read: what was read stays cached
+                print(f"[stopped while reading the prompt: {r.read:,} of {r.total:,} tokens read, kept; send the "
+                      "message again to read the rest]")
+                turns.pop()
+                continue
             if fin.reason == "cancelled":
                 print("[stopped]")
             turns.append({"role": "assistant", "content": fin.content})  # its reasoning is not sent back

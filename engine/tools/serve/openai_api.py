@@ -228,6 +228,14 @@ def error_of(ev: ErrorEvent) -> ApiError:
     return ApiError(500, ev.message, kind="server_error")
 
 
+def usage_of(fin) -> dict:
+    """A reply's usage in OpenAI's shape; cached_tokens: the prompt tokens whose keys and values were
+    cached already (read only once; engine/kv_cache.py)."""
+    n = len(fin.token_ids)
+    return {"prompt_tokens": fin.prompt_tokens, "completion_tokens": n, "total_tokens": fin.prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": fin.reused_tokens}}
+
+
 def chunk_id(kind: str) -> str:
     return f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
 

@@ -21,10 +21,10 @@ from .chat_messages import messages_of
 from .chat_reply import ChatReply
 from .guard import Guard, protocol_with_header_deadline
 from .openai_api import (FINISH, ApiError, ClientGone, Departure, EngineLink, RequestLog, chunk_id, error_of, now,
-                         parse_body, prompt_of, sampling, sse, stream_fields)
+                         parse_body, prompt_of, sampling, sse, stream_fields, usage_of)
 from .tool_fields import refuse_unsupported, tool_request
 from ...errors import ContextOverflow, MixdeskError
-from ...protocol import Done, ErrorEvent, Token
+from ...protocol import Done, ErrorEvent, PromptProgress, Token
 
 LOG_LINES = 200  # the request log the window shows keeps this many
 MAX_BODY = 16 << 20  # bytes: a long document pasted into a prompt is ~1 MB; the context refuses far less
@@ -217,6 +217,8 @@ class Server:
             rid, q = self.link.start(params=params, **kw)
             try:
                 first = await departure.next(q)  # the status is decided here: an error before any token is an HTTP error
+                while isinstance(first, PromptProgress):  # a long prompt being read (a client that leaves stops it)
+                    first = await departure.next(q)
             except ClientGone:
                 self.link.stop(rid)
                 raise
@@ -256,8 +258,7 @@ class Server:
         finally:
             self.link.stop(rid) if not isinstance(ev, Done) else self.link.finish(rid)
         fin = ev
-        usage = {"prompt_tokens": fin.prompt_tokens, "completion_tokens": len(fin.token_ids),
-                 "total_tokens": fin.prompt_tokens + len(fin.token_ids)}
+        usage = usage_of(fin)
         if reply is not None:
             choice = {"index": 0, "message": reply.message(fin), "finish_reason": reply.finish_reason(fin),
                       "logprobs": None}
@@ -303,10 +304,8 @@ class Server:
                     tally["tokens"] = len(fin.token_ids)
                     yield sse(chunk(None, reply.finish_reason(fin) if chat else FINISH.get(fin.reason, "stop")))
                     if include_usage:
-                        n = len(fin.token_ids)
                         yield sse({"id": cid, "object": obj, "created": created, "model": model, "choices": [],
-                                   "usage": {"prompt_tokens": fin.prompt_tokens, "completion_tokens": n,
-                                             "total_tokens": fin.prompt_tokens + n}})
+                                   "usage": usage_of(fin)})
                     done = True
                     break
                 ev = await q.get()
