@@ -124,7 +124,14 @@ def test_results_do_not_depend_on_threads_or_batch(monkeypatch):
         monkeypatch.setattr(native, "_threads", n)
         outs.append(q.matmul(x))
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
-    assert torch.equal(torch.cat([q.matmul(x[i:i + 1]) for i in range(6)]), outs[0])
+    one_by_one = torch.cat([q.matmul(x[i:i + 1]) for i in range(6)])
+    # below the prompt kernel's token count (batched decode: a few streams) the same row kernels
+    # run, bit for bit; at and above it (a prompt) gemm.c sums the same integer products in
+    # another fp32 order: close, not equal
+    few = native.gemm_threshold() - 1
+    if few >= 1:
+        assert torch.equal(q.matmul(x[:few]), one_by_one[:few])
+    assert close(outs[0], one_by_one)
 
 
 def test_a_new_activation_in_the_same_memory_is_not_served_stale(path):  # noqa: F811
