@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import linear
+from ..native import flash
 from .norms import rms
 
 
@@ -144,6 +145,12 @@ class Attention:
         cache.k[l][:, pos:end] = qk[:, H:].transpose(0, 1)  # (cache.k: one tensor [L, G, ctx, Hd], or per layer)
         cache.v[l][:, pos:end] = v.transpose(0, 1)
         first, mask, causal = span
+        if self.sinks is None and n >= flash.MIN_TOKENS and qk.device.type == "cpu":
+            k, vv = cache.k[l][:, first:end], cache.v[l][:, first:end]  # as stored: flash.c reads them
+            att = flash.attend(qk[:, :H], k, vv, pos - first, self.window, m.dims.attn_scale,
+                               bf16_values=k.dtype == torch.bfloat16)  # weights as precise as the values
+            if att is not None:
+                return att
         k, vv = (t[l][:, first:end].to(m.attn_dtype) for t in (cache.k, cache.v))
         q = qk[:, :H].transpose(0, 1)  # [H, n, Hd]
         if self.sinks is not None:

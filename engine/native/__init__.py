@@ -169,6 +169,9 @@ def _declare(lib) -> None:
     f = c_float  # deltanet.c: one Gated DeltaNet decode step
     lib.mdk_deltanet_step.argtypes = [i, i, i, i, i, i, vp, vp, vp, vp, vp, vp, vp, vp, vp, f, vp, vp, i]
     lib.mdk_deltanet_step.restype = i
+    lo = ctypes.c_long  # flash.c: a prompt's attention over its cache
+    lib.mdk_flash.argtypes = [vp, lo, i, i, i, i, i, i, f, vp, vp, i, lo, lo, vp, lo, i, i]
+    lib.mdk_flash.restype = i
 
 
 def lib():

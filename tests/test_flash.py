@@ -1,0 +1,125 @@
+"""A prompt's attention in flash.c (engine/native/flash.py): the same numbers as torch's fp32
+scaled_dot_product_attention for head dims 64/128/256, grouped heads, queries after a cached prefix,
+token counts off its 32-key blocks and 128-row tasks, sliding windows and fp32/bf16/fp16 caches; the
+weights rounded to bf16 only where the values are bf16 already. A model whose prompt attention runs in
+it keeps transformers' logits (fp32, 1e-4), read in one go or in chunks; where it does not apply it
+says so (None) and the layer's torch path runs."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine import native
+from engine.checkpoint import Checkpoint
+from engine.model import MoEModel
+from engine.native import flash
+from engine.placement import Placement, Tier
+
+pytestmark = pytest.mark.skipif(not native.available(), reason="native library not built")
+
+
+@pytest.fixture
+def avx512():
+    lib = native.lib()
+    active = lib.mdk_select_path(-1)
+    if lib.mdk_select_path(2) != 2:
+        lib.mdk_select_path(active)
+        pytest.skip("this CPU lacks AVX-512: torch computes the prompt's attention")
+    yield
+    lib.mdk_select_path(active)
+
+
+def reference(q, k, v, q0, window, scale=None):
+    """torch's SDPA in fp32 with the mask spelled out: q [n, H, Hd], k/v [G, S, Hd] -> [n, H*Hd]."""
+    n, S = q.shape[0], k.shape[1]
+    qp, kp = torch.arange(q0, q0 + n)[:, None], torch.arange(S)[None]
+    mask = kp <= qp
+    if window:
+        mask &= (qp - kp) < window
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None].float(), k[None].float(), v[None].float(),
+                                         attn_mask=mask, enable_gqa=True, scale=scale)[0]
+    return out.transpose(0, 1).reshape(n, -1)
+
+
+def rel(got, want) -> float:
+    return float((got - want).abs().max()) / float(want.abs().max())
+
+
+CASES = [  # H, G, Hd, n, q0, window
+    (8, 2, 64, 37, 0, None),
+    (8, 8, 64, 130, 45, None),
+    (32, 4, 128, 200, 300, None),
+    (16, 1, 128, 16, 1000, None),
+    (4, 2, 256, 70, 33, None),
+    (8, 4, 128, 150, 200, 64),
+    (8, 4, 64, 300, 0, 100),
+]
+
+
+@pytest.mark.parametrize("H,G,Hd,n,q0,window", CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_flash_gives_torchs_attention(avx512, H, G, Hd, n, q0, window, dtype):
+    g = torch.Generator().manual_seed(H * n + q0)
+    S = q0 + n
+    qk = torch.randn(n, H + G, Hd, generator=g)  # the projection's rows: q then k, strided
+    cache_k = (torch.randn(G, S + 40, Hd, generator=g) * 2).to(dtype)  # a cache longer than its use
+    cache_v = torch.randn(G, S + 40, Hd, generator=g).to(dtype)
+    k, v = cache_k[:, :S], cache_v[:, :S]
+    want = reference(qk[:, :H], k, v, q0, window, scale=0.1)
+    exact = flash.attend(qk[:, :H], k, v, q0, window, 0.1, bf16_values=False)
+    assert exact is not None and exact.shape == (n, H * Hd)
+    assert rel(exact, want) < 1e-5
+    rounded = flash.attend(qk[:, :H], k, v, q0, window, 0.1, bf16_values=True)
+    assert rel(rounded, want) < (5e-3 if native.lib().mdk_cpu_has_bf16() else 1e-5)
+
+
+def test_a_window_at_the_keys_start_and_a_window_of_one(avx512):
+    g = torch.Generator().manual_seed(5)
+    qk, k, v = torch.randn(64, 6, 64, generator=g), torch.randn(2, 64, 64, generator=g), torch.randn(2, 64, 64, generator=g)
+    for window in (1, 31, 32, 33):
+        got = flash.attend(qk[:, :4], k, v, 0, window, None, bf16_values=False)
+        assert rel(got, reference(qk[:, :4], k, v, 0, window)) < 1e-5, window
+    one = flash.attend(qk[:, :4], k, v, 0, 1, None, bf16_values=False)  # each query sees only itself
+    assert torch.allclose(one.view(64, 4, 64), v.repeat_interleave(2, 0).transpose(0, 1), atol=1e-6)
+
+
+def test_what_it_does_not_take_is_left_to_torch(avx512):
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(32, 4, 96, generator=g), torch.randn(2, 32, 96, generator=g)
+    assert flash.attend(q, k, k, 0, None, None) is None  # head dim 96
+    q, k = torch.randn(32, 4, 64, generator=g), torch.randn(2, 32, 64, generator=g)
+    assert flash.attend(q, k, k[:, :, :32].contiguous(), 0, None, None) is None  # values of another width
+    assert flash.attend(q.to(torch.bfloat16), k, k, 0, None, None) is None  # bf16 queries
+    assert flash.attend(q[:8], k[:, :8], k[:, :8], 0, None, None) is None  # too few queries to pay
+    lib = native.lib()
+    if lib.mdk_select_path(1) == 1:  # the AVX2 path: torch's SDPA instead
+        assert flash.attend(q, k, k, 0, None, None) is None
+    lib.mdk_select_path(2)
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A tiny Mixtral with 64-wide heads (flash.c's smallest) and a sliding window shorter than the prompt."""
+    from engine.sources.tiny_model import write_tiny_mixtral
+
+    return write_tiny_mixtral(tmp_path_factory.mktemp("wide"), hidden=128, heads=4, kv_heads=2, head_dim=64,
+                              sliding_window=48)
+
+
+def test_a_model_reading_its_prompt_in_flash_keeps_transformers_logits(avx512, wide, monkeypatch):
+    from transformers import MixtralForCausalLM
+
+    ck = Checkpoint(wide)
+    ids = torch.randint(0, ck.dims.vocab, (150,), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = MixtralForCausalLM.from_pretrained(str(wide), dtype=torch.float32).eval()(ids[None]).logits[0]
+    calls = []
+    real = flash.attend
+    monkeypatch.setattr(flash, "attend", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    model = MoEModel(ck, Placement.uniform(ck.dims.layers, ck.dims.experts, Tier.CPU16), torch.device("cpu"),
+                     torch.float32)
+    whole = model.forward(ids, model.new_cache(256), 0, all_logits=True)
+    assert (whole - want).abs().max().item() < 1e-4
+    cache = model.new_cache(256)
+    parts = [model.forward(ids[a:b], cache, a, all_logits=True) for a, b in ((0, 70), (70, 100), (100, 150))]
+    assert (torch.cat(parts) - want).abs().max().item() < 1e-4
+    assert calls and all(n >= flash.MIN_TOKENS for n in calls)  # flash.c read these prompts
