@@ -123,3 +123,26 @@ def test_a_model_reading_its_prompt_in_flash_keeps_transformers_logits(avx512, w
     parts = [model.forward(ids[a:b], cache, a, all_logits=True) for a, b in ((0, 70), (70, 100), (100, 150))]
     assert (torch.cat(parts) - want).abs().max().item() < 1e-4
     assert calls and all(n >= flash.MIN_TOKENS for n in calls)  # flash.c read these prompts
+
+
+def test_decode_after_a_long_prompt_reads_its_rows_in_blocks_and_keeps_transformers_logits(avx512, tmp_path):
+    """The native decode step's attention (attention.c) takes the keys and values in blocks of 128
+    positions for all of a group's heads: after 300 positions (three blocks, an odd tail) its logits
+    are still transformers'."""
+    from transformers import MixtralForCausalLM
+
+    from engine.native import choice
+    from engine.sources.tiny_model import write_tiny_mixtral
+
+    folder = write_tiny_mixtral(tmp_path / "m", hidden=128, heads=8, kv_heads=2, head_dim=64)
+    ck = Checkpoint(folder)
+    ids = torch.randint(0, ck.dims.vocab, (311,), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = MixtralForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()(ids[None]).logits[0]
+    model = MoEModel(ck, Placement.uniform(ck.dims.layers, ck.dims.experts, Tier.CPU16), torch.device("cpu"),
+                     torch.float32)
+    assert choice.whole_step(model)  # the decode steps run in decode.c
+    cache = model.new_cache(400)
+    got = [model.forward(ids[:300], cache, 0, all_logits=True)]
+    got += [model.forward(ids[i:i + 1], cache, i) for i in range(300, 311)]
+    assert (torch.cat(got) - want).abs().max().item() < 1e-4

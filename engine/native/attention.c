@@ -2,16 +2,20 @@
  *
  * For the query heads h0..h0+hpg-1 of one kv group: att[h] = softmax(q[h] . K / sqrt(Hd)) . V over
  * key positions first..last, in fp32, the cache's rows widened from its format as they are read.
- * Three versions, chosen at run time: AVX-512 per head for head dims 64 and 128 (scores 16 positions
- * at a time with one transposed reduction, exp in vectors, the weighted values summed in
- * registers); AVX-512 by kv group for other multiples of 16 (each key and value row loaded once for
- * the group's heads); portable C. Measured on the demo after 896-token prompts: the per-head
- * version +15-23% at one stream over the by-group one, which was +16% over the C one
- * (benchmarks/results/concurrent_streams-prompt896-2026-12-01.md).
+ * Three versions, chosen at run time: AVX-512 head by head for head dims 64 and 128 (scores 16
+ * positions at a time with one transposed reduction, exp in vectors, the weighted values summed in
+ * registers), the rows taken in blocks of 128 positions that every head of the group goes through
+ * before the next block is read; AVX-512 by kv group for other multiples of 16 (each key and value
+ * row loaded once for the group's heads); portable C. Measured on the demo after 896-token prompts:
+ * the per-head version +15-23% at one stream over the by-group one, which was +16% over the C one
+ * (benchmarks/results/concurrent_streams-prompt896-2026-12-01.md); the blocks (2026-12-04, the
+ * 4-layer full-width Qwen3-30B-A3B, best decode step): after 4,096 positions 11.2-11.6 -> 8.3 ms,
+ * after 16,384 14.7-18.2 -> 13.3-13.6 ms.
  */
 #include "mdk.h"
 
 #include <math.h>
+#include <string.h>
 
 #if MDK_X86
 #include <immintrin.h>
@@ -127,83 +131,112 @@ static MDK_INLINE __m512 sums16(const __m512 *v) {
 #undef MDK_QUAD
 
 
-/* One query head over its kv group's keys and values, NV = Hd / 16 a constant (4 or 8: head dims
- * 64 and 128). Scores 16 positions at a time, reduced together (sums16); the softmax's exp in
- * vectors; the weighted sum of values in registers, two accumulator sets. Rows of the group are read
- * once per head; a group's rows (a few hundred KB at long contexts) stay in the core's L2. */
+/* The query heads h0..h0+hpg-1 of one kv group over its keys and values, NV = Hd / 16 a constant (4
+ * or 8: head dims 64 and 128). Scores 16 positions at a time, reduced together (sums16); the softmax's
+ * exp in vectors; the weighted sum of values in registers, two accumulator sets. The keys, then the
+ * values, are taken in blocks of 128 positions (32 KB of bf16 rows: the core's L1) and every head
+ * goes through a block before the next is read, so a long context's rows come from memory once per
+ * group, not once per head (at 16K positions a group's keys are 4 MB: eight passes over them took
+ * most of a decode step). The sums are those of one head at a time, in the same order. */
+#define ATT_BLOCK 128
 MDK_TARGET("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
-static MDK_INLINE void attn_head_body(const float *qh, const char *kb, const char *vb, int first, int last,
-                                      float *s, float *o, int fmt, const int NV) {
+static MDK_INLINE void attn_heads_body(const float *q, int hpg, const char *kb, const char *vb, int first, int last,
+                                       float *scores, int ctx, float *att, int fmt, const int NV) {
     size_t rb = (size_t)NV * 16 * (fmt == MDK_F32 ? 4 : 2);
-    float scale = 1.f / sqrtf((float)(NV * 16));
-    __m512 q[8], mxv = _mm512_set1_ps(-INFINITY);
-    for (int v = 0; v < NV; v++) q[v] = _mm512_loadu_ps(qh + 16 * v);
-    int j = first;
-    for (; j + 16 <= last + 1; j += 16) {
-        __m512 acc[16];
-        for (int t = 0; t < 16; t++) {
-            const char *kj = kb + (size_t)(j + t) * rb;
-            __m512 a = _mm512_mul_ps(q[0], kv16(kj, 0, fmt));
-            for (int v = 1; v < NV; v++) a = _mm512_fmadd_ps(q[v], kv16(kj, 16 * v, fmt), a);
-            acc[t] = a;
-        }
-        __m512 sc = _mm512_mul_ps(sums16(acc), _mm512_set1_ps(scale));
-        _mm512_storeu_ps(s + j, sc);
-        mxv = _mm512_max_ps(mxv, sc);
-    }
-    float mx = _mm512_reduce_max_ps(mxv);
-    for (; j <= last; j++) {
-        const char *kj = kb + (size_t)j * rb;
-        __m512 a = _mm512_mul_ps(q[0], kv16(kj, 0, fmt));
-        for (int v = 1; v < NV; v++) a = _mm512_fmadd_ps(q[v], kv16(kj, 16 * v, fmt), a);
-        s[j] = _mm512_reduce_add_ps(a) * scale;
-        if (s[j] > mx) mx = s[j];
-    }
-    __m512 mv = _mm512_set1_ps(mx), sumv = _mm512_setzero_ps();
-    for (j = first; j <= last; j += 16) {
-        int n = last + 1 - j < 16 ? last + 1 - j : 16;
-        __mmask16 k = (__mmask16)((1u << n) - 1u);
-        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mv));
-        e = _mm512_maskz_mov_ps(k, e);
-        _mm512_mask_storeu_ps(s + j, k, e);
-        sumv = _mm512_add_ps(sumv, e);
-    }
-    float inv = 1.f / _mm512_reduce_add_ps(sumv);
-    __m512 o0[8], o1[8];
-    for (int v = 0; v < NV; v++) o0[v] = o1[v] = _mm512_setzero_ps();
-    for (j = first; j + 1 <= last; j += 2) {
-        const char *v0 = vb + (size_t)j * rb, *v1 = v0 + rb;
-        __m512 p0 = _mm512_set1_ps(s[j]), p1 = _mm512_set1_ps(s[j + 1]);
-        for (int v = 0; v < NV; v++) {
-            o0[v] = _mm512_fmadd_ps(p0, kv16(v0, 16 * v, fmt), o0[v]);
-            o1[v] = _mm512_fmadd_ps(p1, kv16(v1, 16 * v, fmt), o1[v]);
+    float scale = 1.f / sqrtf((float)(NV * 16)), mx[16], inv[16];
+    __m512 mxv[16];
+    for (int h = 0; h < hpg; h++) mxv[h] = _mm512_set1_ps(-INFINITY);
+    for (int b = first; b <= last; b += ATT_BLOCK) {
+        int end = b + ATT_BLOCK - 1 < last ? b + ATT_BLOCK - 1 : last;  /* the block's last position */
+        for (int h = 0; h < hpg; h++) {
+            const float *qh = q + (size_t)h * NV * 16;
+            float *s = scores + (size_t)h * ctx;
+            __m512 qv[8];
+            for (int v = 0; v < NV; v++) qv[v] = _mm512_loadu_ps(qh + 16 * v);
+            int j = b;
+            for (; j + 16 <= end + 1; j += 16) {
+                __m512 acc[16];
+                for (int t = 0; t < 16; t++) {
+                    const char *kj = kb + (size_t)(j + t) * rb;
+                    __m512 a = _mm512_mul_ps(qv[0], kv16(kj, 0, fmt));
+                    for (int v = 1; v < NV; v++) a = _mm512_fmadd_ps(qv[v], kv16(kj, 16 * v, fmt), a);
+                    acc[t] = a;
+                }
+                __m512 sc = _mm512_mul_ps(sums16(acc), _mm512_set1_ps(scale));
+                _mm512_storeu_ps(s + j, sc);
+                mxv[h] = _mm512_max_ps(mxv[h], sc);
+            }
+            for (; j <= end; j++) {  /* the last block's tail */
+                const char *kj = kb + (size_t)j * rb;
+                __m512 a = _mm512_mul_ps(qv[0], kv16(kj, 0, fmt));
+                for (int v = 1; v < NV; v++) a = _mm512_fmadd_ps(qv[v], kv16(kj, 16 * v, fmt), a);
+                s[j] = _mm512_reduce_add_ps(a) * scale;
+                mxv[h] = _mm512_mask_max_ps(mxv[h], 1, mxv[h], _mm512_set1_ps(s[j]));
+            }
         }
     }
-    if (j <= last) {
-        const char *v0 = vb + (size_t)j * rb;
-        __m512 p0 = _mm512_set1_ps(s[j]);
-        for (int v = 0; v < NV; v++) o0[v] = _mm512_fmadd_ps(p0, kv16(v0, 16 * v, fmt), o0[v]);
+    for (int h = 0; h < hpg; h++) {
+        float *s = scores + (size_t)h * ctx;
+        mx[h] = _mm512_reduce_max_ps(mxv[h]);
+        __m512 mv = _mm512_set1_ps(mx[h]), sumv = _mm512_setzero_ps();
+        for (int j = first; j <= last; j += 16) {
+            int n = last + 1 - j < 16 ? last + 1 - j : 16;
+            __mmask16 k = (__mmask16)((1u << n) - 1u);
+            __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mv));
+            e = _mm512_maskz_mov_ps(k, e);
+            _mm512_mask_storeu_ps(s + j, k, e);
+            sumv = _mm512_add_ps(sumv, e);
+        }
+        inv[h] = 1.f / _mm512_reduce_add_ps(sumv);
     }
-    __m512 iv = _mm512_set1_ps(inv);
-    for (int v = 0; v < NV; v++) _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(_mm512_add_ps(o0[v], o1[v]), iv));
+    _Alignas(64) float part[2][16][128];  /* each head's two accumulator sets between blocks */
+    memset(part, 0, sizeof(float) * 2 * 16 * 128);
+    for (int b = first; b <= last; b += ATT_BLOCK) {
+        int end = b + ATT_BLOCK - 1 < last ? b + ATT_BLOCK - 1 : last;
+        for (int h = 0; h < hpg; h++) {
+            const float *s = scores + (size_t)h * ctx;
+            __m512 o0[8], o1[8];
+            for (int v = 0; v < NV; v++) { o0[v] = _mm512_load_ps(part[0][h] + 16 * v); o1[v] = _mm512_load_ps(part[1][h] + 16 * v); }
+            int j = b;
+            for (; j + 1 <= end; j += 2) {
+                const char *v0 = vb + (size_t)j * rb, *v1 = v0 + rb;
+                __m512 p0 = _mm512_set1_ps(s[j]), p1 = _mm512_set1_ps(s[j + 1]);
+                for (int v = 0; v < NV; v++) {
+                    o0[v] = _mm512_fmadd_ps(p0, kv16(v0, 16 * v, fmt), o0[v]);
+                    o1[v] = _mm512_fmadd_ps(p1, kv16(v1, 16 * v, fmt), o1[v]);
+                }
+            }
+            if (j <= end) {  /* an odd count: the last position alone (blocks are even, so only the last block) */
+                const char *v0 = vb + (size_t)j * rb;
+                __m512 p0 = _mm512_set1_ps(s[j]);
+                for (int v = 0; v < NV; v++) o0[v] = _mm512_fmadd_ps(p0, kv16(v0, 16 * v, fmt), o0[v]);
+            }
+            for (int v = 0; v < NV; v++) { _mm512_store_ps(part[0][h] + 16 * v, o0[v]); _mm512_store_ps(part[1][h] + 16 * v, o1[v]); }
+        }
+    }
+    for (int h = 0; h < hpg; h++) {
+        __m512 iv = _mm512_set1_ps(inv[h]);
+        for (int v = 0; v < NV; v++)
+            _mm512_storeu_ps(att + (size_t)h * NV * 16 + 16 * v,
+                             _mm512_mul_ps(_mm512_add_ps(_mm512_load_ps(part[0][h] + 16 * v), _mm512_load_ps(part[1][h] + 16 * v)), iv));
+    }
 }
 
 MDK_TARGET("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
-static void attn_head64(const float *qh, const char *kb, const char *vb, int first, int last, float *s, float *o,
-                        int fmt) { attn_head_body(qh, kb, vb, first, last, s, o, fmt, 4); }
+static void attn_heads64(const float *q, int hpg, const char *kb, const char *vb, int first, int last, float *s,
+                         int ctx, float *o, int fmt) { attn_heads_body(q, hpg, kb, vb, first, last, s, ctx, o, fmt, 4); }
 MDK_TARGET("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
-static void attn_head128(const float *qh, const char *kb, const char *vb, int first, int last, float *s, float *o,
-                         int fmt) { attn_head_body(qh, kb, vb, first, last, s, o, fmt, 8); }
+static void attn_heads128(const float *q, int hpg, const char *kb, const char *vb, int first, int last, float *s,
+                          int ctx, float *o, int fmt) { attn_heads_body(q, hpg, kb, vb, first, last, s, ctx, o, fmt, 8); }
 #endif
 
 void mdk_attend(const mdk_kv *m, const float *q, const char *kb, const char *vb, int first, int last, int h0,
                 int hpg, float *scores, float *att) {
     int Hd = m->Hd;
 #if MDK_X86
-    if (mdk_path == MDK_PATH_AVX512 && (Hd == 64 || Hd == 128)) {
-        for (int h = h0; h < h0 + hpg; h++)
-            (Hd == 64 ? attn_head64 : attn_head128)(q + (size_t)h * Hd, kb, vb, first, last,
-                                                    scores + (size_t)h * m->ctx, att + (size_t)h * Hd, m->fmt);
+    if (mdk_path == MDK_PATH_AVX512 && (Hd == 64 || Hd == 128) && hpg <= 16) {
+        (Hd == 64 ? attn_heads64 : attn_heads128)(q + (size_t)h0 * Hd, hpg, kb, vb, first, last,
+                                                  scores + (size_t)h0 * m->ctx, m->ctx, att + (size_t)h0 * Hd, m->fmt);
         return;
     }
     if (mdk_path == MDK_PATH_AVX512 && Hd % 16 == 0 && Hd <= 256 && hpg <= 16) {
