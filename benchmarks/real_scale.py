@@ -240,11 +240,12 @@ class Sampler(threading.Thread):
             self.stop.wait(self.every)
 
 
-def run_child(a, side: str, placement: str, prompt: list[int], log) -> dict:
-    """One contender in a subprocess; its results, memory peaks and how it ended."""
-    cmd = [sys.executable, str(HERE), "--child", side, "--model", str(a.model_path), "--placement", placement,
-           "--threads", str(a.threads), "--ctx", str(a.ctx), "--new-tokens", str(a.new_tokens),
-           "--decode-rounds", str(a.decode_rounds), "--prompt-ids", json.dumps(prompt)]
+def run_child(a, side: str, placement: str, prompt: list[int], log, cmd: list[str] | None = None) -> dict:
+    """One contender in a subprocess; its results, memory peaks and how it ended. `cmd`: another
+    benchmark's child (benchmarks/prefill.py), sampled the same way."""
+    cmd = cmd or [sys.executable, str(HERE), "--child", side, "--model", str(a.model_path), "--placement", placement,
+                  "--threads", str(a.threads), "--ctx", str(a.ctx), "--new-tokens", str(a.new_tokens),
+                  "--decode-rounds", str(a.decode_rounds), "--prompt-ids", json.dumps(prompt)]
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads)}
     t0, ooms = time.perf_counter(), _oom_kills()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

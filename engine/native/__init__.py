@@ -172,6 +172,7 @@ def _declare(lib) -> None:
     lo = ctypes.c_long  # flash.c: a prompt's attention over its cache
     lib.mdk_flash.argtypes = [vp, lo, i, i, i, i, i, i, f, vp, vp, i, lo, lo, vp, lo, i, i]
     lib.mdk_flash.restype = i
+    lib.mdk_peak.argtypes, lib.mdk_peak.restype = [i, lo, i], ctypes.c_double  # peak.c: for benchmarks
 
 
 def lib():
