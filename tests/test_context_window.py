@@ -105,7 +105,11 @@ def test_the_model_bar_changes_the_context_without_reading_the_weights_again(qtb
         act.trigger()
         qtbot.waitUntil(lambda: w.ctx == 4096, timeout=60_000)
         assert w.bridge.session.loaded.model is model  # no reload
-        assert all(a is b for a, b in zip(experts, [ex for block in model.moe for ex in block.experts]))
+        after = [ex for block in model.moe for ex in block.experts]
+        # the experts are re-planned beside the new reservation (and a calibration may re-quantize some
+        # meanwhile): one whose tier stayed is the very object it was, nothing read from the files again
+        kept = [(a, b) for a, b in zip(experts, after) if a.tier == b.tier]
+        assert all(a is b for a, b in kept)
         assert w.context_button.text() == "Context: 4,096 tokens · 2.1 MB"
         assert context_choice.remembered(str(long_tiny)) == 4096 and w.models.current[3] == 4096
         reply = say(qtbot, w, "hello")  # it chats at the new context
