@@ -47,6 +47,11 @@ class ContextOverflow(MixdeskError):
         return e
 
 
+class ForwardStopped(Exception):
+    """A prompt chunk's forward stopped between two layers because its request's Stop was set (never shown
+    to a user: the request ends as "cancelled", the chunk not added to its cache: engine/scheduler.py)."""
+
+
 class InputError(MixdeskError):
     """A value given by the user (a command-line option, a sampling setting) that cannot be used."""
 

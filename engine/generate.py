@@ -142,6 +142,9 @@ class Answer:
         return out
 
 
+STOPPED = object()  # what a driver sends back for a Need whose forward a Stop ended (ForwardStopped)
+
+
 @dataclass(frozen=True)
 class Need:
     """A sequence asks for one forward pass: the logits after the last of `feed`, placed at
@@ -196,10 +199,11 @@ class Generator:
                 self.on_oom()
         raise AssertionError("unreachable")
 
-    def forward(self, need: Need) -> torch.Tensor:
-        """One sequence's forward pass alone: logits [V] fp32."""
+    def forward(self, need: Need, cancel=None) -> torch.Tensor:
+        """One sequence's forward pass alone: logits [V] fp32. cancel: a Stop that may end it between
+        layers (ForwardStopped: MoEModel.forward)."""
         return self.retrying(lambda: self.model.forward(torch.tensor(need.feed, dtype=torch.long), need.cache,
-                                                        need.pos)[-1])
+                                                        need.pos, cancel=cancel)[-1])
 
     def count_tokens(self, text: str) -> int:
         return len(self.tok.encode(text, add_special_tokens=False))
@@ -224,7 +228,8 @@ class Generator:
         engine/kv_cache.py); the rest is read. chunk > 0 (or a callable giving it before each chunk):
         the prompt is fed in chunks of that many tokens, each its own Need, so a driver can run other
         sequences' decode steps between them, with a PromptProgress as the read starts and after each
-        chunk; a cancel acts after the chunk in progress, and the chunks read stay in the cache.
+        chunk; a cancel acts after the chunk in progress (or within it, where the driver's forward stops
+        between layers and sends back STOPPED), and the chunks read stay in the cache.
         cancel: anything with is_set(), or None. Its events carry request_id. parser reads the reply in
         the model's format as it streams (engine/formats; None: all of it is content). opening: text
         the prompt ends with that is the reply's own start (read first; Generate.reply_prefix)."""
@@ -261,7 +266,8 @@ class Generator:
             if size and len(feed) > size:  # a long prompt, a chunk at a time, its progress said as it goes
                 yield PromptProgress(request_id=request_id, read=pos, total=len(prompt), reused=reuse)
             while size and len(feed) > size:
-                yield Need(feed[:size], pos, cache)
+                if (yield Need(feed[:size], pos, cache)) is STOPPED:
+                    break  # a Stop within the chunk: it is not kept (the cancel is set: "cancelled" below)
                 cache.tokens.extend(feed[:size])  # kept whatever comes next: a Stop leaves what was read
                 pos, feed = pos + size, feed[size:]
                 yield PromptProgress(request_id=request_id, read=pos, total=len(prompt), reused=reuse,
@@ -273,6 +279,9 @@ class Generator:
                 reason = "cancelled"
                 break
             logits = yield Need(feed, pos, cache)
+            if logits is STOPPED:
+                reason = "cancelled"
+                break
             if not bool(torch.isfinite(logits).all()):
                 raise NonFiniteOutput(i, self.model.dtype)
             cache.tokens.extend(feed)

@@ -24,7 +24,7 @@ from .layers.rope import Rope
 from .layers.sandwich import NORMS as SANDWICH_NORMS, SandwichLayer
 from .layers.state import LinearState
 from .dense_forms import embed_rows, stack
-from .errors import ModelError
+from .errors import ForwardStopped, ModelError
 from .experts import Expert16, build_steps, materialise
 from .kernels import linear, weight_problem
 from .moe import MoEBlock
@@ -432,7 +432,8 @@ class MoEModel:
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, caches: list[KVCache] | KVCache, positions: list[int] | int,
-                all_logits: bool = False, start: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
+                all_logits: bool = False, start: tuple[int, torch.Tensor] | None = None,
+                cancel=None) -> torch.Tensor:
         """One sequence of T tokens (a prefill or a decode step, B=1), or B sequences of one token each
         (a batched decode step, T == B), each in its own KV cache: ids [T] long, sequence b's tokens
         at positions[b].. of caches[b] (a KVCache and an int stand for B=1). Returns fp32 logits of
@@ -441,14 +442,18 @@ class MoEModel:
         `layer_inputs` by an earlier pass over the same ids).
         The matmuls and MoE blocks take all T tokens at once (each weight, and each expert any token
         chose, is read once); attention runs per sequence over its own cache. A decode step runs as
-        one native call where choice.decode_step says so; B=1 is the batched path's own case."""
+        one native call where choice.decode_step says so; B=1 is the batched path's own case.
+        cancel (anything with is_set(), or None): checked before each layer of a sequence without a
+        linear-attention state (a state is updated in place, layer by layer, and could not be taken back);
+        set, the forward raises ForwardStopped, its tokens' keys and values written only in rows the cache
+        does not count (the caller keeps cache.tokens as it was). A Stop ends a long chunk within a layer."""
         torch.set_flush_denormal(True)  # for this forward only (engine/native/cpu.c flush_denormals):
         try:                            # the caller's thread may be the GUI's, whose Qt float code keeps IEEE
-            return self._forward(ids, caches, positions, all_logits, start)
+            return self._forward(ids, caches, positions, all_logits, start, cancel)
         finally:
             torch.set_flush_denormal(False)
 
-    def _forward(self, ids, caches, positions, all_logits, start):
+    def _forward(self, ids, caches, positions, all_logits, start, cancel=None):
         if isinstance(caches, KVCache):
             caches, positions = [caches], [positions]
         T, B = ids.shape[0], len(caches)
@@ -478,7 +483,11 @@ class MoEModel:
             first, x = 0, x.to(self.residual_dtype)
         else:  # calibration: resume at a layer from its recorded input (earlier layers unchanged)
             first, x = start
+        if cancel is not None and any(c.state is not None for c in caches):
+            cancel = None
         for l in range(first, len(self.layers)):
+            if cancel is not None and cancel.is_set():
+                raise ForwardStopped(f"stopped before layer {l}")
             layer = self.layers[l]
             if self.layer_inputs is not None:
                 self.layer_inputs.append(x)

@@ -29,12 +29,12 @@ class Writing(ScriptedModel):
 
     dims = Dims()
 
-    def forward(self, ids, caches, positions, all_logits=False):
+    def forward(self, ids, caches, positions, all_logits=False, cancel=None):
         one = not isinstance(caches, list)
         for i, (c, p) in enumerate(zip([caches] if one else caches, [positions] if one else positions)):
             fed = ids if one else ids[i:i + 1]
             c.k[0, 0, p:p + len(fed), 0] = fed.float()
-        return super().forward(ids, caches, positions, all_logits)
+        return super().forward(ids, caches, positions, all_logits, cancel)
 
 
 def sched(chunk=16, budget=None, files=None):
@@ -88,7 +88,7 @@ def test_stop_while_the_prompt_is_read_keeps_the_chunks_read_and_a_resend_reads_
     run(s)
     assert r.done.reason == "cancelled" and not r.done.token_ids and not r.of(Token)
     read = r.of(PromptProgress)[-1].read
-    assert read == 6 * 16  # the chunk in progress when Stop came, and no more
+    assert read == 5 * 16  # the chunks read before Stop came: the next one's forward stops before a layer
     cache = s.caches.kept["chat:1"].cache
     assert cache.tokens == PROMPT[:read] and cache.k[0, 0, :read, 0].tolist() == PROMPT[:read]
     model.calls.clear()
@@ -98,14 +98,39 @@ def test_stop_while_the_prompt_is_read_keeps_the_chunks_read_and_a_resend_reads_
     assert again.done.reason == "length"
 
 
+class StopsWithin(Writing):
+    """Its third forward sets the request's Stop as it runs (a user's Stop while a long chunk is read),
+    then, as MoEModel.forward does between two layers, stops."""
+
+    stopped = False
+
+    def forward(self, ids, caches, positions, all_logits=False, cancel=None):
+        if cancel is not None and len(self.calls) == 2 and not self.stopped:
+            self.stopped = True
+            cancel.set()
+        return super().forward(ids, caches, positions, all_logits, cancel)
+
+
+def test_a_stop_within_a_chunk_ends_it_there_and_the_cache_keeps_the_chunks_before():
+    s, _ = sched()
+    model = StopsWithin()
+    s.attach(Generator(model, Letters(), eos_ids=set(), ctx=1024))
+    req, r = submit(s, chat("chat:1", PROMPT))
+    run(s)
+    assert r.done.reason == "cancelled" and not r.of(Token)
+    assert model.calls == [(16, 1), (16, 1)]  # the third chunk stopped before anything was computed
+    cache = s.caches.kept["chat:1"].cache
+    assert cache.tokens == PROMPT[:32] and r.of(PromptProgress)[-1].read == 32
+    model.calls.clear()
+    _, again = submit(s, chat("chat:1", PROMPT))
+    run(s)
+    assert again.done.reused_tokens == 32 and again.done.reason == "length"
+
+
 def test_the_chunk_is_larger_when_nothing_else_decodes_and_that_is_one_decision():
     s, model = sched()
-    s.solo_chunk, s.chunk_s = 128, 1.0
-    assert s.prompt_chunk() == 16  # no rate measured yet
-    s.read_tok_s = 50.0
-    assert s.prompt_chunk() == 32  # a chunk of about a second at most
-    s.read_tok_s = 1e6
-    assert s.prompt_chunk() == 128
+    s.solo_chunk = 128
+    assert s.prompt_chunk() == 128  # nothing else decodes: the long chunk at once (a Stop acts within it)
     other, ro = submit(s, gen([1], n=40))
     s.admit()
     s.step()
@@ -113,7 +138,6 @@ def test_the_chunk_is_larger_when_nothing_else_decodes_and_that_is_one_decision(
     s.stop(other.id)
     run(s)
     model.calls.clear()
-    s.read_tok_s = 1e6
     _, r = submit(s, chat("chat:1", PROMPT))
     run(s)
     assert model.calls[0] == (128, 1) and [p.read for p in r.of(PromptProgress)] == [0, 128, 256]
@@ -325,7 +349,7 @@ def test_the_terminal_chat_draws_the_reading_and_ctrl_c_keeps_what_was_read(tiny
     monkeypatch.setattr(scheduler, "CHUNK", 16)
     monkeypatch.setattr(scheduler, "SOLO_CHUNK", 16)
     forward = Generator.forward
-    monkeypatch.setattr(Generator, "forward", lambda self, need: (time.sleep(0.03), forward(self, need))[1])
+    monkeypatch.setattr(Generator, "forward", lambda self, need, cancel=None: (time.sleep(0.03), forward(self, need, cancel))[1])
     text = "Tell me about this: " + " ".join(f"item {i} of the list" for i in range(20))
     lines = iter([text, text])
 
@@ -355,3 +379,32 @@ def test_the_terminal_chat_draws_the_reading_and_ctrl_c_keeps_what_was_read(tiny
     assert 32 <= read <= 64 < total
     assert f"prefill {total - read} tok" in out.err  # sent again: only the rest was read
     assert "\r" + " " * 10 in out.err  # the bar wiped before the reply
+
+
+def test_the_model_stops_between_two_layers_and_a_later_read_is_exact(tiny):
+    """MoEModel.forward with a cancel: set while layer 0 runs, the forward ends before layer 1 with
+    ForwardStopped; the rows it wrote are not counted, and the same tokens read again give what an
+    uninterrupted read gives."""
+    import threading
+
+    import pytest
+
+    from engine.errors import ForwardStopped
+    from engine.load import load
+
+    model = load(str(tiny), placement="cpu", device="cpu", dtype="fp32", ctx=256).model
+    ids = torch.arange(3, 67)
+    want = model.forward(ids, model.new_cache(256), 0)
+    stop, ran = threading.Event(), []
+    first, second = model.layers[0], model.layers[1]
+    f0, f1 = first.forward, second.forward
+    first.forward = lambda *a: (stop.set(), ran.append(0), f0(*a))[-1]
+    second.forward = lambda *a: (ran.append(1), f1(*a))[-1]
+    try:
+        cache = model.new_cache(256)
+        with pytest.raises(ForwardStopped):
+            model.forward(ids, cache, 0, cancel=stop)
+        assert ran == [0]  # layer 0 ran, layer 1 never began
+        assert torch.equal(model.forward(ids, cache, 0, cancel=threading.Event()), want)
+    finally:
+        first.forward, second.forward = f0, f1

@@ -4,6 +4,7 @@ next id) and a real KV cache. The scheduler is driven step by step, as the engin
 import torch
 
 from engine.generate import Done, Generator, SamplingParams, Token
+from engine.errors import ForwardStopped
 from engine.model import KVCache
 from engine.protocol import ErrorEvent, Generate, Query
 from engine.scheduler import Scheduler
@@ -29,7 +30,9 @@ class ScriptedModel:
     def new_cache(self, ctx):
         return KVCache(1, 1, ctx, 1, torch.float32, torch.device("cpu"))
 
-    def forward(self, ids, caches, positions, all_logits=False):
+    def forward(self, ids, caches, positions, all_logits=False, cancel=None):
+        if cancel is not None and cancel.is_set():  # as MoEModel.forward: a Stop before the first layer
+            raise ForwardStopped("stopped before layer 0")
         if isinstance(caches, KVCache):
             caches, positions = [caches], [positions]
         self.calls.append((ids.shape[0], len(caches)))
