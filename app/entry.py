@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
             reason = f"the GUI libraries are missing ({e})"
     if reason:  # a terminal or a server: the same engine, in the terminal chat
         print(f"mixdesk: {reason}; starting the terminal chat instead of the window", file=sys.stderr)
-        return run_command(chat_args(a.window_model, a.window_device, a.window_ctx))
-    return run(a.window_model, a.window_device, a.window_ctx)
+        return run_command(chat_args(a.window_model, a.window_device, a.window_ctx, a.window_kv_bits))
+    return run(a.window_model, a.window_device, a.window_ctx, a.window_kv_bits)
 
 
 def _engine_runs_on_the_runtime(started) -> None:

@@ -12,8 +12,9 @@ def store_path():
     return user_data_path("mixdesk", appauthor=False) / "chats.sqlite3"
 
 
-def run(model: str = "demo", device: str | None = None, ctx=None) -> int:
-    """ctx: the context to open the model at ("auto" or tokens; None: the one chosen for it last)."""
+def run(model: str = "demo", device: str | None = None, ctx=None, kv_bits: int = 16) -> int:
+    """ctx: the context to open the model at ("auto" or tokens; None: the one chosen for it last);
+    kv_bits: the keys-and-values format (16 or 8)."""
     import qasync
     from PySide6.QtWidgets import QApplication
 
@@ -28,7 +29,7 @@ def run(model: str = "demo", device: str | None = None, ctx=None) -> int:
     asyncio.set_event_loop(loop)
     closed = asyncio.Event()
     app.aboutToQuit.connect(closed.set)
-    win = MainWindow(Store(store_path()), model=model, device=device, ctx=ctx)
+    win = MainWindow(Store(store_path()), model=model, device=device, ctx=ctx, kv_bits=kv_bits)
     win.show()
     with loop:
         loop.run_until_complete(closed.wait())

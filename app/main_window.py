@@ -43,8 +43,9 @@ log = logging.getLogger("mixdesk")
 
 class MainWindow(QMainWindow, WindowWiring):
     def __init__(self, store: Store, model: str = "demo", session_kwargs: dict | None = None,
-                 device: str | None = None, dtype: str = "auto", ctx=None):
-        """ctx: the context to open the model at ("auto" or tokens; None: the one chosen for it last)."""
+                 device: str | None = None, dtype: str = "auto", ctx=None, kv_bits: int = 16):
+        """ctx: the context to open the model at ("auto" or tokens; None: the one chosen for it last).
+        kv_bits: 16 or 8, the keys-and-values format models open with (engine/kv8.py)."""
         super().__init__()
         self.setWindowTitle("Mixdesk")
         self.resize(1280, 800)
@@ -67,6 +68,7 @@ class MainWindow(QMainWindow, WindowWiring):
         self.wait = ReplyWait(self.statusBar(), self)
         self._build()
         self.models = ModelSwitch(self.switch_parts())  # handed its parts, not the window (app/window_wiring.py)
+        self.models.kv_bits = kv_bits
         self.contexts = ContextSwitch(self.bridge.send, lambda: self.models.current and self.models.current[0], self)
         self.contexts.changed.connect(self.models.context_changed)
         self.contexts.refused.connect(lambda _: self.attachments.waiting.clear())  # the longer context is not coming

@@ -67,6 +67,7 @@ class ModelSwitch:
         self.ready: str | None = None  # the new model's folder, checked, loaded once the reply in progress ends
         self.switched = False  # a model was loaded by this switch: the window's readouts start again (loaded)
         self.failed: tuple[str, str] | None = None  # (spec, why) of a new model given up for the previous one
+        self.kv_bits = 16  # the keys-and-values format every model opens with (the window's --kv-bits)
 
     @property
     def spec(self) -> tuple | None:
@@ -113,7 +114,7 @@ class ModelSwitch:
         p.bar.setText(f"loading {display_name(self.pending[0])}…; Send waits for it")
         _, device, dtype, ctx = (*self.pending, "auto")[:4]
         self.building = False
-        self.load_id = p.bridge.send(Load(path=path, device=device, dtype=dtype, ctx=ctx))
+        self.load_id = p.bridge.send(Load(path=path, device=device, dtype=dtype, ctx=ctx, kv_bits=self.kv_bits))
 
     def on_event(self, ev) -> bool:
         """The window's engine events that answer a switch; True when handled here."""

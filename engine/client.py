@@ -52,8 +52,9 @@ class Client:
             raise EngineError(ev.message, ev.kind)
 
     def load(self, path: str, placement: str = "auto", device: str | None = None, dtype: str = "auto",
-             ctx: int | str = "auto") -> Loaded:
-        rid = self.session.submit(Load(path=path, placement=placement, device=device, dtype=dtype, ctx=ctx))
+             ctx: int | str = "auto", kv_bits: int = 16) -> Loaded:
+        rid = self.session.submit(Load(path=path, placement=placement, device=device, dtype=dtype, ctx=ctx,
+                                       kv_bits=kv_bits))
         while True:
             ev = self._next()
             if isinstance(ev, ErrorEvent):

@@ -17,13 +17,17 @@ class Load:
     re-place experts; anything else ("cpu", "gpu", "random:SEED", a JSON file) pins the placement.
     ctx: "auto" (the model's own context length as far as memory allows its keys and values beside
     the weights: engine/context_fit.py) or a length in tokens (refused with the figures where memory
-    cannot hold it; a length past the model's own is cut to it). Loaded.context says what it took."""
+    cannot hold it; a length past the model's own is cut to it). Loaded.context says what it took.
+    kv_bits: keys and values stored at 16 bits (the model's dtype) or 8 (int8 with a scale per 32
+    values, engine/kv8.py: about half the memory a token, so auto opens about twice the context where
+    memory bounds it; its measured quality change is in the README's "8-bit keys and values")."""
 
     path: str
     device: str | None = None
     dtype: str = "auto"
     ctx: int | str = "auto"
     placement: str = "auto"
+    kv_bits: int = 16
 
 
 @dataclass(frozen=True, kw_only=True)

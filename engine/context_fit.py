@@ -4,7 +4,8 @@ loads a model and again on SetContext; the placement controller then keeps the c
 and values out of the budgets it plans the experts under (`net`), so the two never over-commit.
 
 The cache lives where the model runs (engine/model.py new_cache): in GPU memory on a GPU, else in
-RAM, and its bytes a value are the cache's own dtype's (KVCache.element_bytes)."""
+RAM, and its bytes a value are the cache's own format's (KVCache.element_bytes: the dtype's, or 1.0625 at
+8 bits)."""
 from __future__ import annotations
 
 import torch
@@ -13,12 +14,12 @@ from .planning.kv_reservation import ContextChoice, ContextCost, choose_length, 
 from .planning.planner import Budgets
 
 
-def model_cost(dims, dtype: torch.dtype) -> ContextCost:
-    """A model's context cost with its cache's dtype and its linear-attention state's copies."""
+def model_cost(dims, dtype: torch.dtype, kv_bits: int = 16) -> ContextCost:
+    """A model's context cost with its cache's dtype (or 8 bits) and its linear-attention state's copies."""
     from .layers.state import SNAPSHOTS
     from .model import KVCache
 
-    return cost_of(dims, KVCache.element_bytes(dtype), 1 + SNAPSHOTS)
+    return cost_of(dims, KVCache.element_bytes(dtype, kv_bits), 1 + SNAPSHOTS, kv_bits=kv_bits)
 
 
 def model_need(ckpt, accel, dtype: torch.dtype, placement=None) -> tuple[int, int]:
@@ -45,16 +46,18 @@ def model_need(ckpt, accel, dtype: torch.dtype, placement=None) -> tuple[int, in
     return vram, ram + d.layers * d.experts * min(own["cpu-16"], own["cpu-4"])
 
 
-def choose(ckpt, accel, dtype: torch.dtype, budgets: Budgets, asked, placement=None) -> ContextChoice:
+def choose(ckpt, accel, dtype: torch.dtype, budgets: Budgets, asked, placement=None,
+           kv_bits: int = 16) -> ContextChoice:
     """The context for this model under these budgets (the memory it may use now: free memory and what
     it holds, within the user's caps). asked: "auto" or a length (engine/planning/kv_reservation.py
     choose_length, which raises for one memory cannot hold). placement: a pinned placement (None: the
-    planner's, whose experts can be made as small as their smallest form)."""
+    planner's, whose experts can be made as small as their smallest form). kv_bits: the cache's format
+    (16, or 8: engine/kv8.py), whose bytes a value the reservation counts."""
     need_v, need_r = model_need(ckpt, accel, dtype, placement)
     on_gpu = not accel.cpu_only
     budget = budgets.vram if on_gpu else budgets.ram
     room = budget - (need_v if on_gpu else need_r)
-    return choose_length(model_cost(ckpt.dims, dtype), room, budget, asked, on_gpu)
+    return choose_length(model_cost(ckpt.dims, dtype, kv_bits), room, budget, asked, on_gpu)
 
 
 def net(budgets: Budgets, reserve: tuple[int, int]) -> Budgets:

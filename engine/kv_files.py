@@ -55,12 +55,15 @@ def folder() -> Path:
 
 def fingerprint(ld) -> str:
     """What a loaded model's keys and values depend on, apart from where its experts are: its files
-    (planning/profile.model_key: path, sizes, times), its compute and cache dtypes, and its text config
-    (dims, rope settings)."""
+    (planning/profile.model_key: path, sizes, times), its compute and cache dtypes (an 8-bit cache's rows
+    named by their layout too: engine/kv8.py), and its text config (dims, rope settings)."""
+    from . import kv8
     from .planning.profile import model_key
 
     config = json.dumps(ld.ckpt.config.get_text_config().to_dict(), sort_keys=True, default=str)
     parts = [FORMAT, model_key(Path(ld.ckpt.folder)), str(ld.model.dtype), str(ld.model.kv_dtype), config]
+    if getattr(ld.model, "kv_bits", 16) == 8:
+        parts.append(kv8.LAYOUT)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 

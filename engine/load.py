@@ -15,7 +15,7 @@ from .formats import reply_end_ids
 from .generate import Generator
 from . import native
 from .kernels import auto_dtype
-from .model import MoEModel, ProgressFn
+from .model import MoEModel, ProgressFn, check_kv_bits
 from .placement import Placement, Tier
 from .planning.kv_reservation import ContextChoice
 from .prompt import Prompts
@@ -45,7 +45,7 @@ class LoadedModel:
         d = self.ckpt.dims
         eb = self.model.expert_bytes()
         return (f"{self.ckpt.folder.name}: {d.layers} layers x {d.experts} experts (top-{d.top_k}), "
-                f"{self.model.dtype} | {self.accel.describe()} | CPU kernel: {native.status()} | placement: {self.model.placement.summary()} | "
+                f"{self.model.dtype}{' (keys and values 8-bit)' if self.model.kv_bits == 8 else ''} | {self.accel.describe()} | CPU kernel: {native.status()} | placement: {self.model.placement.summary()} | "
                 f"experts on accelerator {eb['accelerator'] / 2**20:,.0f} MiB, host {eb['host'] / 2**20:,.0f} MiB")
 
     def announcement(self, share: tuple):
@@ -150,12 +150,13 @@ def auto_placement(ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype, bud
 
 def load(folder: str | Path, placement: str | Placement = "auto", device: str | None = None,
          dtype: str = "auto", ctx: int | str | ContextChoice = "auto", progress: ProgressFn | None = None,
-         budgets=None, slider: float = 1.0) -> LoadedModel:
+         budgets=None, slider: float = 1.0, kv_bits: int | None = None) -> LoadedModel:
     """ctx: "auto" (the model's own context length as memory allows: engine/context_fit.py), a length
     (refused with the figures when its keys and values do not fit), or a ContextChoice made already
     (the session's, whose reservation `budgets` do not hold yet either). budgets and slider apply to
     placement "auto" (budgets: planner.Budgets, the memory the model may use; None: free memory); it
-    is planned under them less the context's keys and values."""
+    is planned under them less the context's keys and values. kv_bits: 16 or 8 (engine/kv8.py); None:
+    the ContextChoice's, else 16."""
     from . import context_fit
     from .planning.inputs import default_budgets
 
@@ -168,11 +169,14 @@ def load(folder: str | Path, placement: str | Placement = "auto", device: str | 
         pl = placement if isinstance(placement, Placement) or placement == "auto" else \
             parse_placement(placement, ckpt, accel, torch_dtype)
         free = budgets or default_budgets(accel.cpu_only, accel.device)
+        if kv_bits is None:
+            kv_bits = ctx.cost.kv_bits if isinstance(ctx, ContextChoice) else 16
+        check_kv_bits(ckpt.dims, kv_bits)  # before a context is sized with it
         context = ctx if isinstance(ctx, ContextChoice) else context_fit.choose(
-            ckpt, accel, torch_dtype, free, ctx, None if pl == "auto" else pl)
+            ckpt, accel, torch_dtype, free, ctx, None if pl == "auto" else pl, kv_bits)
         if pl == "auto":
             pl = auto_placement(ckpt, accel, torch_dtype, context_fit.net(free, context.reserve), slider)
-        model = MoEModel(ckpt, pl, accel.device, torch_dtype, progress=progress)
+        model = MoEModel(ckpt, pl, accel.device, torch_dtype, progress=progress, kv_bits=kv_bits)
     except BaseException:
         ckpt.close()
         raise

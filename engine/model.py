@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from typing import Callable, Iterator
 
 import torch
-from . import native, offload
+from . import kv8, native, offload
 from .blockquant import NATIVE as BLOCK_TYPES, BlockQuant
 from .checkpoint import Checkpoint, dense_shapes
 from .layers import MIXERS, Layer, attention
@@ -38,22 +38,50 @@ ProgressFn = Callable[[int, int, str], None]
 class KVCache:
     """Preallocated keys and values for every attention layer: k, v [L, G, ctx, Hd]. torch.empty leaves
     the pages untouched, so memory grows with the context actually used. A model with linear-attention
-    layers keeps their state beside them (`state`, engine/layers/state.py)."""
+    layers keeps their state beside them (`state`, engine/layers/state.py). bits 8: each row is stored
+    as int8 codes and a scale per block of 32 (engine/kv8.py), uint8 [L, G, ctx, row bytes]; the
+    forward writes and reads rows through store() and span(), which quantise and widen."""
 
     def __init__(self, layers: int, kv_heads: int, ctx: int, head_dim: int, dtype, device,
-                 state: LinearState | None = None, v_dim: int | None = None):
+                 state: LinearState | None = None, v_dim: int | None = None, bits: int = 16):
+        v_dim = head_dim if v_dim is None else v_dim
+        self.bits = bits
+        if bits == 8:
+            dtype, head_dim, v_dim = torch.uint8, kv8.row_bytes(head_dim), kv8.row_bytes(v_dim)
         self.k = torch.empty(layers, kv_heads, ctx, head_dim, dtype=dtype, device=device)
-        self.v = torch.empty(layers, kv_heads, ctx, head_dim if v_dim is None else v_dim, dtype=dtype, device=device)
+        self.v = torch.empty(layers, kv_heads, ctx, v_dim, dtype=dtype, device=device)
         self.ctx = ctx
         self.state = state
         self.tokens: list[int] = []  # the token ids whose keys/values are in the cache, in order
         self.reached = 0  # the furthest position written so far: the rows whose pages are touched
 
     @staticmethod
-    def element_bytes(dtype) -> int:
-        """Bytes one stored key or value takes in a cache of this dtype (what the planner reserves for
-        a context: engine/planning/kv_reservation.py)."""
-        return torch.empty((), dtype=dtype).element_size()
+    def element_bytes(dtype, bits: int = 16) -> float:
+        """Bytes one stored key or value takes in a cache of this dtype, or at 8 bits its code and its
+        share of a block's scale (what the planner reserves for a context:
+        engine/planning/kv_reservation.py)."""
+        return kv8.VALUE_BYTES if bits == 8 else torch.empty((), dtype=dtype).element_size()
+
+    def store(self, l: int, pos: int, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
+        """Attention layer l's keys (and values) of positions pos.., k [G, n, Hd], v [G, n, Hv], into
+        their rows (rounded to the cache's format)."""
+        end = pos + k.shape[1]
+        for t, x in ((self.k, k), (self.v, v)):
+            if x is None:
+                continue
+            if self.bits == 8:
+                kv8.pack(x, t[l][:, pos:end])
+            else:
+                t[l][:, pos:end] = x
+
+    def span(self, l: int, first: int, end: int, dtype=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention layer l's keys and values of positions first..end-1 ([G, S, Hd], [G, S, Hv]): in
+        dtype, or (None) as stored (views) where the cache is 16-bit; an 8-bit cache's widened (fp32
+        unless dtype says otherwise)."""
+        k, v = self.k[l][:, first:end], self.v[l][:, first:end]
+        if self.bits == 8:
+            return kv8.unpack(k, dtype or torch.float32), kv8.unpack(v, dtype or torch.float32)
+        return (k, v) if dtype is None else (k.to(dtype), v.to(dtype))
 
     def reach(self, end: int) -> None:
         """Positions up to `end` are being written (a forward's check, before it writes them)."""
@@ -124,6 +152,23 @@ class KVCache:
         self.tokens = list(tokens)
 
 
+KV_BITS = (16, 8)
+
+
+def check_kv_bits(dims, bits) -> None:
+    """kv_bits is one the cache stores, and at 8 bits every row this model caches splits into blocks
+    of 32 (engine/kv8.py); else InputError, in a line."""
+    from .errors import InputError
+
+    if bits not in KV_BITS or isinstance(bits, bool):
+        raise InputError("kv-bits", f"{bits!r} is not a keys-and-values format: use 16 or 8")
+    if bits == 8:
+        widths = {a[1] for a in dims.layer_attn} if dims.layer_attn is not None else set(dims.kv_shape[1:]) - {0}
+        if not all(kv8.supports(w) for w in widths):
+            raise InputError("kv-bits", f"8-bit keys and values need rows of a multiple of {kv8.BLOCK} values; "
+                             f"this model's are {', '.join(map(str, sorted(widths)))} wide: use 16")
+
+
 class Run:
     """What every layer of one forward shares: the sequences' caches, positions and new-token counts,
     the rope rows (cos, sin [T, 1, R]) and each sequence's attention spans by window."""
@@ -140,10 +185,12 @@ class MoEModel:
     def __init__(self, ckpt: Checkpoint, placement: Placement, accel: torch.device,
                  dtype: torch.dtype = torch.bfloat16, progress: ProgressFn | None = None,
                  offload_costs: offload.OffloadCosts | None = None, measure_offload: bool = True,
-                 dense_blocks=None):
+                 dense_blocks=None, kv_bits: int = 16):
         """dense_blocks: a GGUF block type (e.g. Q8_0) the dense matrices of a 16-bit checkpoint are
-        quantised to on the CPU (benchmarks only: the app keeps them 16-bit, as it keeps attention)."""
+        quantised to on the CPU (benchmarks only: the app keeps them 16-bit, as it keeps attention).
+        kv_bits: 16 (keys and values in the model's dtype) or 8 (int8 with a scale per 32: engine/kv8.py)."""
         d = self.dims = ckpt.dims
+        check_kv_bits(d, kv_bits)
         if (placement.layers, placement.experts) != (d.layers, d.experts):
             raise ValueError(f"placement is {placement.layers}x{placement.experts}, model {d.layers}x{d.experts}")
         self.ckpt, self.accel, self.dtype = ckpt, accel, dtype
@@ -158,7 +205,10 @@ class MoEModel:
         # 32K tokens: 4.3 GB, not 8.6). Decode speed measured the same within noise after 896-token
         # prompts (benchmarks/concurrent_streams.py --prompt 896): attention is bound by its
         # arithmetic there, not by the cache's bytes.
-        self.kv_dtype = dtype
+        # At 8 bits (Load.kv_bits) the rows are int8 codes and fp16 scales in uint8 (engine/kv8.py):
+        # 1.0625 bytes a value, and the native decode's attention reads them as they are.
+        self.kv_bits = kv_bits
+        self.kv_dtype = torch.uint8 if kv_bits == 8 else dtype
         self._caches = weakref.WeakSet()  # the KV caches made and alive: the memory monitor counts their pages
         self.placement = placement
         total = d.layers * (d.experts + 1) + 1
@@ -253,7 +303,7 @@ class MoEModel:
                                      norm(p + "post_attention_layernorm.weight"), ffn))
         if offload_costs is None and measure_offload and accel.type == "cuda":
             probe = self._any_cpu_expert() or materialise(ckpt, 0, 0, Tier.CPU16, accel, dtype)
-            offload_costs = offload.measure(probe, accel)
+            offload_costs = offload.measure(probe, accel, dtype=dtype)
         self.set_offload(offload_costs)
         text = ckpt.config.get_text_config()
         self.rope = Rope(*rope.frequencies(text, d.rotary), self.attn_dtype, accel)
@@ -336,7 +386,7 @@ class MoEModel:
         """Move every expert whose tier differs (accelerator evictions first); returns bytes built."""
         return sum(self.move(m.layer, m.expert, m.new) for m in self.placement.diff(placement))
 
-    def _any_cpu_expert(self) -> Expert16 | None:
+    def _any_cpu_expert(self):
         for block in self.moe:
             for ex in block.experts:
                 if not ex.tier.on_accelerator and ex.copyable:
@@ -404,9 +454,11 @@ class MoEModel:
         d = self.dims
         state = LinearState(d.decoder_layers - d.attention_layers, d.linear, self.accel) if d.linear is not None else None
         g, hk, hv = d.kv_shape
-        cache = KVCache(0 if d.layer_attn else d.attention_layers, g, ctx, hk, self.kv_dtype, self.accel, state, hv)
+        cache = KVCache(0 if d.layer_attn else d.attention_layers, g, ctx, hk, self.kv_dtype, self.accel, state, hv,
+                        self.kv_bits)
         if d.layer_attn is not None:  # layers of several widths: rows of their own [G, ctx, Hd] each
-            cache.k = [torch.empty(a[0], ctx, a[1], dtype=self.kv_dtype, device=self.accel) for a in d.layer_attn]
+            width = kv8.row_bytes if self.kv_bits == 8 else int
+            cache.k = [torch.empty(a[0], ctx, width(a[1]), dtype=self.kv_dtype, device=self.accel) for a in d.layer_attn]
             cache.v = [torch.empty_like(k) for k in cache.k]
         self._caches.add(cache)
         return cache

@@ -233,7 +233,7 @@ class Session:
         if placement == "auto" and cached() is None:  # a first start measures this machine before it plans (load_or_measure)
             self.publish(Progress(stage="machine", done=0, total=0, what="Measuring this machine once (about 20 s)"))
         self.loaded = ld = load(path, placement, cmd.device, cmd.dtype, context, progress=ctl.profiling.progress("load"),
-                                budgets=ctl.first_budgets(cmd.device), slider=ctl.slider)
+                                budgets=ctl.first_budgets(cmd.device), slider=ctl.slider, kv_bits=cmd.kv_bits)
         ld.generator.on_oom = ctl.on_oom
         self._attach_caches(ld)
         self._prepare_waiting()
@@ -255,11 +255,13 @@ class Session:
         from .devices import detect
         from .kernels import auto_dtype
         from .load import DTYPES, parse_placement
+        from .model import check_kv_bits
 
         accel = detect(cmd.device)
         dtype = DTYPES[cmd.dtype] or auto_dtype(accel.device)
         pinned = None if cmd.placement == "auto" else parse_placement(cmd.placement, ckpt, accel, dtype)
-        return choose(ckpt, accel, dtype, self.controller.free_budgets(accel), cmd.ctx, pinned)
+        check_kv_bits(ckpt.dims, cmd.kv_bits)  # a format this model's rows cannot take: one line, nothing sized
+        return choose(ckpt, accel, dtype, self.controller.free_budgets(accel), cmd.ctx, pinned, cmd.kv_bits)
 
     def set_context(self, tokens) -> dict:
         """SetContext, between requests: the model runs at another context, its weights untouched. The
@@ -272,7 +274,8 @@ class Session:
         if ld is None:
             raise MixdeskError("no model is loaded")
         pinned = ld.model.placement if ctl.pinned else None
-        context = choose(ld.ckpt, ld.accel, ld.model.dtype, ctl.free_budgets(ld.accel), tokens, pinned)
+        context = choose(ld.ckpt, ld.accel, ld.model.dtype, ctl.free_budgets(ld.accel), tokens, pinned,
+                         ld.model.kv_bits)
         ld.set_context(context)
         self._attach_caches(ld)  # the old caches go with the old KVCaches
         ctl.reserve_context(context.reserve)

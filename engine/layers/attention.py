@@ -142,16 +142,17 @@ class Attention:
         `span`) -> [n, H*Hd]."""
         H, G, n, l = m.dims.heads, self._g(m.dims), qk.shape[0], self.slot
         end = pos + n
-        cache.k[l][:, pos:end] = qk[:, H:].transpose(0, 1)  # (cache.k: one tensor [L, G, ctx, Hd], or per layer)
-        cache.v[l][:, pos:end] = v.transpose(0, 1)
+        cache.store(l, pos, qk[:, H:].transpose(0, 1), v.transpose(0, 1))  # (rounded to the cache's format)
         first, mask, causal = span
         if self.sinks is None and n >= flash.MIN_TOKENS and qk.device.type == "cpu":
-            k, vv = cache.k[l][:, first:end], cache.v[l][:, first:end]  # as stored: flash.c reads them
+            # as stored (flash.c reads bf16 and fp32 rows), or an 8-bit cache's rows widened to fp32 once
+            # a call: flash packs its keys a call anyway, and a dequantised value is exact in fp32
+            k, vv = cache.span(l, first, end)
             att = flash.attend(qk[:, :H], k, vv, pos - first, self.window, m.dims.attn_scale,
                                bf16_values=k.dtype == torch.bfloat16)  # weights as precise as the values
             if att is not None:
                 return att
-        k, vv = (t[l][:, first:end].to(m.attn_dtype) for t in (cache.k, cache.v))
+        k, vv = cache.span(l, first, end, m.attn_dtype)
         q = qk[:, :H].transpose(0, 1)  # [H, n, Hd]
         if self.sinks is not None:
             att = _attend_with_sinks(q, k, vv, mask, self.sinks)

@@ -115,8 +115,8 @@ class LatentAttention:
         rows = torch.cat([latent, k_rot[:, 0]], dim=-1)  # [T, R + P]: what the cache keeps
         out, at = [], 0
         for c, pos, n in zip(run.caches, run.positions, run.counts):
-            c.k[self.slot, 0, pos:pos + n] = rows[at:at + n]
-            keys = c.k[self.slot, :, :pos + n].to(m.attn_dtype)  # [1, S, R + P]
+            c.store(self.slot, pos, rows[None, at:at + n])
+            keys = c.span(self.slot, 0, pos + n, m.attn_dtype)[0]  # [1, S, R + P]
             o = F.scaled_dot_product_attention(qq[at:at + n].transpose(0, 1)[None], keys[None], keys[None, :, :, :R],
                                                is_causal=n > 1 and pos == 0, scale=self.scale,
                                                attn_mask=_mask(n, pos, h.device), enable_gqa=True)[0]  # [H, n, R]

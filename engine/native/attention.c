@@ -11,6 +11,9 @@
  * (benchmarks/results/concurrent_streams-prompt896-2026-12-01.md); the blocks (2026-12-04, the
  * 4-layer full-width Qwen3-30B-A3B, best decode step): after 4,096 positions 11.2-11.6 -> 8.3 ms,
  * after 16,384 14.7-18.2 -> 13.3-13.6 ms.
+ * An 8-bit cache (MDK_KV8, engine/kv8.py) is read as it is stored: each 16 codes widened and times
+ * their block's fp16 scale (the exact values torch's dequantisation gives), so a long context's
+ * rows cross the memory bus at 1.0625 bytes a value instead of 2.
  */
 #include "mdk.h"
 
@@ -33,18 +36,58 @@ static float dot8(const float *a, const float *b, int n) {  /* eight partial sum
     return s;
 }
 
+/* One 8-bit row (Hd codes, then Hd/32 fp16 scales) from fp32 values: scale = absmax/127 rounded to
+ * fp16, code = the nearest integer (ties to even, as torch.round) to value / scale, within +-127;
+ * exactly engine/kv8.py pack's arithmetic, so the native step and the torch forward write the same
+ * bytes. Other formats: mdk_store_row. */
+void mdk_kv_store(int fmt, const float *src, void *dst, int Hd) {
+    if (fmt != MDK_KV8) {
+        mdk_store_row(fmt, src, dst, Hd);
+        return;
+    }
+    int8_t *codes = (int8_t *)dst;
+    char *scales = (char *)dst + Hd;
+    for (int b = 0; b < Hd / 32; b++) {
+        const float *x = src + 32 * b;
+        float amax = 0.f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
+        float d = amax / 127.f;
+        uint16_t h = mdk_f2h(d > 65504.f ? 65504.f : d);
+        float s = mdk_h2f(h);
+        for (int i = 0; i < 32; i++) {
+            float c = s > 0.f ? nearbyintf(x[i] / s) : 0.f;
+            codes[32 * b + i] = (int8_t)(c > 127.f ? 127.f : c < -127.f ? -127.f : c);
+        }
+        memcpy(scales + 2 * b, &h, 2);
+    }
+}
+
+/* One cached row widened to fp32 (any cache format). */
+static void load_kv_row(int fmt, const char *src, float *dst, int Hd) {
+    if (fmt != MDK_KV8) {
+        mdk_load_row(fmt, src, dst, Hd);
+        return;
+    }
+    for (int b = 0; b < Hd / 32; b++) {
+        uint16_t h;
+        memcpy(&h, src + Hd + 2 * b, 2);
+        float s = mdk_h2f(h);
+        for (int i = 0; i < 32; i++) dst[32 * b + i] = (float)((const int8_t *)src)[32 * b + i] * s;
+    }
+}
+
 /* One token's attention for the query heads of kv group g (they share its keys and values):
  * att[h] = softmax(q[h] . K / sqrt(Hd)) . V over key positions first..last. Portable C; rows of
- * a 16-bit cache are widened into row (Hd floats) one at a time. */
+ * a 16- or 8-bit cache are widened into row (Hd floats) one at a time. */
 static void attn_group_c(const mdk_kv *m, const float *q, const char *kb, const char *vb, int first, int last,
                          float *scores, float *att, int h0, int hpg) {
     int Hd = m->Hd;
-    size_t rb = (size_t)Hd * (m->fmt == MDK_F32 ? 4 : 2);
+    size_t rb = mdk_kv_row_bytes(m->fmt, Hd);
     float scale = 1.f / sqrtf((float)Hd), row[1024];
     for (int h = h0; h < h0 + hpg; h++) {
         float *s = scores + (size_t)h * m->ctx, mx = -INFINITY;
         for (int j = first; j <= last; j++) {
-            mdk_load_row(m->fmt, kb + (size_t)j * rb, row, Hd);
+            load_kv_row(m->fmt, kb + (size_t)j * rb, row, Hd);
             s[j] = dot8(q + (size_t)h * Hd, row, Hd) * scale;
             if (s[j] > mx) mx = s[j];
         }
@@ -53,7 +96,7 @@ static void attn_group_c(const mdk_kv *m, const float *q, const char *kb, const 
         float *o = att + (size_t)h * Hd, inv = 1.f / sum;
         for (int i = 0; i < Hd; i++) o[i] = 0.f;
         for (int j = first; j <= last; j++) {
-            mdk_load_row(m->fmt, vb + (size_t)j * rb, row, Hd);
+            load_kv_row(m->fmt, vb + (size_t)j * rb, row, Hd);
             float p = s[j] * inv;
             for (int i = 0; i < Hd; i++) o[i] += p * row[i];
         }
@@ -65,8 +108,14 @@ static void attn_group_c(const mdk_kv *m, const float *q, const char *kb, const 
  * for all the group's heads. (Compiled for the baseline ISA, the C version took 11% of a 4-stream
  * demo step at ~65 positions, and more as the context grows.) */
 MDK_TARGET("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
-static MDK_INLINE __m512 kv16(const char *row, int i, int fmt) {  /* 16 cache values from element i, as fp32 */
+static MDK_INLINE __m512 kv16(const char *row, int i, int fmt, int Hd) {  /* 16 cache values from element i, as fp32 */
     if (fmt == MDK_F32) return _mm512_loadu_ps((const float *)row + i);
+    if (fmt == MDK_KV8) {  /* 16 codes times their block's scale (the scales follow the row's Hd codes) */
+        uint16_t h;
+        memcpy(&h, row + Hd + 2 * (i / 32), 2);
+        __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + i))));
+        return _mm512_mul_ps(c, _mm512_set1_ps(_cvtsh_ss(h)));
+    }
     __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i));
     if (fmt == MDK_F16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -76,13 +125,13 @@ MDK_TARGET("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
 static void attn_group_avx512(const mdk_kv *m, const float *q, const char *kb, const char *vb, int first,
                               int last, float *scores, float *att, int h0, int hpg) {
     int Hd = m->Hd, nv = Hd / 16, fmt = m->fmt;
-    size_t rb = (size_t)Hd * (fmt == MDK_F32 ? 4 : 2);
+    size_t rb = mdk_kv_row_bytes(fmt, Hd);
     float scale = 1.f / sqrtf((float)Hd), mx[16], inv[16];
     for (int h = 0; h < hpg; h++) mx[h] = -INFINITY;
     for (int j = first; j <= last; j++) {
         const char *kj = kb + (size_t)j * rb;
         __m512 kr[16];
-        for (int v = 0; v < nv; v++) kr[v] = kv16(kj, 16 * v, fmt);
+        for (int v = 0; v < nv; v++) kr[v] = kv16(kj, 16 * v, fmt, Hd);
         for (int h = 0; h < hpg; h++) {
             const float *qh = q + (size_t)(h0 + h) * Hd;
             __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qh), kr[0]);
@@ -102,7 +151,7 @@ static void attn_group_avx512(const mdk_kv *m, const float *q, const char *kb, c
     for (int j = first; j <= last; j++) {
         const char *vj = vb + (size_t)j * rb;
         __m512 vr[16];
-        for (int v = 0; v < nv; v++) vr[v] = kv16(vj, 16 * v, fmt);
+        for (int v = 0; v < nv; v++) vr[v] = kv16(vj, 16 * v, fmt, Hd);
         for (int h = 0; h < hpg; h++) {
             __m512 p = _mm512_set1_ps(scores[(size_t)(h0 + h) * m->ctx + j] * inv[h]);
             float *o = att + (size_t)(h0 + h) * Hd;
@@ -142,7 +191,8 @@ static MDK_INLINE __m512 sums16(const __m512 *v) {
 MDK_TARGET("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
 static MDK_INLINE void attn_heads_body(const float *q, int hpg, const char *kb, const char *vb, int first, int last,
                                        float *scores, int ctx, float *att, int fmt, const int NV) {
-    size_t rb = (size_t)NV * 16 * (fmt == MDK_F32 ? 4 : 2);
+    const int Hd = NV * 16;
+    size_t rb = mdk_kv_row_bytes(fmt, Hd);
     float scale = 1.f / sqrtf((float)(NV * 16)), mx[16], inv[16];
     __m512 mxv[16];
     for (int h = 0; h < hpg; h++) mxv[h] = _mm512_set1_ps(-INFINITY);
@@ -158,8 +208,8 @@ static MDK_INLINE void attn_heads_body(const float *q, int hpg, const char *kb, 
                 __m512 acc[16];
                 for (int t = 0; t < 16; t++) {
                     const char *kj = kb + (size_t)(j + t) * rb;
-                    __m512 a = _mm512_mul_ps(qv[0], kv16(kj, 0, fmt));
-                    for (int v = 1; v < NV; v++) a = _mm512_fmadd_ps(qv[v], kv16(kj, 16 * v, fmt), a);
+                    __m512 a = _mm512_mul_ps(qv[0], kv16(kj, 0, fmt, Hd));
+                    for (int v = 1; v < NV; v++) a = _mm512_fmadd_ps(qv[v], kv16(kj, 16 * v, fmt, Hd), a);
                     acc[t] = a;
                 }
                 __m512 sc = _mm512_mul_ps(sums16(acc), _mm512_set1_ps(scale));
@@ -168,8 +218,8 @@ static MDK_INLINE void attn_heads_body(const float *q, int hpg, const char *kb, 
             }
             for (; j <= end; j++) {  /* the last block's tail */
                 const char *kj = kb + (size_t)j * rb;
-                __m512 a = _mm512_mul_ps(qv[0], kv16(kj, 0, fmt));
-                for (int v = 1; v < NV; v++) a = _mm512_fmadd_ps(qv[v], kv16(kj, 16 * v, fmt), a);
+                __m512 a = _mm512_mul_ps(qv[0], kv16(kj, 0, fmt, Hd));
+                for (int v = 1; v < NV; v++) a = _mm512_fmadd_ps(qv[v], kv16(kj, 16 * v, fmt, Hd), a);
                 s[j] = _mm512_reduce_add_ps(a) * scale;
                 mxv[h] = _mm512_mask_max_ps(mxv[h], 1, mxv[h], _mm512_set1_ps(s[j]));
             }
@@ -202,14 +252,14 @@ static MDK_INLINE void attn_heads_body(const float *q, int hpg, const char *kb, 
                 const char *v0 = vb + (size_t)j * rb, *v1 = v0 + rb;
                 __m512 p0 = _mm512_set1_ps(s[j]), p1 = _mm512_set1_ps(s[j + 1]);
                 for (int v = 0; v < NV; v++) {
-                    o0[v] = _mm512_fmadd_ps(p0, kv16(v0, 16 * v, fmt), o0[v]);
-                    o1[v] = _mm512_fmadd_ps(p1, kv16(v1, 16 * v, fmt), o1[v]);
+                    o0[v] = _mm512_fmadd_ps(p0, kv16(v0, 16 * v, fmt, Hd), o0[v]);
+                    o1[v] = _mm512_fmadd_ps(p1, kv16(v1, 16 * v, fmt, Hd), o1[v]);
                 }
             }
             if (j <= end) {  /* an odd count: the last position alone (blocks are even, so only the last block) */
                 const char *v0 = vb + (size_t)j * rb;
                 __m512 p0 = _mm512_set1_ps(s[j]);
-                for (int v = 0; v < NV; v++) o0[v] = _mm512_fmadd_ps(p0, kv16(v0, 16 * v, fmt), o0[v]);
+                for (int v = 0; v < NV; v++) o0[v] = _mm512_fmadd_ps(p0, kv16(v0, 16 * v, fmt, Hd), o0[v]);
             }
             for (int v = 0; v < NV; v++) { _mm512_store_ps(part[0][h] + 16 * v, o0[v]); _mm512_store_ps(part[1][h] + 16 * v, o1[v]); }
         }
@@ -222,12 +272,22 @@ static MDK_INLINE void attn_heads_body(const float *q, int hpg, const char *kb, 
     }
 }
 
-MDK_TARGET("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
-static void attn_heads64(const float *q, int hpg, const char *kb, const char *vb, int first, int last, float *s,
-                         int ctx, float *o, int fmt) { attn_heads_body(q, hpg, kb, vb, first, last, s, ctx, o, fmt, 4); }
-MDK_TARGET("avx512f,avx512bw,avx512vl,avx2,fma,f16c")
-static void attn_heads128(const float *q, int hpg, const char *kb, const char *vb, int first, int last, float *s,
-                          int ctx, float *o, int fmt) { attn_heads_body(q, hpg, kb, vb, first, last, s, ctx, o, fmt, 8); }
+/* One copy of the body per (format, head dim): the format a constant, kv16's choice is made at compile time
+ * rather than in the inner loops. */
+#define ATT_HEADS(name, NV)                                                                                     \
+    MDK_TARGET("avx512f,avx512bw,avx512vl,avx2,fma,f16c")                                                     \
+    static void name(const float *q, int hpg, const char *kb, const char *vb, int first, int last, float *s,   \
+                     int ctx, float *o, int fmt) {                                                             \
+        switch (fmt) {                                                                                         \
+        case MDK_F32: attn_heads_body(q, hpg, kb, vb, first, last, s, ctx, o, MDK_F32, NV); break;             \
+        case MDK_F16: attn_heads_body(q, hpg, kb, vb, first, last, s, ctx, o, MDK_F16, NV); break;             \
+        case MDK_KV8: attn_heads_body(q, hpg, kb, vb, first, last, s, ctx, o, MDK_KV8, NV); break;             \
+        default: attn_heads_body(q, hpg, kb, vb, first, last, s, ctx, o, MDK_BF16, NV); break;                 \
+        }                                                                                                      \
+    }
+ATT_HEADS(attn_heads64, 4)
+ATT_HEADS(attn_heads128, 8)
+#undef ATT_HEADS
 #endif
 
 void mdk_attend(const mdk_kv *m, const float *q, const char *kb, const char *vb, int first, int last, int h0,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import FMT, available
+from . import FMT, KV_FMT, available
 
 # decode.c, mdk_decode_batch: sequences in one call (its per-sequence arrays: cache pointers, window
 # starts, routes; it returns -1 past this)
@@ -98,7 +98,7 @@ def whole_step(model) -> bool:
              and d.layer_windows is None and d.mixers is None and not d.attn_gate and not d.rot_dim
              and not d.dense_first)
     return (available() and plain and model.accel.type == "cpu" and model.dtype in FMT
-            and model.attn_dtype == torch.float32 and model.kv_dtype in FMT
+            and model.attn_dtype == torch.float32 and model.kv_dtype in KV_FMT
             and all(_dense_ok(model, layer) for layer in model.layers) and _readable(model.lm_head, d.hidden)
             and d.head_dim <= MAX_HEAD_DIM and 0 < d.top_k <= min(MAX_TOP_K, d.experts)
             and d.experts <= MAX_EXPERTS and d.heads % d.kv_heads == 0)

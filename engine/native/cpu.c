@@ -94,7 +94,7 @@ MDK_API int mdk_select_path(int want) {
  * of them is refused as out of date. 2: mdk_expert gained biases and an activation (GPT-OSS); 3: mdk_layer and mdk_model q/k norms;
  * 4: mdk_model's kv_fmt (16-bit KV caches); 5: mdk_layer's qkv as up to three parts (any dense format);
  * 6: mdk_matrix's raw, w_hi, n_lo (GGUF blocks in the file's own rows, kraw.c). */
-MDK_API int mdk_abi(void) { return 7; }
+MDK_API int mdk_abi(void) { return 8; }  /* 8: MDK_KV8 caches in mdk_model.kv_fmt */
 
 MDK_API int mdk_cpu_has_bf16(void) { return mdk_has_bf16; }
 

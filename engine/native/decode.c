@@ -29,7 +29,7 @@ typedef struct {
     mdk_matrix wo;                  /* [D, H*Hd] */
     const mdk_expert *const *experts;  /* [E] */
     mdk_matrix router;              /* [E, D] */
-    void *k, *v;                    /* this layer's cache [G, ctx, Hd] in the model's kv_fmt */
+    void *k, *v;                    /* this layer's cache [G, ctx, row] in the model's kv_fmt (mdk_kv_row_bytes) */
     const float *q_norm, *k_norm;   /* RMSNorm weights of q and k (qk_norm 1: [Hd]; 2: [H*Hd], [G*Hd]) */
 } mdk_layer;
 
@@ -42,7 +42,7 @@ typedef struct {
     mdk_matrix lm_head;             /* [V, D] */
     int qk_norm;                    /* 0 none; 1 RMSNorm of each q and k head (Qwen3-MoE); 2 of all of q, of all of k (OLMoE) */
     float clip;                     /* > 0: q, k, v clamped to +-clip after the norms (OLMoE's clip_qkv) */
-    int kv_fmt;                     /* the KV cache's format: MDK_F32, MDK_BF16 or MDK_F16 */
+    int kv_fmt;                     /* the KV cache's format: MDK_F32, MDK_BF16, MDK_F16 or MDK_KV8 (8-bit rows) */
 } mdk_model;
 
 /* v[0..n) = w * (v / rms(v)), in fp32 as the torch forward does it in attention's dtype */
@@ -161,7 +161,7 @@ static void attn_task(void *c, int task) {  /* task = token * G + kv group (atte
     const mdk_model *m = a->m;
     int tk = task / m->G, g = task % m->G, Hd = m->Hd, hpg = m->H / m->G;
     mdk_kv kv = {Hd, m->ctx, m->kv_fmt};
-    size_t group = (size_t)m->ctx * Hd * (m->kv_fmt == MDK_F32 ? 4 : 2);
+    size_t group = (size_t)m->ctx * mdk_kv_row_bytes(m->kv_fmt, Hd);
     mdk_attend(&kv, a->q + (size_t)tk * m->H * Hd, a->k[tk] + g * group, a->v[tk] + g * group, a->first[tk],
                a->last[tk], g * hpg, hpg, a->scores + (size_t)tk * m->H * m->ctx, a->att + (size_t)tk * m->H * Hd);
 }
@@ -169,7 +169,7 @@ static void attn_task(void *c, int task) {  /* task = token * G + kv group (atte
 #define MAX_BATCH 64
 
 /* One decode step for B sequences (B <= 64): token b's embedding x[b] (resid_fmt) at position pos[b]
- * of its own KV cache, whose keys and values start at kbase[b] / vbase[b] ([layers, G, ctx, Hd] fp32,
+ * of its own KV cache, whose keys and values start at kbase[b] / vbase[b] ([layers, G, ctx, row] in kv_fmt,
  * every cache of the same ctx). On return x holds the last layer's outputs and logits [B, V] (fp32,
  * values of the model dtype, as torch's lm_head gives) are written. cos, sin: [B, Hd] rope rows
  * (sin already signed for the rotate-half trick). The dense weights and each expert any token
@@ -191,7 +191,7 @@ MDK_API int mdk_decode_batch(const mdk_model *m, int B, void *x, const int *pos,
     float wts[MAX_BATCH * 64];
     char *kl[MAX_BATCH], *vl[MAX_BATCH];
     int first[MAX_BATCH];
-    size_t kvsz = m->kv_fmt == MDK_F32 ? 4 : 2, layer_stride = (size_t)G * m->ctx * Hd * kvsz;
+    size_t rowb = mdk_kv_row_bytes(m->kv_fmt, Hd), layer_stride = (size_t)G * m->ctx * rowb;
     size_t esz = m->resid_fmt == MDK_F32 ? 4 : 2;
     int use_bf = m->dtype == MDK_BF16;
     for (int b = 0; b < B; b++) {
@@ -227,9 +227,9 @@ MDK_API int mdk_decode_batch(const mdk_model *m, int B, void *x, const int *pos,
                 for (int i = 0; i < Hd; i++) tmp[i] = v[i] * cb[i] + v[(i + half) % Hd] * sb[i];
                 memcpy(v, tmp, (size_t)Hd * 4);
             }
-            for (int g = 0; g < G; g++) {  /* rounded to the cache's format, as torch's copy into it does */
-                mdk_store_row(m->kv_fmt, r + (size_t)(H + g) * Hd, kl[b] + ((size_t)g * m->ctx + pos[b]) * Hd * kvsz, Hd);
-                mdk_store_row(m->kv_fmt, r + (size_t)(H + G + g) * Hd, vl[b] + ((size_t)g * m->ctx + pos[b]) * Hd * kvsz, Hd);
+            for (int g = 0; g < G; g++) {  /* rounded to the cache's format, as the torch forward's store does */
+                mdk_kv_store(m->kv_fmt, r + (size_t)(H + g) * Hd, kl[b] + ((size_t)g * m->ctx + pos[b]) * rowb, Hd);
+                mdk_kv_store(m->kv_fmt, r + (size_t)(H + G + g) * Hd, vl[b] + ((size_t)g * m->ctx + pos[b]) * rowb, Hd);
             }
         }
         /* q of token b is its row's first H*Hd values: gather them contiguous for the tasks */

@@ -47,7 +47,9 @@ enum { MDK_F32 = 0, MDK_F16 = 1, MDK_BF16 = 2, MDK_Q4 = 3, MDK_MX4 = 4,
        /* GGUF's block formats, each repacked into tiles of its own (kquant.c: 256-weight super-blocks;
         * qblock.c: 32-weight blocks). Their values are exactly gguf.quants.dequantize's. */
        MDK_Q4K = 5, MDK_Q5K = 6, MDK_Q6K = 7,
-       MDK_Q8_0 = 8, MDK_Q4_0 = 9, MDK_Q4_1 = 10, MDK_Q5_0 = 11, MDK_Q5_1 = 12 };
+       MDK_Q8_0 = 8, MDK_Q4_0 = 9, MDK_Q4_1 = 10, MDK_Q5_0 = 11, MDK_Q5_1 = 12,
+       /* a KV cache's 8-bit rows (engine/kv8.py): Hd int8 codes, then Hd/32 fp16 scales (one a block of 32) */
+       MDK_KV8 = 13 };
 #define MDK_IS_Q4(fmt) ((fmt) == MDK_Q4 || (fmt) == MDK_MX4)  /* both use the Q4 tiles and dot products */
 #define MDK_IS_KQ(fmt) ((fmt) >= MDK_Q4K && (fmt) <= MDK_Q6K)      /* kquant.c */
 #define MDK_IS_QB(fmt) ((fmt) >= MDK_Q8_0 && (fmt) <= MDK_Q5_1)    /* qblock.c */
@@ -164,7 +166,11 @@ void mdk_dense_rows_multi(const mdk_matrix *w, int r0, int r1, const float *cons
                           int nt, float *const *y);
 
 /* ---- attention.c ---- */
-typedef struct { int Hd, ctx, fmt; } mdk_kv;  /* head dim, positions a cache holds, its format (MDK_F32/BF16/F16) */
+typedef struct { int Hd, ctx, fmt; } mdk_kv;  /* head dim, positions a cache holds, its format (MDK_F32/BF16/F16/KV8) */
+static inline size_t mdk_kv_row_bytes(int fmt, int Hd) {  /* bytes of one cached row of Hd values */
+    return fmt == MDK_KV8 ? (size_t)Hd + (size_t)Hd / 16 : (size_t)Hd * (fmt == MDK_F32 ? 4 : 2);
+}
+void mdk_kv_store(int fmt, const float *src, void *dst, int Hd);  /* one row into the cache, rounded to its format */
 void mdk_attend(const mdk_kv *kv, const float *q, const char *kb, const char *vb, int first, int last, int h0,
                 int hpg, float *scores, float *att);  /* q, scores, att: the token's [H, Hd], [H, ctx], [H, Hd] */
 

@@ -13,7 +13,7 @@ import ctypes
 
 import torch
 
-from . import ERRORS, FMT, Layer, Matrix, Model, lib, matrix, threads
+from . import ERRORS, FMT, KV_FMT, Layer, Matrix, Model, lib, matrix, threads
 
 
 def dense_matrix(w) -> Matrix:
@@ -56,7 +56,7 @@ class DecodeStep:
         self.desc = Model(d.layers, d.hidden, d.heads, d.kv_heads, d.head_dim, 0, d.experts, d.top_k,
                           d.sliding_window or 0, d.rms_eps, FMT[model.dtype], resid, FMT[model.dtype],
                           ctypes.addressof(self.layers), model.norm.data_ptr(), dense_matrix(model.lm_head),
-                          {None: 0, "head": 1, "full": 2}[d.qk_norm], d.clip_qkv or 0.0, FMT[model.kv_dtype])
+                          {None: 0, "head": 1, "full": 2}[d.qk_norm], d.clip_qkv or 0.0, KV_FMT[model.kv_dtype])
 
     def __call__(self, ids: torch.Tensor, caches: list, positions: list[int]) -> torch.Tensor:
         """Logits [B, V] fp32 (the values torch's lm_head gives in the model dtype) for B sequences'

@@ -8,8 +8,9 @@ One sequence's cache beside the weights (engine/model.py KVCache):
     fixed = the linear-attention state of the hybrid families with the copies a cache keeps (engine/layers/state.py)
 Today's cache gives every attending layer a row for every position, windowed or not (attention writes
 position p at row p), so `bounded_windows` is False where it is built; a ring-buffer cache sets it.
-Bytes a stored value: 2 for bf16/fp16 keys and values, 4 for fp32; an 8-bit cache stores 1 byte and a
-scale per block (int8_element_bytes), which the planner counts the same way.
+Bytes a stored value: 2 for bf16/fp16 keys and values, 4 for fp32; an 8-bit cache (Load.kv_bits 8)
+stores 1 byte and an fp16 scale per block of 32 (int8_element_bytes: 1.0625, engine/kv8.py), which the
+planner counts the same way, so "auto" opens nearly twice the context where memory bounds it.
 
 "auto" (choose_length): the model's own context length, capped by the memory free beside its weights
 with every expert at its smallest form (`room`, what the context may take at most), and by AUTO_SHARE
@@ -65,6 +66,7 @@ class ContextCost:
     fixed: int
     max_positions: int
     bounded_windows: bool = False  # a windowed layer keeps only its window (see the module's docstring)
+    kv_bits: int = 16  # 16: keys and values in the model's dtype; 8: int8 with scales (the line says so)
 
     @property
     def per_token(self) -> float:
@@ -89,7 +91,8 @@ class ContextCost:
         return lo
 
 
-def cost_of(dims, elem_bytes: float, state_copies: int, bounded_windows: bool = False) -> ContextCost:
+def cost_of(dims, elem_bytes: float, state_copies: int, bounded_windows: bool = False,
+            kv_bits: int = 16) -> ContextCost:
     """A model's ContextCost from its Dims (engine/model_config.py), at elem_bytes a stored value,
     with state_copies of its linear-attention state (the live one and a cache's turn-boundary copies).
     The layers are counted as the cache is built: one row set per layer_attn entry where layers differ
@@ -101,7 +104,7 @@ def cost_of(dims, elem_bytes: float, state_copies: int, bounded_windows: bool = 
         g, hk, hv = dims.kv_shape
         layers = tuple((g * (hk + hv) * elem_bytes, dims.window(i)) for i in range(dims.decoder_layers)
                        if dims.mixer(i) != "deltanet")
-    return ContextCost(layers, dims.state_bytes() * state_copies, int(dims.max_positions), bounded_windows)
+    return ContextCost(layers, dims.state_bytes() * state_copies, int(dims.max_positions), bounded_windows, kv_bits)
 
 
 def rounded(n: int, cap: int) -> int:
@@ -142,10 +145,12 @@ class ContextChoice:
         return (self.nbytes, 0) if self.on_accelerator else (0, self.nbytes)
 
     def line(self, ctx: int | None = None) -> str:
-        """e.g. "32,768 tokens: 3.0 GB of keys and values" (and a hybrid model's fixed state)."""
+        """e.g. "32,768 tokens: 3.0 GB of keys and values" (and a hybrid model's fixed state; "(8-bit)"
+        after the keys and values where they are stored at 8 bits)."""
         n = self.ctx if ctx is None else ctx
         where = " in GPU memory" if self.on_accelerator else ""
-        text = f"{n:,} tokens: {size_text(self.cost.kv_bytes(n))} of keys and values{where}"
+        bits = " (8-bit)" if self.cost.kv_bits == 8 else ""
+        text = f"{n:,} tokens: {size_text(self.cost.kv_bytes(n))} of keys and values{bits}{where}"
         if self.cost.fixed:
             text += f" and {size_text(self.cost.fixed)} of linear-attention state"
         return text

@@ -70,6 +70,18 @@ def _ctx(text: str):
         raise argparse.ArgumentTypeError(f"{e}; or auto (the model's own context as memory allows)") from None
 
 
+def _kv_bits(text: str) -> int:
+    """--kv-bits: 16 or 8."""
+    if text.strip() in ("16", "8"):
+        return int(text)
+    raise argparse.ArgumentTypeError(f"{text!r} is not a keys-and-values format: use 16 (the model's dtype) "
+                                     "or 8 (int8 with a scale per 32 values: about half the memory a token)")
+
+
+KV_BITS_HELP = ("keys and values stored at 16 bits (default: the model's dtype) or 8 (int8 with a scale per 32 "
+                "values: about half the memory a token, so auto opens about twice the context where memory bounds it)")
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="a model folder (safetensors; Mixtral, Qwen3-MoE, OLMoE, Qwen2-MoE or GPT-OSS), a GGUF file "
@@ -84,6 +96,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ctx", type=_ctx, default="auto", metavar="auto|N",
                    help="context length: auto (default: the model's own, as far as memory allows its keys and "
                    "values beside the weights) or N tokens (refused with the figures where memory cannot hold it)")
+    p.add_argument("--kv-bits", type=_kv_bits, default=16, metavar="16|8", help=KV_BITS_HELP)
 
 
 def _params(a):
@@ -95,7 +108,7 @@ def _params(a):
 
 
 def _load(client, a, placement: str | None = None):
-    return client.load(a.model or "demo", placement or a.placement, a.device, a.dtype, a.ctx)
+    return client.load(a.model or "demo", placement or a.placement, a.device, a.dtype, a.ctx, a.kv_bits)
 
 
 # the terminal chat's slash commands (a line that is one /word is never sent to the model)
@@ -280,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="cpu | cuda | cuda:N")
     ap.add_argument("--ctx", dest="window_ctx", default=None, type=_ctx, metavar="auto|N",
                     help="the context the app opens the model at (default: the one chosen for it last, else auto)")
+    ap.add_argument("--kv-bits", dest="window_kv_bits", default=16, type=_kv_bits, metavar="16|8", help=KV_BITS_HELP)
     ap.add_argument("--self-test", action="store_true", help="check the installation and exit")
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
     c = sub.add_parser("chat", help="interactive terminal chat with streaming")
@@ -338,17 +352,18 @@ def run(a) -> int:
         return 130
 
 
-def chat_args(model: str | None = None, device: str | None = None, ctx=None) -> argparse.Namespace:
+def chat_args(model: str | None = None, device: str | None = None, ctx=None, kv_bits: int = 16) -> argparse.Namespace:
     """The arguments of a plain `mixdesk chat` (the headless fallback of the window)."""
     argv = ["chat"] + (["--model", model] if model and model != "demo" else []) + (["--device", device] if device else [])
     argv += ["--ctx", str(ctx)] if ctx is not None else []
+    argv += ["--kv-bits", str(kv_bits)] if kv_bits != 16 else []
     return build_parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     if not getattr(a, "fn", None):  # no command: the terminal chat here (app/entry.py opens the window)
-        a = chat_args(a.window_model, a.window_device, a.window_ctx)
+        a = chat_args(a.window_model, a.window_device, a.window_ctx, a.window_kv_bits)
     return run(a)
 
 

@@ -24,7 +24,7 @@ def prepare(a):
 
     client = for_terminal(False)
     try:
-        client.load(a.model or "demo", "auto", a.device, a.dtype, a.ctx)
+        client.load(a.model or "demo", "auto", a.device, a.dtype, a.ctx, a.kv_bits)
         if a.remeasure:
             client.reprofile()
         client.wait_calibrated()
@@ -164,7 +164,7 @@ def _eval_pinned(a) -> int:
 
     client = for_terminal(False)
     try:
-        client.load(a.model or "demo", a.placement, a.device, a.dtype, a.ctx)
+        client.load(a.model or "demo", a.placement, a.device, a.dtype, a.ctx, a.kv_bits)
         got = client.query("evaluate_pinned", text=a.text, tokens=a.tokens, new_tokens=a.new_tokens)
     finally:
         client.close()

@@ -45,7 +45,7 @@ def cmd_serve(a) -> int:
         raise ServeError(f"--host {a.host} reaches other machines: give --api-key KEY too (or serve on 127.0.0.1)")
     client = for_terminal(a.quiet, max_streams=a.parallel)
     try:
-        loaded = client.load(a.model or "demo", a.placement, a.device, a.dtype, a.ctx)
+        loaded = client.load(a.model or "demo", a.placement, a.device, a.dtype, a.ctx, a.kv_bits)
 
         def log(entry) -> None:
             if not a.quiet:
