@@ -6,12 +6,13 @@
 Stages, most telling first, each in benchmarks/gpu_check_<concept>.py:
   machine       the CPU (model, AVX-512/AMX), the native kernels' path, the GPU, the hardware profile
   native        CUDA experts beside native CPU experts in one decode step: parity, routes
-  gpu_tests     pytest -m gpu tests/test_gpu.py
+  gpu_tests     pytest -m gpu tests/test_gpu.py tests/test_torch_dequant.py
   mixtral_24gb  Mixtral-8x7B shape on a 24 GB card: slider sweep, predictions, bandwidth bound, peaks
   budget_drop   the VRAM budget falls from 24 to 12 GB mid-reply, through the engine thread
   qwen3_24gb    Qwen3-30B-A3B shape (48 x 128 small experts, top-8) on the 24 GB card: the sweep
   batched       1 and 4 streams decoding together on that model, with GPU experts
-  gguf          a Q4_K_M GGUF (the Qwen3 shape cut to 2 layers) with experts on both sides
+  gguf          a Q4_K_M GGUF (the Qwen3 shape cut to 2 layers) with experts on both sides; a CPU expert's
+                file rows copied to the GPU and dequantised there for a prefill, timed against the CPU
   mixtral_12gb, qwen3_12gb   both shapes on a 12 GB card
 Every model is synthetic (engine/sources/synthetic.py): weights made on demand by name, never written.
 

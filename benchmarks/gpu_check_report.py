@@ -240,13 +240,28 @@ def _layout(key: str, v) -> list[str]:
                 f"- loaded in {v.get('load_s')} s with {_tiers(v.get('tiers', {}))}",
                 (f"- {v.get('tokens')} of {v.get('tokens_asked')} tokens at {v.get('decode_tok_s')} tok/s, prefill "
                 f"{v.get('prefill_s')} s; logits finite: {v.get('finite')}; one expert as gpu-16 vs cpu-16: "
-                f"{v.get('gpu16_vs_cpu16_max_rel_diff')} of the largest output")]
+                f"{v.get('gpu16_vs_cpu16_max_rel_diff')} of the largest output")] + _prefill_copy(v.get("prefill_copy"))
     if key == "batched":
         return [f"Model: {v.get('model')}; tiers {_tiers(v.get('tiers', {}))}", ""] + _table(
             ["streams", "aggregate tok/s", "x one stream", "per-stream tok/s", "predicted aggregate", "all finished"],
             [[r["streams"], r["aggregate_tok_s"], r.get("x_one_stream"), r["per_stream_tok_s"], r["predicted_tok_s"],
               r["finished"]] for r in v.get("rows", [])])
     return ["```json", json.dumps(v, indent=1, default=str)[:3000], "```"]
+
+
+def _prefill_copy(c: dict | None) -> list[str]:
+    """The GGUF stage's prefill copy (issue 45, item 6): a CPU expert's file rows dequantised on the GPU."""
+    if not c:
+        return []
+    if "skipped" in c or "error" in c:
+        return [f"- prefill copy: {c.get('skipped') or c.get('error')}"]
+    return [(f"- prefill copy of a CPU GGUF expert ({'/'.join(c['expert_format'])}, {c['expert_bytes'] / 1e6:.1f} MB): "
+             f"copy and dequantise {c['copy_s'] * 1e3:.2f} ms; 256 tokens on the CPU {c['cpu_expert_s'] * 1e3:.1f} ms, "
+             f"on the GPU {c['gpu_expert_s'] * 1e3:.2f} ms; outputs differ by {c['max_rel_diff']:.2e} of the largest; "
+             f"copy wins at {c.get('copy_wins_at')}"),
+            (f"- a 256-token prefill: CPU experts kept on the CPU {c.get('prefill_cpu_only_tok_s')} tok/s; with the "
+             f"measured costs {c.get('prefill_measured_tok_s')} tok/s ({c.get('prefill_measured_copied')} expert "
+             "batches copied)")]
 
 
 def markdown(data: dict, png: str | None) -> str:

@@ -1,6 +1,7 @@
-"""The gpu-tests stage: `pytest -m gpu tests/test_gpu.py` (CUDA parity of the 16-bit tiers against
-transformers, the copy path, the budgeted auto placement, bf16 generation, another process taking
-VRAM), in a process of its own, its summary and the tail of its output kept.
+"""The gpu-tests stage: `pytest -m gpu tests/test_gpu.py tests/test_torch_dequant.py` (CUDA parity of
+the 16-bit tiers against transformers, the copy path, the budgeted auto placement, bf16 generation,
+another process taking VRAM; a GGUF expert's file rows dequantised on the GPU for a prefill), in a
+process of its own, its summary and the tail of its output kept.
 
 Also a pytest plugin (`-p benchmarks.gpu_check_tests`) for the device image, which has no PySide6:
 tests/conftest.py's autouse fixture imports app.window_state (a Qt module) after every test, so each
@@ -45,7 +46,8 @@ def summary(text: str) -> dict:
 
 def run(ctx) -> dict:
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rfEs", "-p", "no:cacheprovider",
-           "-p", "benchmarks.gpu_check_tests", str(ROOT / "tests" / "test_gpu.py")]
+           "-p", "benchmarks.gpu_check_tests", str(ROOT / "tests" / "test_gpu.py"),
+           str(ROOT / "tests" / "test_torch_dequant.py")]
     t0 = time.time()
     out = {"command": "python " + " ".join(cmd[1:]), "window_state_stand_in": pyside_missing()}
     # its own process group, so that a timeout ends the tests' own children too (the VRAM hog)

@@ -98,17 +98,16 @@ class Expert16:
     def __deepcopy__(self, memo) -> "Expert16":  # new memory, and a descriptor pointing at it
         return Expert16(self.tier, self.w13.clone(), self.w2.clone(), self.glu)
 
-    def to(self, device: torch.device) -> "Expert16":
-        """A temporary copy on another device (the prefill 'copy the weights over' path)."""
+    def to(self, device: torch.device, dtype: torch.dtype | None = None) -> "Expert16":
+        """A temporary copy on another device (the prefill 'copy the weights over' path), in its own
+        dtype (`dtype` is for QuantExpert.to's sake)."""
         nb = device.type == "cuda"
         return Expert16(self.tier, self.w13.to(device, non_blocking=nb), self.w2.to(device, non_blocking=nb),
                         self.glu.to(device) if self.glu is not None else None)
 
 
 class QuantExpert:
-    """A 4-bit expert: w13 and w2 in one of the formats of `quant`."""
-
-    copyable = False
+    """A 4-bit expert: w13 and w2 in one of the formats of `quant`, or a GGUF file's own blocks."""
 
     def __init__(self, tier: Tier, w13, w2, device: torch.device, glu: Glu | None = None):
         self.tier = tier
@@ -129,6 +128,31 @@ class QuantExpert:
     @property
     def nbytes(self) -> int:
         return self.w13.nbytes + self.w2.nbytes
+
+    @property
+    def copyable(self) -> bool:
+        """The prefill may copy it to the accelerator for one batch (Fiddler's prefill rule, decided by
+        offload.copy_wins on its bytes): where w13 and w2 are a GGUF file's own rows in a format
+        engine/gguf/torch_dequant.py expands. Those rows cross as they are (Q4_K: 4.5 bits a weight)."""
+        from .gguf import torch_dequant
+
+        return all(isinstance(w, BlockQuant) and w.file_rows is not None and torch_dequant.supported(w.qtype)
+                   for w in (self.w13, self.w2))
+
+    def to(self, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Expert16:
+        """A temporary 16-bit copy on another device (the prefill's 'copy the weights over' path): the
+        file's rows copied there and dequantised there, in `dtype` (the model's)."""
+        from .gguf import torch_dequant
+
+        nb = device.type == "cuda"
+
+        def there(w: BlockQuant) -> torch.Tensor:
+            k = w.shape[1]
+            parts = [torch_dequant.dequantize(r.to(device, non_blocking=nb), w.qtype, k) for r in w.file_rows]
+            return (parts[0] if len(parts) == 1 else torch.cat(parts)).to(dtype)  # gate's rows, then up's
+
+        return Expert16(self.tier, there(self.w13), there(self.w2),
+                        self.glu.to(device) if self.glu is not None else None)
 
     def __deepcopy__(self, memo) -> "QuantExpert":
         import copy

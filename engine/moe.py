@@ -156,7 +156,7 @@ class MoEBlock:
                 if ex.tier.on_accelerator:
                     accel_jobs.append((ex, off, c))
                 elif ex.copyable and self.offload is not None and self.offload.copy_wins(c, ex.nbytes):
-                    accel_jobs.append((ex.to(self.accel), off, c))  # temporary copy for this batch
+                    accel_jobs.append((ex.to(self.accel, x.dtype), off, c))  # temporary copy for this batch
                     self.copied += 1
                 else:
                     cpu_jobs.append((ex, off, c))

@@ -32,7 +32,7 @@ class OffloadCosts:
         return self.copy_time(tokens, nbytes) < self.cpu_time(tokens)
 
 
-def _fit(expert: Expert16, device: torch.device, dtype: torch.dtype, reps: int) -> tuple[float, float]:
+def _fit(expert, device: torch.device, dtype: torch.dtype, reps: int) -> tuple[float, float]:
     d = expert.w2.shape[0]
     n_lo, n_hi = 1, 32
     x_lo = torch.randn(n_lo, d, dtype=dtype, device=device)
@@ -43,16 +43,21 @@ def _fit(expert: Expert16, device: torch.device, dtype: torch.dtype, reps: int) 
     return max(t_lo - per * n_lo, 0.0), per
 
 
-def measure(cpu_expert: Expert16, accel: torch.device, reps: int = 3) -> OffloadCosts | None:
-    """Time one expert on the CPU and on the accelerator, and a pinned host-to-device copy.
-    Returns None without an accelerator: then there is nothing to decide."""
+def measure(cpu_expert, accel: torch.device, reps: int = 3, dtype: torch.dtype | None = None) -> OffloadCosts | None:
+    """Time one expert on the CPU and on the accelerator, and its copy there: a pinned host-to-device
+    copy of a 16-bit expert's bytes, or a GGUF expert's whole QuantExpert.to (its file rows across
+    from pageable memory, and their dequantisation there). dtype: the model's (a 16-bit expert's own
+    by default). Returns None without an accelerator: then there is nothing to decide."""
     if accel.type != "cuda":
         return None
-    dtype = cpu_expert.w13.dtype
+    dtype = dtype or cpu_expert.w13.dtype
     cpu_fixed, cpu_per = _fit(cpu_expert, torch.device("cpu"), dtype, reps)
-    gpu_expert = cpu_expert.to(accel)
+    gpu_expert = cpu_expert.to(accel, dtype)
     gpu_fixed, gpu_per = _fit(gpu_expert, accel, dtype, reps)
-    staging = torch.empty(cpu_expert.nbytes, dtype=torch.uint8).pin_memory()
-    target = torch.empty_like(staging, device=accel)
-    t = best_time(lambda: target.copy_(staging, non_blocking=True), accel, reps)
+    if isinstance(cpu_expert, Expert16):
+        staging = torch.empty(cpu_expert.nbytes, dtype=torch.uint8).pin_memory()
+        target = torch.empty_like(staging, device=accel)
+        t = best_time(lambda: target.copy_(staging, non_blocking=True), accel, reps)
+    else:
+        t = best_time(lambda: cpu_expert.to(accel, dtype), accel, reps)
     return OffloadCosts(cpu_fixed, cpu_per, gpu_fixed, gpu_per, cpu_expert.nbytes / t)
