@@ -134,21 +134,21 @@ class QuantExpert:
         """The prefill may copy it to the accelerator for one batch (Fiddler's prefill rule, decided by
         offload.copy_wins on its bytes): where w13 and w2 are a GGUF file's own rows in a format
         engine/gguf/torch_dequant.py expands. Those rows cross as they are (Q4_K: 4.5 bits a weight)."""
-        from .gguf import torch_dequant
+        from .gguf.torch_dequant import supported
 
-        return all(isinstance(w, BlockQuant) and w.file_rows is not None and torch_dequant.supported(w.qtype)
+        return all(isinstance(w, BlockQuant) and w.file_rows is not None and supported(w.qtype)
                    for w in (self.w13, self.w2))
 
     def to(self, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Expert16:
         """A temporary 16-bit copy on another device (the prefill's 'copy the weights over' path): the
         file's rows copied there and dequantised there, in `dtype` (the model's)."""
-        from .gguf import torch_dequant
+        from .gguf.torch_dequant import dequantize  # the module, not engine.gguf's package (an import cycle)
 
         nb = device.type == "cuda"
 
         def there(w: BlockQuant) -> torch.Tensor:
             k = w.shape[1]
-            parts = [torch_dequant.dequantize(r.to(device, non_blocking=nb), w.qtype, k) for r in w.file_rows]
+            parts = [dequantize(r.to(device, non_blocking=nb), w.qtype, k) for r in w.file_rows]
             return (parts[0] if len(parts) == 1 else torch.cat(parts)).to(dtype)  # gate's rows, then up's
 
         return Expert16(self.tier, there(self.w13), there(self.w2),

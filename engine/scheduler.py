@@ -237,10 +237,11 @@ class Scheduler:
         return before - len(self.running)
 
     def prompt_chunk(self) -> int:
-        """How many prompt tokens the next chunk reads: `chunk` while other requests decode (they stall
-        for one chunk at most); solo_chunk when nothing else does (larger products run faster: SOLO_CHUNK;
-        a Stop still acts within a layer)."""
-        if any(r.need is not None and len(r.need.feed) == 1 for r in self.running):
+        """How many prompt tokens the next chunk reads: `chunk` while other requests run (they decode, or
+        will once their own prompt is read: each stalls for one chunk at most); solo_chunk when nothing
+        else runs (larger products run faster: SOLO_CHUNK; a Stop still acts within a layer). Two requests
+        started together: the second's first chunk is decided while the first still reads its prompt."""
+        if len(self.running) > 1 or any(r.need is not None and len(r.need.feed) == 1 for r in self.running):
             return self.chunk
         return max(self.chunk, self.solo_chunk)
 

@@ -143,6 +143,18 @@ def test_the_chunk_is_larger_when_nothing_else_decodes_and_that_is_one_decision(
     assert model.calls[0] == (128, 1) and [p.read for p in r.of(PromptProgress)] == [0, 128, 256]
 
 
+def test_a_long_prompt_started_beside_a_short_one_reads_in_short_chunks_from_its_first():
+    """Both start in one admit: the long one's first chunk is decided while the short one still reads its
+    prompt (not yet decoding), and must be the short chunk all the same (CI of stop 51: read whole)."""
+    s, model = sched()
+    s.solo_chunk = 128
+    submit(s, gen([5, 6, 7], n=40))
+    submit(s, gen(list(range(10, 210)), n=4))
+    run(s)
+    reads = [t for t, b in model.calls if t > 1]
+    assert reads[0] == 3 and max(reads[1:]) == 16, reads  # the short prompt, then chunks of 16 only
+
+
 def test_each_conversation_keeps_its_own_cache_and_a_return_reads_only_the_new_tokens():
     s, model = sched()
     a = [1, 2, 3] + list(range(100, 400))
