@@ -41,6 +41,13 @@ def demo_shaped_model() -> Path:
     return path
 
 
+def cpu_tag() -> str:
+    """A short name of this CPU's kind for a record's file name ("intel-xeon", "amd-epyc"): this machine
+    kind's CPU varies between sessions, and one day's records of both must not overwrite each other."""
+    words = machine().split(",")[0].lower().replace("(r)", "").replace("(tm)", "").split()
+    return "-".join(w for w in words[:2] if w.isalnum()) or "cpu"
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:

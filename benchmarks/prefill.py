@@ -171,7 +171,7 @@ def parent_main(a) -> None:
 
     from benchmarks import real_scale as rs
     from benchmarks import real_scale_files as files
-    from benchmarks.common import machine, read_bandwidth, record
+    from benchmarks.common import cpu_tag, machine, read_bandwidth, record
 
     torch.set_num_threads(a.threads)
     lines: list[str] = []
@@ -269,7 +269,7 @@ def parent_main(a) -> None:
     out(f"machine: {machine()}")
     out(f"command: python benchmarks/{HERE.name} " + " ".join(sys.argv[1:]))
     if not a.no_record:
-        name = "prefill-" + a.model_path.stem
+        name = f"prefill-{a.model_path.stem}-{cpu_tag()}"  # each CPU kind's record of the day kept
         print(f"recorded {record(name, {'file': str(a.model_path), 'runs': runs, 'peaks': peak, 'table': table}, chr(10).join(lines))}")
 
 

@@ -127,6 +127,7 @@ def _load():
     want = os.environ.get("MIXDESK_KERNEL_PATH", "").lower()
     cap = {"c": 0, "portable": 0, "avx2": 1, "avx512": 2}.get(want, -1)
     lib.mdk_select_path(cap)
+    lib.mdk_amx(0 if os.environ.get("MIXDESK_AMX", "1") == "0" else 1)  # AMX tiles where the CPU has them
     lib.mdk_gemm_threshold(-1)  # reads MIXDESK_GEMM_MIN
     _why = ""
     return _Locked(lib)
@@ -137,6 +138,8 @@ def _declare(lib) -> None:
     lib.mdk_abi.restype = i
     lib.mdk_select_path.argtypes, lib.mdk_select_path.restype = [i], i
     lib.mdk_cpu_has_bf16.restype = i
+    lib.mdk_amx.argtypes, lib.mdk_amx.restype = [i], i
+    lib.mdk_flash_amx_calls.restype = ctypes.c_long
     lib.mdk_gemm_threshold.argtypes, lib.mdk_gemm_threshold.restype = [i], i
     lib.mdk_gemm_test.argtypes, lib.mdk_gemm_test.restype = [POINTER(Matrix), vp, i, vp, i], i
     lib.mdk_q4_bytes.argtypes, lib.mdk_q4_bytes.restype = [i, i], ctypes.c_size_t
@@ -213,13 +216,19 @@ def set_path(cap: int) -> str:
     return PATHS[lib().mdk_select_path(cap)]
 
 
+def amx(want: int = -1) -> bool:
+    """AMX tiles in use (a prompt's attention over a bf16 cache, flash_amx.c); want 0/1 turns them
+    off/on where the CPU has them (tests and benchmarks compare both paths)."""
+    return bool(lib().mdk_amx(want))
+
+
 def status() -> str:
     """One line naming the active CPU expert kernel, for the bench, --self-test and the panel."""
     L = lib()
     if L is None:
         return f"torch (native kernels unavailable: {_why})"
     p = L.mdk_select_path(-1)
-    extra = " + BF16" if p == 2 and L.mdk_cpu_has_bf16() else ""
+    extra = (" + BF16" if p == 2 and L.mdk_cpu_has_bf16() else "") + (" + AMX" if L.mdk_amx(-1) else "")
     return f"native {PATHS[p]}{extra}"
 
 

@@ -24,10 +24,15 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #endif
+#if MDK_X86 && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 int mdk_path = MDK_PATH_C;
 int mdk_has_bf16 = 0;
-static int detected_path = MDK_PATH_C, detected_bf16 = 0;
+int mdk_has_amx = 0;
+static int detected_path = MDK_PATH_C, detected_bf16 = 0, detected_amx = 0, amx_allowed = 1;
 
 #if MDK_X86
 static void cpuid(int leaf, int sub, unsigned r[4]) {
@@ -51,6 +56,20 @@ static unsigned long long xgetbv0(void) {
 }
 #endif
 
+/* AMX's tile data is a large register state Linux hands out only on request (arch_prctl, kernel 5.16+):
+ * asked once for the process, its threads included. Elsewhere (Windows, macOS, older kernels): no AMX. */
+static int amx_permitted(void) {
+#if MDK_X86 && defined(__linux__)
+    const long get_perm = 0x1022, req_perm = 0x1023, xtiledata = 18;
+    unsigned long bits = 0;
+    if (syscall(SYS_arch_prctl, req_perm, xtiledata) != 0) return 0;
+    if (syscall(SYS_arch_prctl, get_perm, &bits) != 0) return 0;
+    return (int)((bits >> xtiledata) & 1);
+#else
+    return 0;
+#endif
+}
+
 static void detect(void) {
 #if MDK_X86
     unsigned r[4], r7[4], r71[4];
@@ -71,6 +90,12 @@ static void detect(void) {
         detected_path = MDK_PATH_AVX512;
         detected_bf16 = bf16;
     }
+    /* AMX (Intel Xeon since Sapphire Rapids): tiles, bf16 and int8 products; the OS must save the tile
+     * state (XCR0 bits 17-18) and grant it to this process */
+    int amx_tile = (r7[3] >> 24) & 1, amx_bf16 = (r7[3] >> 22) & 1, amx_int8 = (r7[3] >> 25) & 1;
+    if (detected_path == MDK_PATH_AVX512 && detected_bf16 && amx_tile && amx_bf16 && amx_int8 &&
+        ((xcr0 >> 17) & 3) == 3)
+        detected_amx = amx_permitted();
 #endif
 }
 
@@ -87,7 +112,17 @@ MDK_API int mdk_select_path(int want) {
         mdk_path = want < detected_path ? want : detected_path;
         mdk_has_bf16 = mdk_path == MDK_PATH_AVX512 && detected_bf16;
     }
+    mdk_has_amx = mdk_path == MDK_PATH_AVX512 && detected_amx && amx_allowed;
     return mdk_path;
+}
+
+/* AMX tiles in use (1) or not (0); want 0 turns them off, 1 on where the CPU and OS have them (tests and
+ * benchmarks compare both paths; MIXDESK_AMX=0 at load), < 0 asks. */
+MDK_API int mdk_amx(int want) {
+    mdk_select_path(-1);
+    if (want >= 0) amx_allowed = want;
+    mdk_has_amx = mdk_path == MDK_PATH_AVX512 && detected_amx && amx_allowed;
+    return mdk_has_amx;
 }
 
 /* The layout of the structs Python fills (engine/native/__init__.py): a library built before a change

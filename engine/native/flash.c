@@ -10,7 +10,8 @@
  * max and sum per row, the output rescaled when the max grows), the weights times the values in
  * bf16 dot products into fp32 (the weights rounded to bf16: 2^-9 relative each) or fp32 FMAs.
  * The torch path (scaled_dot_product_attention) stays where this returns non-zero: no AVX-512, a
- * head dim other than 64/128/256, values of another width (engine/native/flash.py).
+ * head dim other than 64/128/256, values of another width (engine/native/flash.py). A bf16 cache on a
+ * CPU with AMX goes to flash_amx.c (the same method in tiles) first.
  */
 #include "mdk.h"
 
@@ -260,6 +261,11 @@ MDK_API int mdk_flash(const float *q, long qs, int H, int G, int Hd, int n, int 
     if (mdk_path != MDK_PATH_AVX512) return -1;
     if (G <= 0 || H % G || (Hd != 64 && Hd != 128 && Hd != 256) || n <= 0 || q0 < 0 || H / G > ROWS) return -2;
     if (fmt != MDK_F32 && fmt != MDK_BF16 && fmt != MDK_F16) return -2;
+    if (fmt == MDK_BF16 && pv16 && mdk_has_bf16) {  /* AMX tiles where the CPU has them (flash_amx.c) */
+        int rc = mdk_flash_amx(q, qs, H, G, Hd, n, q0, window, scale, (const uint16_t *)k, (const uint16_t *)v,
+                               gs, ks, out, os, nthreads);
+        if (rc != -1) return rc;
+    }
     fl_ctx c = {.q = q, .qs = qs, .H = H, .G = G, .R = H / G, .Hd = Hd, .n = n, .q0 = q0, .S = q0 + n,
                 .window = window, .pv16 = pv16 && mdk_has_bf16, .scale = scale, .k = k, .v = v, .fmt = fmt,
                 .gs = gs, .ks = ks, .out = out, .os = os};

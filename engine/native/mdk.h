@@ -84,6 +84,10 @@ typedef struct {
 /* ---- cpu.c: features, path, thread pool ---- */
 extern int mdk_path;      /* the active path (MDK_PATH_*) */
 extern int mdk_has_bf16;  /* AVX512-BF16 present (and the AVX-512 path active) */
+extern int mdk_has_amx;   /* AMX tiles (bf16 and int8) usable, allowed, and the AVX-512 path active */
+/* flash_amx.c: a prompt's attention over a bf16 cache in AMX tiles (flash.c calls it; -1: not here) */
+int mdk_flash_amx(const float *q, long qs, int H, int G, int Hd, int n, int q0, int window, float scale,
+                  const uint16_t *k, const uint16_t *v, long gs, long ks, float *out, long os, int nthreads);
 typedef void (*mdk_task_fn)(void *ctx, int task);
 void mdk_parallel(int ntasks, mdk_task_fn fn, void *ctx, int nthreads);
 void *mdk_scratch(int slot, size_t bytes);  /* per-slot growing buffer, 64-byte aligned */
