@@ -92,8 +92,10 @@ def main() -> None:
         if not ready.wait(a.timeout) or server.poll() is not None:
             raise SystemExit("the server did not start: " + " | ".join(said[-8:]))
         load_s = time.perf_counter() - t0
+        with urllib.request.urlopen(url["base"] + "/v1/models", timeout=60) as r:
+            name = json.loads(r.read())["data"][0]["id"]  # the server answers for the model it runs alone
         sampler.phase = "request"
-        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}],
+        body = json.dumps({"model": name, "messages": [{"role": "user", "content": text}],
                            "max_tokens": a.max_tokens, "temperature": 0}).encode()
         req = urllib.request.Request(url["base"] + "/v1/chat/completions", body, {"Content-Type": "application/json"})
         t = time.perf_counter()
