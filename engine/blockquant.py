@@ -1,5 +1,7 @@
-"""A weight in one of GGUF's block formats (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1), held on
-the CPU and multiplied there by the native kernels with int8 activations, in one of two layouts:
+"""A weight in one of GGUF's block formats (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; and, on the
+file's rows alone, Q2_K, Q3_K, IQ4_NL, IQ4_XS, the IQ1/IQ2/IQ3 i-quants and TQ1_0/TQ2_0: engine/native/
+codes.c), held on the CPU and multiplied there by the native kernels with int8 activations, in one of two
+layouts:
 
 - the file's own rows ("raw": N rows of K / block_size blocks in ggml's block structs, [N, row_bytes]
   uint8), read in place (`from_file`: e.g. views of a read-only mapping of the .gguf file, never
@@ -24,7 +26,13 @@ from . import native
 
 # GGUF's type -> the native format code (mdk.h)
 NATIVE = {GT.Q4_K: native.Q4K, GT.Q5_K: native.Q5K, GT.Q6_K: native.Q6K, GT.Q8_0: native.Q8_0,
-          GT.Q4_0: native.Q4_0, GT.Q4_1: native.Q4_1, GT.Q5_0: native.Q5_0, GT.Q5_1: native.Q5_1}
+          GT.Q4_0: native.Q4_0, GT.Q4_1: native.Q4_1, GT.Q5_0: native.Q5_0, GT.Q5_1: native.Q5_1,
+          GT.Q2_K: native.Q2K, GT.Q3_K: native.Q3K, GT.IQ4_NL: native.IQ4NL, GT.IQ4_XS: native.IQ4XS,
+          GT.IQ2_XXS: native.IQ2XXS, GT.IQ2_XS: native.IQ2XS, GT.IQ2_S: native.IQ2S, GT.IQ3_XXS: native.IQ3XXS,
+          GT.IQ3_S: native.IQ3S, GT.IQ1_S: native.IQ1S, GT.IQ1_M: native.IQ1M, GT.TQ1_0: native.TQ1_0,
+          GT.TQ2_0: native.TQ2_0}
+# the formats the kernels run on the file's rows alone (engine/native/codes.c): no tiles of their own
+ROWS_ONLY = frozenset(q for q in NATIVE if NATIVE[q] >= native.Q2K)
 
 
 def row_bytes(qtype: GT, k: int) -> int:
@@ -67,6 +75,8 @@ class BlockQuant:
         """raw: the file's rows ([N, row_bytes] or flat uint8, contiguous) -> the tiles."""
         n, k = shape
         qtype = GT(qtype)
+        if qtype in ROWS_ONLY:  # no tiles: the rows as they are (a copy of the caller's, kept)
+            return cls.from_file(qtype, [raw.contiguous().reshape(-1).clone()], shape)
         raw = raw.contiguous()
         if raw.dtype != torch.uint8 or raw.numel() != n * row_bytes(qtype, k):
             raise ValueError(f"{qtype.name} [{n}, {k}] takes {n * row_bytes(qtype, k)} bytes, not {raw.numel()}")
@@ -100,7 +110,7 @@ class BlockQuant:
             flat.append(p.reshape(-1))
         if sum(p.numel() for p in flat) != n * rb:
             raise ValueError(f"{qtype.name} [{n}, {k}] takes {n * rb} bytes, not {sum(p.numel() for p in flat)}")
-        if os.environ.get("MIXDESK_RAW_KERNELS", "1") == "0":
+        if os.environ.get("MIXDESK_RAW_KERNELS", "1") == "0" and qtype not in ROWS_ONLY:
             return cls.from_raw(qtype, flat[0] if len(flat) == 1 else torch.cat(flat), shape)
         if len(flat) == 2 and (flat[0].numel() == 0 or flat[1].numel() == 0):
             flat = [flat[0] if flat[0].numel() else flat[1]]

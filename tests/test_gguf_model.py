@@ -13,18 +13,16 @@
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType as GT
-from gguf import GGUFReader
-from gguf.quants import dequantize
 
 from engine import native
 from engine.gguf.writer import write_gguf
 from engine.load import load
 from engine.placement import Placement, Tier
 from engine.sources.tiny_model import write_tiny_model
+
+from gguf_reference import ppl as _ppl, reference
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native library not built")
 
@@ -42,56 +40,6 @@ def sources(tmp_path_factory):
 def files(sources, tmp_path_factory):
     root = tmp_path_factory.mktemp("gguf-files")
     return {fam: write_gguf(src, root / f"{fam}-q4_k_m.gguf", "q4_k_m")[0] for fam, src in sources.items()}
-
-
-def _values(t) -> torch.Tensor:
-    """A GGUF tensor's exact values in torch order (gguf.quants.dequantize; floats as stored)."""
-    shape = [int(x) for x in reversed(t.shape.tolist())]
-    raw = np.asarray(t.data)
-    v = raw.astype(np.float32) if t.tensor_type in (GT.F32, GT.F16) else dequantize(raw, t.tensor_type)
-    return torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)).reshape(shape)
-
-
-def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """The inverse of llama.cpp's LlamaModel.permute (its converter applies it to llama's q and k)."""
-    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def reference(src, path) -> torch.nn.Module:
-    """transformers' model of the source folder, with every weight replaced by the GGUF file's value."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
-    cfg = model.config
-    r = GGUFReader(str(path))
-    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
-    t = {x.name: _values(x) for x in r.tensors}
-    sd = {"model.embed_tokens.weight": t["token_embd.weight"], "model.norm.weight": t["output_norm.weight"],
-          "lm_head.weight": t.get("output.weight", t["token_embd.weight"])}
-    for l in range(cfg.num_hidden_layers):
-        b, p = f"blk.{l}.", f"model.layers.{l}."
-        q, k = t[b + "attn_q.weight"], t[b + "attn_k.weight"]
-        if arch == "llama":
-            q, k = _unpermute(q, cfg.num_attention_heads), _unpermute(k, cfg.num_key_value_heads)
-        sd.update({p + "self_attn.q_proj.weight": q, p + "self_attn.k_proj.weight": k,
-                   p + "self_attn.v_proj.weight": t[b + "attn_v.weight"],
-                   p + "self_attn.o_proj.weight": t[b + "attn_output.weight"],
-                   p + "input_layernorm.weight": t[b + "attn_norm.weight"],
-                   p + "post_attention_layernorm.weight": t[b + "ffn_norm.weight"],
-                   p + "mlp.gate.weight": t[b + "ffn_gate_inp.weight"],
-                   p + "mlp.experts.gate_up_proj": torch.cat([t[b + "ffn_gate_exps.weight"],
-                                                              t[b + "ffn_up_exps.weight"]], dim=1),
-                   p + "mlp.experts.down_proj": t[b + "ffn_down_exps.weight"]})
-        if b + "attn_q_norm.weight" in t:
-            sd[p + "self_attn.q_norm.weight"] = t[b + "attn_q_norm.weight"]
-            sd[p + "self_attn.k_norm.weight"] = t[b + "attn_k_norm.weight"]
-    own = model.state_dict()
-    missing = set(own) - set(sd)
-    assert not missing, missing
-    for name, v in sd.items():
-        assert own[name].shape == v.shape, (name, own[name].shape, v.shape)
-    model.load_state_dict(sd, strict=True)
-    return model
 
 
 def placements(d):
@@ -145,13 +93,6 @@ def test_mixtral_gguf_made_by_the_tests_writer_chats_from_the_cli(files, tmp_pat
     assert "decode" in r.stderr and "tok/s" in r.stderr
     assert not any(p.name != files["mixtral"].name for p in files["mixtral"].parent.iterdir()
                    if p.name.startswith("mixtral-q4_k_m")), "nothing is written next to the file"
-
-
-def _ppl(model, ids: torch.Tensor) -> float:
-    with torch.no_grad():
-        logits = model(ids[None]).logits[0].float()
-    lp = torch.log_softmax(logits[:-1], -1).gather(-1, ids[1:, None])
-    return float(torch.exp(-lp.mean()))
 
 
 @pytest.mark.parametrize("fam", ["mixtral", "qwen3_moe"])

@@ -40,7 +40,8 @@ from .names import PERMUTED_QK, ExpertRef, expert_ref, expert_tensor_name, gguf_
 from .reader import SPLIT, GGUFFile
 
 SUPPORTED = (GT.F32, GT.F16, GT.BF16, GT.Q8_0, GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q4_K, GT.Q5_K, GT.Q6_K,
-             GT.MXFP4)
+             GT.MXFP4, GT.Q3_K, GT.Q2_K, GT.IQ4_XS, GT.IQ4_NL, GT.IQ3_S, GT.IQ3_XXS, GT.IQ2_S, GT.IQ2_XS,
+             GT.IQ2_XXS, GT.IQ1_M, GT.IQ1_S, GT.TQ1_0, GT.TQ2_0)
 FLOATS = {GT.F32: torch.float32, GT.F16: torch.float16, GT.BF16: torch.bfloat16}
 ST_DTYPE = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.uint8: "U8"}
 _FUSED = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_blocks|_scales|_bias)?$")

@@ -6,8 +6,8 @@ already quantised, and quantising them again would round twice. So the tiers mea
   (the native kernels run its row layout: no copy, file-backed memory; engine/blockquant.py), no
   second rounding; F16/BF16/F32 experts as 16-bit tensors. At
   fp32, the reference precision, and without the native library: the exact dequantisation.
-- cpu-4: per matrix, the file's blocks where they are 4-bit already (Q4_K, Q4_0, Q4_1, MXFP4: they
-  cannot rise or fall), and the exact dequantisation re-quantised to the cpu-4 format
+- cpu-4: per matrix, the file's blocks where they are 4-bit or fewer already (Q4_K, Q4_0, Q4_1, MXFP4,
+  IQ4_XS/NL, Q3_K, Q2_K, the 1-3 bit i-quants: they cannot rise or fall), and the exact dequantisation re-quantised to the cpu-4 format
   (engine/quant.py cpu4_quantize) where the file holds more (Q5_*, Q6_K, Q8_0, F16, BF16, F32): a
   Q4_K_M file's Q4_K gate/up stay, its Q6_K down matrices drop to Q4_K.
 - gpu-16: the exact dequantisation in the model's dtype (no K-quant kernel runs on the GPU).
@@ -26,11 +26,14 @@ from ..placement import Tier
 
 CPU = torch.device("cpu")
 FLOAT_TYPES = (GT.F32, GT.F16, GT.BF16)
-FOUR_BIT = (GT.Q4_K, GT.Q4_0, GT.Q4_1, GT.MXFP4)
+# the formats at 4 bits a weight or fewer: a 4-bit tier keeps them as they are (they cannot fall further
+# without a second rounding, and a tier above the file's precision is never made of them)
+AT_MOST_4_BITS = (GT.Q4_K, GT.Q4_0, GT.Q4_1, GT.MXFP4, GT.IQ4_NL, GT.IQ4_XS, GT.Q3_K, GT.Q2_K, GT.IQ3_S,
+                  GT.IQ3_XXS, GT.IQ2_S, GT.IQ2_XS, GT.IQ2_XXS, GT.IQ1_M, GT.IQ1_S, GT.TQ1_0, GT.TQ2_0)
 
 
-def is_four_bit(qtype) -> bool:
-    return GT(qtype) in FOUR_BIT
+def at_most_four_bits(qtype) -> bool:
+    return GT(qtype) in AT_MOST_4_BITS
 
 
 def _block_form(qtype, parts: list[torch.Tensor], shape: tuple[int, int]):
@@ -61,11 +64,11 @@ def file_form(ckpt, layer: int, expert: int, tier: Tier, dtype: torch.dtype, glu
     def requantised(which: int):  # only the matrix that drops to 4 bits is dequantised
         return cpu4_quantize(ckpt.expert_part_float(layer, expert, which))
 
-    if tg == tu and (not four_bit_only or is_four_bit(tg)):
+    if tg == tu and (not four_bit_only or at_most_four_bits(tg)):
         w13 = _block_form(tg, [gate, up], (2 * d.ffn, d.hidden))
     else:  # gate and up cannot share one w13 matrix in two formats; or they drop to 4 bits
         w13 = requantised(0) if four_bit_only else None
-    w2 = (_block_form(td, [down], (d.hidden, d.ffn)) if not four_bit_only or is_four_bit(td) else requantised(1))
+    w2 = (_block_form(td, [down], (d.hidden, d.ffn)) if not four_bit_only or at_most_four_bits(td) else requantised(1))
     if w13 is None or w2 is None:
         return None
     return QuantExpert(tier, w13, w2, CPU, glu)
@@ -84,7 +87,7 @@ def requantised_share(ckpt) -> float:
     for layer in range(d.layers):
         for w in ("w1", "w3", "w2"):
             total += 1
-            more += not is_four_bit(ckpt.expert_raw_info(layer, 0, w).qtype)
+            more += not at_most_four_bits(ckpt.expert_raw_info(layer, 0, w).qtype)
     return more / total if total else 0.0
 
 
@@ -97,14 +100,14 @@ def requantised_from(ckpt) -> str:
     bits = set()
     for t in expert_qtypes(ckpt):
         m = re.search(r"\d+", GT(t).name)
-        if not is_four_bit(t) and m and int(m[0]) > 4:
+        if not at_most_four_bits(t) and m and int(m[0]) > 4:
             bits.add(int(m[0]))
     return " and ".join(f"{b}-bit" for b in sorted(bits))
 
 
 def cpu4_is_file_form(ckpt) -> bool:
     """Whether cpu-4 holds the file's own blocks (4-bit experts) rather than a re-quantisation."""
-    return all(is_four_bit(t) for t in expert_qtypes(ckpt))
+    return all(at_most_four_bits(t) for t in expert_qtypes(ckpt))
 
 
 def cpu4_keeps_file_form(ckpt, layer: int, dtype: torch.dtype) -> bool:
@@ -113,7 +116,7 @@ def cpu4_keeps_file_form(ckpt, layer: int, dtype: torch.dtype) -> bool:
     gate and up, which the native kernels run), or both the exact dequantisation (fp32, or no native
     library, in a file whose experts are all 4-bit)."""
     types = [ckpt.expert_raw_info(layer, 0, w).qtype for w in ("w1", "w3", "w2")]
-    if not all(is_four_bit(t) for t in types):
+    if not all(at_most_four_bits(t) for t in types):
         return False
     if dtype != torch.float32 and native.available():
         mx = all(GT(t) == GT.MXFP4 for t in types)
@@ -134,7 +137,7 @@ def tier_nbytes(ckpt) -> dict[str, int]:
             t = ckpt.expert_raw_info(layer, 0, w)
             b = n * t.row_bytes
             own += b
-            four += b if is_four_bit(t.qtype) else cpu4_nbytes(n, k)
+            four += b if at_most_four_bits(t.qtype) else cpu4_nbytes(n, k)
     return {"cpu-16": own // max(d.layers, 1), "cpu-4": four // max(d.layers, 1)}
 
 
@@ -148,7 +151,7 @@ def mapped_nbytes(ckpt) -> dict[str, int]:
             t = ckpt.expert_raw_info(layer, 0, w)
             if GT(t.qtype) in NATIVE:
                 own += n * t.row_bytes
-                four += n * t.row_bytes if is_four_bit(t.qtype) else 0
+                four += n * t.row_bytes if at_most_four_bits(t.qtype) else 0
     return {"cpu-16": own // max(d.layers, 1), "cpu-4": four // max(d.layers, 1)}
 
 

@@ -109,8 +109,56 @@ def _q6_k(b):
     return (d * q).reshape(n, QK_K)
 
 
+def _q2_k(b):
+    n = b.shape[0]
+    scales, qs = b[:, :QK_K // 16], b[:, QK_K // 16:QK_K // 16 + QK_K // 4]
+    d, dmin = _f16(b[:, -4:-2]), _f16(b[:, -2:])
+    dl = (d * (scales & 0x0F).float()).reshape(n, QK_K // 16, 1)
+    ml = (dmin * (scales >> 4).float()).reshape(n, QK_K // 16, 1)
+    q = (qs.reshape(n, -1, 1, 32) >> _shifts([0, 2, 4, 6], b.device).reshape(1, 1, 4, 1)) & 3
+    return (dl * q.reshape(n, QK_K // 16, 16).float() - ml).reshape(n, QK_K)
+
+
+def _q3_k(b):
+    n = b.shape[0]
+    hmask, qs = b[:, :QK_K // 8], b[:, QK_K // 8:QK_K // 8 + QK_K // 4]
+    scales, d = b[:, QK_K // 8 + QK_K // 4:-2], _f16(b[:, -2:])
+    lo = (scales[:, :8].reshape(n, 1, 8) >> _shifts([0, 4], b.device).reshape(1, 2, 1)).reshape(n, 16)
+    hi = (scales[:, 8:].reshape(n, 1, 4) >> _shifts([0, 2, 4, 6], b.device).reshape(1, 4, 1)).reshape(n, 16)
+    sc = ((lo & 0x0F) | ((hi & 0x03) << 4)).to(torch.int8) - 32
+    dl = (d * sc.float()).reshape(n, 16, 1)
+    ql = (qs.reshape(n, -1, 1, 32) >> _shifts([0, 2, 4, 6], b.device).reshape(1, 1, 4, 1)).reshape(n, 16, 16) & 3
+    qh = (hmask.reshape(n, -1, 1, 32) >> _shifts(list(range(8)), b.device).reshape(1, 1, 8, 1)).reshape(n, 16, 16) & 1
+    q = ql.to(torch.int8) - ((qh ^ 1) << 2).to(torch.int8)  # the offset is zero where the mask bit is 1
+    return (dl * q.float()).reshape(n, QK_K)
+
+
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)  # IQ4_NL's grid
+
+
+def _iq4_nl(b):
+    n = b.shape[0]
+    grid = torch.tensor(IQ4_VALUES, dtype=torch.float32, device=b.device)
+    return _f16(b[:, :2]) * grid[_nibbles(b[:, 2:], n, 16).long()]
+
+
+def _iq4_xs(b):
+    n = b.shape[0]
+    d = _f16(b[:, :2])
+    sh = b[:, 2:4].to(torch.int32)
+    sh = sh[:, 0] | (sh[:, 1] << 8)  # 16 bits: two high bits of each of 8 scales
+    sl = (b[:, 4:8].reshape(n, -1, 1) >> _shifts([0, 4], b.device).reshape(1, 1, 2)).reshape(n, 8) & 0x0F
+    hi = (sh[:, None] >> (2 * torch.arange(8, device=b.device))) & 3
+    sc = (sl.to(torch.int32) | (hi << 4)) - 32
+    dl = (d * sc.float()).reshape(n, 8, 1)
+    grid = torch.tensor(IQ4_VALUES, dtype=torch.float32, device=b.device)
+    q = grid[_nibbles(b[:, 8:], n, 16).long()].reshape(n, 8, 32)
+    return (dl * q).reshape(n, QK_K)
+
+
 BLOCKS = {GT.Q4_0: _q4_0, GT.Q4_1: _q4_1, GT.Q5_0: _q5_0, GT.Q5_1: _q5_1, GT.Q8_0: _q8_0,
-          GT.Q4_K: _q4_k, GT.Q5_K: _q5_k, GT.Q6_K: _q6_k}
+          GT.Q4_K: _q4_k, GT.Q5_K: _q5_k, GT.Q6_K: _q6_k, GT.Q2_K: _q2_k, GT.Q3_K: _q3_k,
+          GT.IQ4_NL: _iq4_nl, GT.IQ4_XS: _iq4_xs}
 
 
 def supported(qtype) -> bool:

@@ -77,10 +77,23 @@ static inline void scales_mins(const uint8_t *s, uint8_t out[16]) {
     memcpy(out, u, 16);
 }
 
+/* Scale groups of 16 weights (Q6_K, and the codes formats with 16-weight groups), else of 32 */
+static int g16(int fmt) { return fmt == MDK_Q6K || (MDK_IS_CODES(fmt) && mdk_codes_info_of(fmt)->gs == 16); }
+
 /* Row r (0..15) of the panel from one raw row: its codes into P.rows[r], its A and B into P.RA/RB[r]. */
 MDK_TARGET(A512)
 static void unpack_row(int fmt, const uint8_t *row, int k, int r) {
     uint8_t *o = P.rows + (size_t)r * k;
+    if (MDK_IS_CODES(fmt)) {  /* codes_x86.c: a unit of 256 weights at a time, codes and group terms */
+        int G = g16(fmt) ? k / 16 : k / 32;
+        float *ra = P.RA + (size_t)r * G, *rbm = P.RB + (size_t)r * G, A[16], B[16];
+        for (int un = 0; un < k / 256; un++) {
+            int n = mdk_codes_unit(fmt, row, un, o + 256 * un, A, B);
+            memcpy(ra + n * un, A, sizeof(float) * n);
+            memcpy(rbm + n * un, B, sizeof(float) * n);
+        }
+        return;
+    }
     const __m256i m4 = _mm256_set1_epi8(15);
     if (fmt == MDK_Q4K || fmt == MDK_Q5K) {
         const int bs = fmt == MDK_Q4K ? 144 : 176, q0 = fmt == MDK_Q4K ? 16 : 48;
@@ -219,7 +232,7 @@ static void fill_panel(const mdk_matrix *w, int p, int nr) {
     size_t rb = kraw_row_bytes(w->fmt, w->k);
     for (int r = 0; r < 16; r++) unpack_row(w->fmt, kraw_row(w, p + (r < nr ? r : nr - 1), rb), w->k, r);
     transpose_panel(w->k);
-    transpose_scales(w->fmt == MDK_Q6K ? w->k / 16 : w->k / 32);
+    transpose_scales(g16(w->fmt) ? w->k / 16 : w->k / 32);
 }
 
 #define BC4(p) _mm512_set1_epi32(*(const int32_t *)(p))  /* 4 activation bytes to every lane */
@@ -289,7 +302,7 @@ static const kern_fn KERNS[2][NTOK] = {
 MDK_TARGET(A512)
 static void gemm512(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y,
                     const float *wts, const float *bias) {
-    const kern_fn *K = KERNS[w->fmt == MDK_Q6K];
+    const kern_fn *K = KERNS[g16(w->fmt)];
     for (int p = r0; p < r1; p += 16) {
         int nr = r1 - p < 16 ? r1 - p : 16;
         __mmask16 mask = (__mmask16)(nr == 16 ? 0xFFFF : (1u << nr) - 1);
@@ -350,6 +363,7 @@ MDK_API int mdk_gemm_threshold(int want) {
 
 int mdk_gemm_ok(const mdk_matrix *w) {
 #if MDK_X86
+    if (MDK_IS_CODES(w->fmt)) return mdk_path == MDK_PATH_AVX512 && w->raw && w->k % 256 == 0 && w->k > 0;
     return mdk_path == MDK_PATH_AVX512 && w->raw && (MDK_IS_KQ(w->fmt) || MDK_IS_QB(w->fmt)) && w->k % 64 == 0 &&
            w->k > 0;
 #else

@@ -102,8 +102,14 @@ static void b_values(int f, const uint8_t *p, uint8_t *u) {
 /* ---------------- dequantisation: gguf/quants.py's float ops, in its order ---------------- */
 MDK_API void mdk_raw_dequantize(const mdk_matrix *w, int r0, int r1, float *out) {
     int fmt = w->fmt, k = w->k, qk = kraw_qk(fmt);
-    if (!(MDK_IS_KQ(fmt) || MDK_IS_QB(fmt)) || k <= 0 || k % qk || r0 < 0 || r1 > w->n || r0 >= r1) return;
+    if (!(MDK_IS_KQ(fmt) || MDK_IS_QB(fmt) || MDK_IS_CODES(fmt)) || k <= 0 || k % qk || r0 < 0 || r1 > w->n ||
+        r0 >= r1)
+        return;
     size_t rb = kraw_row_bytes(fmt, k);
+    if (MDK_IS_CODES(fmt)) {  /* (codes.c, in gguf-py's order likewise) */
+        for (int r = r0; r < r1; r++) mdk_codes_dequantize_row(fmt, kraw_row(w, r, rb), k, out + (size_t)(r - r0) * k);
+        return;
+    }
     int bs = kraw_bsize(fmt), nb = k / qk;
     for (int r = r0; r < r1; r++) {
         const uint8_t *row = kraw_row(w, r, rb);
@@ -207,12 +213,14 @@ void mdk_raw_rows_multi(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const
     }
     if (nt <= 0 || r0 >= r1) return;
 #if MDK_X86
-    if (mdk_path != MDK_PATH_C && mdk_raw_x86(w, r0, r1, a, nt, y)) return;
+    if (MDK_IS_CODES(w->fmt) ? mdk_codes_x86(w, r0, r1, a, nt, y) : mdk_path != MDK_PATH_C && mdk_raw_x86(w, r0, r1, a, nt, y))
+        return;
 #endif
     size_t rb = kraw_row_bytes(w->fmt, w->k);
     for (int r = r0; r < r1; r++) {
         float out[4];
-        row_c(w->fmt, kraw_row(w, r, rb), w->k, a, nt, out);
+        if (MDK_IS_CODES(w->fmt)) mdk_codes_row(w->fmt, kraw_row(w, r, rb), w->k, a, nt, out);
+        else row_c(w->fmt, kraw_row(w, r, rb), w->k, a, nt, out);
         for (int t = 0; t < nt; t++) y[t][r - r0] = out[t];
     }
 }

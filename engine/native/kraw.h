@@ -6,9 +6,14 @@
 
 #include "mdk.h"
 
-static inline int kraw_qk(int fmt) { return MDK_IS_KQ(fmt) ? 256 : 32; }  /* weights a block */
+#include "codes.h"
+
+static inline int kraw_qk(int fmt) {  /* weights a block */
+    return MDK_IS_CODES(fmt) ? mdk_codes_info_of(fmt)->qk : MDK_IS_KQ(fmt) ? 256 : 32;
+}
 
 static inline int kraw_bsize(int fmt) {  /* bytes a ggml block */
+    if (MDK_IS_CODES(fmt)) return mdk_codes_info_of(fmt)->bs;
     switch (fmt) {
     case MDK_Q4K: return 144;
     case MDK_Q5K: return 176;
