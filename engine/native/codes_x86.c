@@ -1,72 +1,13 @@
-/* codes.c's formats on AVX-512 VNNI: one row at a time, 256 weights ("a unit") at a time, for 1-4 tokens.
- *
- * A unit's codes are unpacked once into four vectors of 64 (SIMD for each format: the i-quants' grid
- * entries gathered, their signs as byte masks; TQ1_0 by codes.c's scalar reading) with its groups'
- * terms A and B (codes.h),
- * then for each token: per 64 codes one vpdpbusd (16 lanes of 4 products: 8 lanes a 32-group, 4 a
- * 16-group), the lanes scaled by their group's A * dx (a permute of one vector of the unit's groups) and
- * summed in fp32; the B * sx terms as one vector product a unit. The integer sums are exact, so a row's
- * product equals codes.c's portable one up to the order of the fp32 additions.
+/* codes.c's formats on AVX-512 VNNI: a unit of 256 weights' codes in natural order, for gemm.c's panels
+ * (a prompt's products run its VNNI kernel on them; the decode kernel reads units in its own order,
+ * codes_rows.c). Each format's codes are unpacked in registers: 2-bit fields by variable shifts (and
+ * Q3_K's mask bits), IQ4 nibbles through pshufb, the i-quants' grid entries gathered with their signs as
+ * byte masks; TQ1_0 by codes.c's scalar reading. With the groups' terms A and B (codes.h).
  */
 #include "kraw.h"
 
-#include <string.h>
-
-#include "iq_grids.h"
-
 #if MDK_X86
-#include <immintrin.h>
-
-#define A512 "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c"
-
-static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
-
-MDK_TARGET(A512)
-static MDK_INLINE float h2f(uint16_t h) { return _cvtsh_ss(h); }  /* (mdk_h2f is a call into cpu.c) */
-
-/* IQ4's grid + 128, for pshufb */
-static const uint8_t KV4U[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
-
-/* Q3_K's 16 six-bit scales - 32 as floats times d */
-MDK_TARGET(A512)
-static MDK_INLINE __m512 q3k_scales(const uint8_t *s, float d) {
-    __m128i v = _mm_loadl_epi64((const __m128i *)s);  /* bytes 0..7 */
-    __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(v, _mm_set1_epi8(15)), _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(15)));
-    uint32_t x;
-    memcpy(&x, s + 8, 4);
-    /* scale i = 4j + m: (byte m of x >> 2j) & 3, in dword j */
-    __m128i hb = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)x), _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
-    __m128i sc = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hb, 4)), _mm_set1_epi8(32));
-    return _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
-}
-
-/* 8 grid entries of 8 bytes each (tab + 8 idx) as one vector */
-MDK_TARGET(A512)
-static MDK_INLINE __m512i grid8x8(const uint8_t *tab, const unsigned *idx) {
-    uint64_t g[8];
-    for (int i = 0; i < 8; i++) memcpy(&g[i], tab + 8 * (size_t)idx[i], 8);
-    return _mm512_loadu_si512((const void *)g);
-}
-
-/* u = sign ? off - g : off + g for 64 bytes g, sign bit i of m for byte i */
-MDK_TARGET(A512)
-static MDK_INLINE __m512i signed_codes(__m512i g, uint64_t m, int off) {
-    __m512i o = _mm512_set1_epi8((char)off);
-    return _mm512_mask_sub_epi8(_mm512_add_epi8(o, g), (__mmask64)m, o, g);
-}
-
-/* ksigns of four 7-bit fields of aux, as 32 mask bits (8 a field) */
-static MDK_INLINE uint64_t ksigns4(uint32_t aux) {
-    return (uint64_t)KSIGNS[aux & 127] | (uint64_t)KSIGNS[(aux >> 7) & 127] << 8 |
-           (uint64_t)KSIGNS[(aux >> 14) & 127] << 16 | (uint64_t)KSIGNS[(aux >> 21) & 127] << 24;
-}
-
-static MDK_INLINE void i_quant_scales16(const uint8_t *sc, float d, float *A, float *B, int off) {
-    for (int j = 0; j < 16; j++) {
-        A[j] = d * (0.5f + (float)((sc[j >> 1] >> (4 * (j & 1))) & 15)) * 0.25f;
-        B[j] = -(float)off * A[j];
-    }
-}
+#include "codes_simd.h"
 
 /* One unit (256 weights) of a row: its codes in 4 vectors of 64 (c[i] = codes 64 i .. 64 i + 63) and its
  * groups' A and B; returns the groups (8 or 16). TQ1_0 goes through codes.c's reading. */
@@ -97,10 +38,7 @@ static MDK_INLINE int unit(const int fmt, const mdk_codes_info *I, const uint8_t
             return 16;
         }
         if (fmt == MDK_Q2K) {
-            __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)b));
-            __m512 d = _mm512_set1_ps(h2f(rd16(b + 80))), dmin = _mm512_set1_ps(-h2f(rd16(b + 82)));
-            _mm512_store_ps(A, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(sc, _mm512_set1_epi32(15)))));
-            _mm512_store_ps(B, _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4))));
+            q2k_terms(b, A, B);
             return 16;
         }
         float d = h2f(rd16(b + 64));  /* TQ2_0: q - 1 */
@@ -124,23 +62,7 @@ static MDK_INLINE int unit(const int fmt, const mdk_codes_info *I, const uint8_t
             v = _mm512_shuffle_i64x2(v, v, 0x50);  /* lanes 0, 0, 1, 1 */
             c[i] = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srlv_epi16(v, sh), _mm512_set1_epi8(15)));
         }
-        __m256 a;
-        if (fmt == MDK_IQ4XS) {  /* scale j: nibble j of the 4 bytes at 4, bits 2j..2j+1 of the word at 2, - 32 */
-            uint32_t sl;
-            memcpy(&sl, b + 4, 4);
-            __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-                                          _mm256_set1_epi32(15));
-            __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(rd16(b + 2)), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
-                                          _mm256_set1_epi32(3));
-            __m256i sc = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
-            a = _mm256_mul_ps(_mm256_set1_ps(h2f(rd16(b))), _mm256_cvtepi32_ps(sc));
-        } else {  /* the 8 blocks' fp16 d */
-            uint16_t d[8];
-            for (int j = 0; j < 8; j++) d[j] = rd16(b + 18 * j);
-            a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
-        }
-        _mm256_store_ps(A, a);
-        _mm256_store_ps(B, _mm256_mul_ps(a, _mm256_set1_ps(-128.f)));
+        iq4_terms(fmt == MDK_IQ4XS, b, A, B);
         return 8;
     }
     case MDK_IQ2XXS: {
@@ -195,7 +117,6 @@ static MDK_INLINE int unit(const int fmt, const mdk_codes_info *I, const uint8_t
     case MDK_IQ3XXS:
     case MDK_IQ3S: {  /* 16 grid entries of 4 bytes a vector, gathered */
         const uint8_t *b = row + (size_t)un * I->bs;
-        float d = h2f(rd16(b));
         for (int i = 0; i < 4; i++) {
             __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + 16 * i)));
             uint64_t m;
@@ -212,17 +133,7 @@ static MDK_INLINE int unit(const int fmt, const mdk_codes_info *I, const uint8_t
                 c[i] = signed_codes(_mm512_i32gather_epi32(idx, (const void *)IQ3S_GRID, 4), m, 16);
             }
         }
-        for (int j = 0; j < 8; j++) {
-            if (fmt == MDK_IQ3XXS) {
-                uint32_t aux;
-                memcpy(&aux, b + 66 + 4 * j, 4);
-                A[j] = d * (0.5f + (float)(aux >> 28)) * 0.5f;
-                B[j] = -64.f * A[j];
-            } else {
-                A[j] = d * (float)(1 + 2 * ((b[106 + (j >> 1)] >> (4 * (j & 1))) & 15));
-                B[j] = -16.f * A[j];
-            }
-        }
+        iq3_terms(fmt == MDK_IQ3XXS, b, A, B);
         return 8;
     }
     case MDK_IQ1S:
@@ -248,9 +159,6 @@ static MDK_INLINE int unit(const int fmt, const mdk_codes_info *I, const uint8_t
             for (int j = 0; j < 8; j++) A[j] = Dg[j] * 0.125f, B[j] = -9.f * A[j];
             return 8;
         }
-        unsigned s[4];
-        for (int i = 0; i < 4; i++) s[i] = rd16(b + 48 + 2 * i);
-        float d = h2f((uint16_t)((s[0] & 0xF000) >> 12 | (s[1] & 0xF000) >> 8 | (s[2] & 0xF000) >> 4 | (s[3] & 0xF000)));
         for (int i = 0; i < 4; i++) {
             unsigned idx[8];
             uint64_t neg = 0;
@@ -263,10 +171,7 @@ static MDK_INLINE int unit(const int fmt, const mdk_codes_info *I, const uint8_t
             __m512i g8 = _mm512_add_epi8(grid8x8((const uint8_t *)IQ1S_GRID8, idx), _mm512_set1_epi8(10));
             c[i] = _mm512_mask_sub_epi8(g8, (__mmask64)neg, g8, _mm512_set1_epi8(2));
         }
-        for (int j = 0; j < 16; j++) {
-            A[j] = d * (float)(2 * ((s[j >> 2] >> (3 * (j & 3))) & 7) + 1) * 0.125f;
-            B[j] = -9.f * A[j];
-        }
+        iq1m_terms(b, A, B);
         return 16;
     }
     default: {  /* codes.c's reading, one block at a time */
@@ -283,76 +188,12 @@ static MDK_INLINE int unit(const int fmt, const mdk_codes_info *I, const uint8_t
     }
 }
 
-/* y[t][r - r0] = row r times token a[t], rows r0..r1-1, t < nt (<= 4); k % 256 == 0. Instantiated per
- * format (ROWS512 below) so that unit() is inlined with its format known. */
-MDK_TARGET(A512)
-static MDK_INLINE void rows512(const int fmt, const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt,
-                               float *const *y) {
-    const mdk_codes_info *I = mdk_codes_info_of(fmt);
-    int k = w->k;
-    size_t rb = kraw_row_bytes(fmt, k);
-    _Alignas(64) float A[16], B[16];
-    __m512i c[4];
-    /* lane l of chunk i takes group (64 i + 4 l) / gs of the unit */
-    __m512i idx[4];
-    for (int i = 0; i < 4; i++)
-        idx[i] = I->gs == 16 ? _mm512_setr_epi32(4 * i, 4 * i, 4 * i, 4 * i, 4 * i + 1, 4 * i + 1, 4 * i + 1, 4 * i + 1,
-                                                 4 * i + 2, 4 * i + 2, 4 * i + 2, 4 * i + 2, 4 * i + 3, 4 * i + 3,
-                                                 4 * i + 3, 4 * i + 3)
-                             : _mm512_inserti64x4(_mm512_set1_epi32(2 * i), _mm256_set1_epi32(2 * i + 1), 1);
-    const __m512i pair = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *row = kraw_row(w, r, rb);
-        __m512 acc[4], accb[4];
-        for (int t = 0; t < nt; t++) acc[t] = accb[t] = _mm512_setzero_ps();
-        for (int un = 0; un < k / 256; un++) {
-            int G = unit(fmt, I, row, un, c, A, B);
-            __mmask16 gm = (__mmask16)(G == 16 ? 0xFFFF : 0xFF);
-            __m512 av = _mm512_maskz_load_ps(gm, A), bv = _mm512_maskz_load_ps(gm, B);
-            for (int t = 0; t < nt; t++) {
-                const int8_t *x = a[t]->q + 256 * un;
-                __m512 dx = _mm512_maskz_loadu_ps(0xFF, a[t]->dx + 8 * un), ad, sx;
-                if (G == 16) {
-                    ad = _mm512_mul_ps(av, _mm512_permutexvar_ps(pair, dx));
-                    sx = _mm512_loadu_ps(a[t]->sxh + 16 * un);
-                } else {
-                    ad = _mm512_mul_ps(av, dx);
-                    sx = _mm512_maskz_loadu_ps(0xFF, a[t]->sx + 8 * un);
-                }
-                accb[t] = _mm512_fmadd_ps(bv, sx, accb[t]);
-                for (int i = 0; i < 4; i++) {
-                    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c[i],
-                                                    _mm512_loadu_si512((const void *)(x + 64 * i)));
-                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(idx[i], ad), acc[t]);
-                }
-            }
-        }
-        for (int t = 0; t < nt; t++) y[t][r - r0] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t], accb[t]));
-    }
-}
-
-typedef void (*rows_fn)(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y);
-#define ROWS512(F) MDK_TARGET(A512) static void rows_##F(const mdk_matrix *w, int r0, int r1, \
-                   const mdk_q8 *const *a, int nt, float *const *y) { rows512(MDK_##F, w, r0, r1, a, nt, y); }
-ROWS512(Q2K) ROWS512(Q3K) ROWS512(IQ4NL) ROWS512(IQ4XS) ROWS512(IQ2XXS) ROWS512(IQ2XS) ROWS512(IQ2S)
-ROWS512(IQ3XXS) ROWS512(IQ3S) ROWS512(IQ1S) ROWS512(IQ1M) ROWS512(TQ1_0) ROWS512(TQ2_0)
-static const rows_fn ROWS[MDK_CODES_N] = {rows_Q2K, rows_Q3K, rows_IQ4NL, rows_IQ4XS, rows_IQ2XXS, rows_IQ2XS,
-                                          rows_IQ2S, rows_IQ3XXS, rows_IQ3S, rows_IQ1S, rows_IQ1M, rows_TQ1_0,
-                                          rows_TQ2_0};
-
 MDK_TARGET(A512)
 static int unit_mem(int fmt, const uint8_t *row, int un, uint8_t *u, float *A, float *B) {
     __m512i c[4];
     int G = unit(fmt, mdk_codes_info_of(fmt), row, un, c, A, B);
     for (int i = 0; i < 4; i++) _mm512_storeu_si512((void *)(u + 64 * i), c[i]);
     return G;
-}
-
-/* Rows r0..r1-1 against nt (1..4) tokens on AVX-512; 0 where this path does not take the matrix */
-int mdk_codes_x86(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y) {
-    if (mdk_path != MDK_PATH_AVX512 || !MDK_IS_CODES(w->fmt) || w->k % 256) return 0;
-    ROWS[w->fmt - MDK_Q2K](w, r0, r1, a, nt, y);
-    return 1;
 }
 
 /* The codes and terms of one unit for gemm.c's panel (its rows' codes in natural order, per group A, B) */
