@@ -30,7 +30,7 @@ NATIVE = {GT.Q4_K: native.Q4K, GT.Q5_K: native.Q5K, GT.Q6_K: native.Q6K, GT.Q8_0
           GT.Q2_K: native.Q2K, GT.Q3_K: native.Q3K, GT.IQ4_NL: native.IQ4NL, GT.IQ4_XS: native.IQ4XS,
           GT.IQ2_XXS: native.IQ2XXS, GT.IQ2_XS: native.IQ2XS, GT.IQ2_S: native.IQ2S, GT.IQ3_XXS: native.IQ3XXS,
           GT.IQ3_S: native.IQ3S, GT.IQ1_S: native.IQ1S, GT.IQ1_M: native.IQ1M, GT.TQ1_0: native.TQ1_0,
-          GT.TQ2_0: native.TQ2_0}
+          GT.TQ2_0: native.TQ2_0, GT.NVFP4: native.NVFP4}
 # the formats the kernels run on the file's rows alone (engine/native/codes.c): no tiles of their own
 ROWS_ONLY = frozenset(q for q in NATIVE if NATIVE[q] >= native.Q2K)
 

@@ -295,6 +295,11 @@ class Checkpoint:
             ids.add(int(tokenizer.eos_token_id))
         return ids
 
+    def find_damage(self) -> str | None:
+        """After NaN or Inf scores: what in the files explains them. A safetensors tensor's values are the
+        weights themselves, with no scales of their own to check: None."""
+        return None
+
     def close(self) -> None:
         for f in self.files:
             f.close()

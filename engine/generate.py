@@ -170,11 +170,12 @@ def drive(seq, forward) -> Iterator["Token | Done"]:
 
 
 class NonFiniteOutput(MixdeskError):
-    def __init__(self, index: int, dtype: torch.dtype):
+    def __init__(self, index: int, dtype: torch.dtype, damage: str | None = None):
+        """damage: the checkpoint's own finding (a GGUF block whose scale is not a number), named first."""
         where = "reading the prompt" if index == 0 else f"at new token {index}"
-        cause = ("an activation overflowed fp16's range: try --dtype bf16 or fp32" if dtype == torch.float16
-                 else "the weights may be corrupt, or the model is not one this format runs correctly")
-        super().__init__(f"the model produced NaN/Inf scores {where}; likely cause: {cause}")
+        cause = damage or ("an activation overflowed fp16's range: try --dtype bf16 or fp32" if dtype == torch.float16
+                           else "the weights may be corrupt, or the model is not one this format runs correctly")
+        super().__init__(f"the model produced NaN/Inf scores {where}; " + (cause if damage else f"likely cause: {cause}"))
 
 
 class Generator:
@@ -283,7 +284,7 @@ class Generator:
                 reason = "cancelled"
                 break
             if not bool(torch.isfinite(logits).all()):
-                raise NonFiniteOutput(i, self.model.dtype)
+                raise NonFiniteOutput(i, self.model.dtype, self.model.ckpt.find_damage())
             cache.tokens.extend(feed)
             pos += len(feed)
             if i == 0:

@@ -10,7 +10,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
 CODES_TYPES = [GT.Q2_K, GT.Q3_K, GT.IQ4_NL, GT.IQ4_XS, GT.IQ2_XXS, GT.IQ2_XS, GT.IQ2_S, GT.IQ3_XXS, GT.IQ3_S,
-               GT.IQ1_S, GT.IQ1_M, GT.TQ1_0, GT.TQ2_0]
+               GT.IQ1_S, GT.IQ1_M, GT.TQ1_0, GT.TQ2_0, GT.NVFP4]
 # where each block's fp16 scales are (IQ1_M: spread over the top nibbles of its four scale words)
 _D_AT = {GT.Q2_K: (80, 82), GT.Q3_K: (108,), GT.TQ1_0: (52,), GT.TQ2_0: (64,)}
 
@@ -35,6 +35,9 @@ def random_rows(qt: GT, n: int, k: int, seed: int, rms: float = 0.05) -> np.ndar
     nb = n * k // block
     rng = np.random.default_rng(seed)
     b = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
+    if qt == GT.NVFP4:  # its 4 scales are unsigned E4M3 bytes: small ones (exponent 0, mantissa 1..7)
+        b[:, :4] = rng.integers(1, 8, size=(nb, 4), dtype=np.uint8)
+        return b.reshape(n, -1)
     _set_d(qt, b, np.ones(nb, dtype=np.float32))
     v = dequantize(b, qt).reshape(nb, block)
     per = np.sqrt((v.astype(np.float64) ** 2).mean(-1)) + 1e-12

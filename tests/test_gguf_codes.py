@@ -4,7 +4,8 @@ IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0, run by the native kernels on 
 activations times those values up to fp32 rounding, on every code path this CPU has and for 1 to 37
 tokens; and a tiny Qwen3-MoE whose experts (or dense matrices) are each type: the same perplexity as
 transformers on the file's dequantised weights (exact path at fp32: 1e-3; native at bf16: 5e-2), and
-it answers."""
+it answers. Bad input: a scale that is not a number is one error naming the tensor and block, any byte
+pattern in a block never crashes, rows that are not whole blocks are refused naming the tensor."""
 from __future__ import annotations
 
 import numpy as np
@@ -159,3 +160,62 @@ def test_a_model_of_each_type_gives_the_reference_perplexity_and_answers(source,
         assert done.reason == "length" and len(done.token_ids) == 6
     finally:
         client.close()
+
+
+# ---- bad input ------------------------------------------------------------------------------------------
+def test_a_scale_that_is_not_a_number_is_one_error_naming_the_tensor_and_block(source, tmp_path):
+    """A Q3_K output matrix whose block 3 has a NaN scale: the reply ends with one error that names the
+    tensor and the block (engine/gguf/damage.py), not only "NaN scores"; the engine serves on."""
+    from gguf import GGUFReader
+
+    from engine.client import Client, EngineError
+    from engine.sampling import SamplingParams
+
+    import gguf_files
+
+    _, base = source
+    path = as_type(base, tmp_path / "nan.gguf", GT.Q3_K, EXPERTS + DENSE)
+
+    t = next(x for x in GGUFReader(str(path)).tensors if x.name == "output.weight")
+    gguf_files.flip(path, int(t.data_offset) + 3 * 110 + 108, bytes([0x00, 0x7E]))  # block 3's d: NaN
+    client = Client()
+    try:
+        client.load(str(path), "cpu", "cpu", "bf16", 64)
+        for _ in range(2):  # the same one error each time: the engine thread serves on
+            with pytest.raises(EngineError) as e:
+                client.generate(prompt_ids=[5, 6, 7], params=SamplingParams(max_new_tokens=4))
+            msg = str(e.value)
+            assert "output.weight" in msg and "block 3" in msg and "not a number" in msg, msg
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("qt", CODES_TYPES, ids=lambda q: q.name)
+def test_any_bytes_in_a_block_never_crash(qt):
+    """Every byte pattern is a block (grid indices cannot leave their grids): random bytes, scales too,
+    give gguf's values where those are finite, and the kernels never crash."""
+    n, k = 8, 512
+    raw = np.random.default_rng(int(qt)).integers(0, 256, size=(n, k // GGML_QUANT_SIZES[qt][0] * GGML_QUANT_SIZES[qt][1]),
+                                                  dtype=np.uint8)
+    w = BlockQuant.from_file(qt, [torch.from_numpy(raw.reshape(-1).copy())], (n, k))
+    want = quants.dequantize(raw, qt).reshape(n, k)
+    got = w.dequantize().numpy()
+    ok = np.isfinite(want)
+    assert np.array_equal(got[ok].view(np.uint32), want[ok].view(np.uint32)) and not np.isfinite(got[~ok]).any()
+    w.matmul(torch.randn(3, k))  # finite or not, it returns
+
+
+def test_rows_that_are_not_whole_blocks_are_refused_naming_the_tensor(source, tmp_path):
+    from engine.errors import ModelError
+    from engine.gguf import open_gguf
+
+    import gguf_files
+
+    _, base = source
+    path = as_type(base, tmp_path / "short.gguf", GT.IQ4_XS, EXPERTS)
+    name = "blk.0.ffn_up_exps.weight"
+    pos = gguf_files.type_pos(path, name) - 8 * 3  # its ne[0] (three dimensions before the type)
+    gguf_files.flip(path, pos, (128).to_bytes(8, "little"))
+    with pytest.raises(ModelError) as e:
+        open_gguf(path).close()
+    assert name in str(e.value) and "whole IQ4_XS blocks of 256" in str(e.value)

@@ -41,7 +41,7 @@ from .reader import SPLIT, GGUFFile
 
 SUPPORTED = (GT.F32, GT.F16, GT.BF16, GT.Q8_0, GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q4_K, GT.Q5_K, GT.Q6_K,
              GT.MXFP4, GT.Q3_K, GT.Q2_K, GT.IQ4_XS, GT.IQ4_NL, GT.IQ3_S, GT.IQ3_XXS, GT.IQ2_S, GT.IQ2_XS,
-             GT.IQ2_XXS, GT.IQ1_M, GT.IQ1_S, GT.TQ1_0, GT.TQ2_0)
+             GT.IQ2_XXS, GT.IQ1_M, GT.IQ1_S, GT.TQ1_0, GT.TQ2_0, GT.NVFP4)
 FLOATS = {GT.F32: torch.float32, GT.F16: torch.float16, GT.BF16: torch.bfloat16}
 ST_DTYPE = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.uint8: "U8"}
 _FUSED = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_blocks|_scales|_bias)?$")
@@ -445,6 +445,13 @@ class GGUFCheckpoint:
         if getattr(tokenizer, "eos_token_id", None) is not None:
             ids.add(int(tokenizer.eos_token_id))
         return ids
+
+    def find_damage(self) -> str | None:
+        """After NaN or Inf scores: the first block whose scale is not a number, named (engine/gguf/damage.py:
+        reads the whole file once), or None."""
+        from .damage import find
+
+        return find(self.file)
 
     def close(self) -> None:
         self.file.close()

@@ -29,7 +29,7 @@ FLOAT_TYPES = (GT.F32, GT.F16, GT.BF16)
 # the formats at 4 bits a weight or fewer: a 4-bit tier keeps them as they are (they cannot fall further
 # without a second rounding, and a tier above the file's precision is never made of them)
 AT_MOST_4_BITS = (GT.Q4_K, GT.Q4_0, GT.Q4_1, GT.MXFP4, GT.IQ4_NL, GT.IQ4_XS, GT.Q3_K, GT.Q2_K, GT.IQ3_S,
-                  GT.IQ3_XXS, GT.IQ2_S, GT.IQ2_XS, GT.IQ2_XXS, GT.IQ1_M, GT.IQ1_S, GT.TQ1_0, GT.TQ2_0)
+                  GT.IQ3_XXS, GT.IQ2_S, GT.IQ2_XS, GT.IQ2_XXS, GT.IQ1_M, GT.IQ1_S, GT.TQ1_0, GT.TQ2_0, GT.NVFP4)
 
 
 def at_most_four_bits(qtype) -> bool:

@@ -28,7 +28,7 @@ F32, F16, BF16, Q4, MX4 = 0, 1, 2, 3, 4
 # GGUF block formats (mdk.h): K-quants, then the 32-weight blocks
 Q4K, Q5K, Q6K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 = 5, 6, 7, 8, 9, 10, 11, 12
 # GGUF's formats read as codes and group scales (codes.c): on the file's own rows only
-Q2K, Q3K, IQ4NL, IQ4XS, IQ2XXS, IQ2XS, IQ2S, IQ3XXS, IQ3S, IQ1S, IQ1M, TQ1_0, TQ2_0 = range(14, 27)
+Q2K, Q3K, IQ4NL, IQ4XS, IQ2XXS, IQ2XS, IQ2S, IQ3XXS, IQ3S, IQ1S, IQ1M, TQ1_0, TQ2_0, NVFP4 = range(14, 28)
 ERRORS = {-1: "out of memory for its scratch buffers", -2: "a selected expert is not a native CPU expert",
           -3: "top-k outside 1..experts, or more than 1024 experts"}
 PATHS = ("portable C", "AVX2", "AVX-512 VNNI")

@@ -5,7 +5,7 @@
  * group of gs weights (16 or 32) a float D and, for Q2_K alone, a float M, with
  *     weight = D * ((u - off) * mul)        (mul 1, or 1/8 for IQ1's deltas of 1/8: u = 8 (g + delta) + 9)
  *     weight = D * u - M                    (Q2_K: its minimum)
- * where off is the format's constant (Q3_K 4, IQ4 128, IQ2/IQ3_XXS 64, IQ3_S 16, IQ1 9, TQ 1). D and M
+ * where off is the format's constant (Q3_K 4, IQ4 128, IQ2/IQ3_XXS 64, IQ3_S 16, IQ1 9, TQ 1, NVFP4 12). D and M
  * are computed in gguf-py's float order (gguf/quants.py), so the dequantisation below equals
  * gguf.quants.dequantize bit for bit; the i-quants' grids are its tables (iq_grids.h, generated).
  * A product is then exact integer sums per group and float terms, as kraw.c's:
@@ -14,6 +14,7 @@
  */
 #include "codes.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "iq_grids.h"
@@ -38,6 +39,7 @@ static const mdk_codes_info INFO[MDK_CODES_N] = {
     {256, 56, 16, 9, 0.125f},  /* IQ1_M */
     {256, 54, 32, 1, 1.f},     /* TQ1_0 */
     {256, 66, 32, 1, 1.f},     /* TQ2_0 */
+    {64, 36, 16, 12, 1.f},     /* NVFP4: 4 unsigned E4M3 scales of 16, E2M1 values doubled (u = 2 v + 12) */
 };
 
 const mdk_codes_info *mdk_codes_info_of(int fmt) { return MDK_IS_CODES(fmt) ? &INFO[fmt - MDK_Q2K] : NULL; }
@@ -184,6 +186,20 @@ void mdk_codes_block(int fmt, const uint8_t *b, uint8_t *u, float *D, float *M) 
         for (int p = 0; p < 4; p++)
             for (int l = 0; l < 4; l++) u[240 + 4 * p + l] = (uint8_t)(((unsigned)(uint8_t)(qh[l] * pow3[p]) * 3) >> 8);
         for (int g = 1; g < 8; g++) D[g] = D[0];
+        return;
+    }
+    case MDK_NVFP4: {  /* gguf-py's ue4m3_to_fp32 (with its 0.5: the values are E2M1 doubled), exact in fp32 */
+        static const int8_t KV[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+        for (int j = 0; j < 4; j++) {
+            unsigned x = b[j], e = (x >> 3) & 15, m = x & 7;
+            float raw = e == 0 ? (float)m * 0x1p-9f : (1.f + (float)m / 8.f) * ldexpf(1.f, (int)e - 7);
+            D[j] = (x == 0 || x == 0x7F) ? 0.f : raw * 0.5f;
+            for (int i = 0; i < 8; i++) {
+                uint8_t q = b[4 + 8 * j + i];
+                u[16 * j + i] = (uint8_t)(KV[q & 15] + 12);
+                u[16 * j + 8 + i] = (uint8_t)(KV[q >> 4] + 12);
+            }
+        }
         return;
     }
     case MDK_TQ2_0: {

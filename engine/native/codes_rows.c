@@ -194,7 +194,7 @@ static MDK_INLINE int unit_e(const int fmt, const mdk_codes_info *I, const uint8
         }
         return fmt == MDK_IQ1S ? 8 : 16;
     }
-    default: {  /* codes.c's reading (TQ1_0), then into entry order */
+    default: {  /* codes.c's reading (TQ1_0, NVFP4), then into entry order */
         _Alignas(64) uint8_t u[256];
         float D[16], M[16];
         int per = 256 / I->qk, gb = I->qk / I->gs;
@@ -300,10 +300,10 @@ typedef void (*rows_fn)(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const
 #define ROWS_E(F) MDK_TARGET(A512) static void rows_##F(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, \
                   const int8_t *const *x, int nt, float *const *y) { rows_e(MDK_##F, w, r0, r1, a, x, nt, y); }
 ROWS_E(Q2K) ROWS_E(Q3K) ROWS_E(IQ4NL) ROWS_E(IQ4XS) ROWS_E(IQ2XXS) ROWS_E(IQ2XS) ROWS_E(IQ2S)
-ROWS_E(IQ3XXS) ROWS_E(IQ3S) ROWS_E(IQ1S) ROWS_E(IQ1M) ROWS_E(TQ1_0) ROWS_E(TQ2_0)
+ROWS_E(IQ3XXS) ROWS_E(IQ3S) ROWS_E(IQ1S) ROWS_E(IQ1M) ROWS_E(TQ1_0) ROWS_E(TQ2_0) ROWS_E(NVFP4)
 static const rows_fn ROWS[MDK_CODES_N] = {rows_Q2K, rows_Q3K, rows_IQ4NL, rows_IQ4XS, rows_IQ2XXS, rows_IQ2XS,
                                           rows_IQ2S, rows_IQ3XXS, rows_IQ3S, rows_IQ1S, rows_IQ1M, rows_TQ1_0,
-                                          rows_TQ2_0};
+                                          rows_TQ2_0, rows_NVFP4};
 
 /* Rows r0..r1-1 against nt (1..4) tokens on AVX-512; 0 where this path does not take the matrix */
 int mdk_codes_x86(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y) {

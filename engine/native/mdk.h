@@ -53,9 +53,9 @@ enum { MDK_F32 = 0, MDK_F16 = 1, MDK_BF16 = 2, MDK_Q4 = 3, MDK_MX4 = 4,
        /* GGUF's formats read as codes and group scales (codes.c), on the file's own rows only */
        MDK_Q2K = 14, MDK_Q3K = 15, MDK_IQ4NL = 16, MDK_IQ4XS = 17, MDK_IQ2XXS = 18, MDK_IQ2XS = 19,
        MDK_IQ2S = 20, MDK_IQ3XXS = 21, MDK_IQ3S = 22, MDK_IQ1S = 23, MDK_IQ1M = 24, MDK_TQ1_0 = 25,
-       MDK_TQ2_0 = 26 };
-#define MDK_CODES_N 13
-#define MDK_IS_CODES(fmt) ((fmt) >= MDK_Q2K && (fmt) <= MDK_TQ2_0)  /* codes.c */
+       MDK_TQ2_0 = 26, MDK_NVFP4 = 27 };
+#define MDK_CODES_N 14
+#define MDK_IS_CODES(fmt) ((fmt) >= MDK_Q2K && (fmt) <= MDK_NVFP4)  /* codes.c */
 #define MDK_IS_Q4(fmt) ((fmt) == MDK_Q4 || (fmt) == MDK_MX4)  /* both use the Q4 tiles and dot products */
 #define MDK_IS_KQ(fmt) ((fmt) >= MDK_Q4K && (fmt) <= MDK_Q6K)      /* kquant.c */
 #define MDK_IS_QB(fmt) ((fmt) >= MDK_Q8_0 && (fmt) <= MDK_Q5_1)    /* qblock.c */
