@@ -24,6 +24,8 @@ void mdk_codes_row(int fmt, const uint8_t *row, int k, const mdk_q8 *const *a, i
  * unit of 256 weights' codes and group terms for gemm.c (0: not on this path; else the groups) */
 int mdk_codes_x86(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y);
 int mdk_codes_unit(int fmt, const uint8_t *row, int un, uint8_t *u, float *A, float *B);
+/* codes_avx2.c: the same rows on the AVX2 path */
+int mdk_codes_avx2(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y);
 #endif
 
 #endif

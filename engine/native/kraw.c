@@ -213,7 +213,8 @@ void mdk_raw_rows_multi(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const
     }
     if (nt <= 0 || r0 >= r1) return;
 #if MDK_X86
-    if (MDK_IS_CODES(w->fmt) ? mdk_codes_x86(w, r0, r1, a, nt, y) : mdk_path != MDK_PATH_C && mdk_raw_x86(w, r0, r1, a, nt, y))
+    if (MDK_IS_CODES(w->fmt) ? mdk_codes_x86(w, r0, r1, a, nt, y) || mdk_codes_avx2(w, r0, r1, a, nt, y)
+                             : mdk_path != MDK_PATH_C && mdk_raw_x86(w, r0, r1, a, nt, y))
         return;
 #endif
     size_t rb = kraw_row_bytes(w->fmt, w->k);
