@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (QApplication, QHBoxLayout, QMainWindow, QMessageB
 
 from engine.protocol import SetSlider, Stop
 
+from .lowest_precision import LowestPrecision
 from . import chat_defaults, documents, menus, remote, theme, window_state
 from .composer import Composer
 from .context_choice import ContextButton, ContextSwitch, remembered
@@ -84,6 +85,7 @@ class MainWindow(QMainWindow, WindowWiring):
         shown = (self.panel_switch, self.enter_sends_action)  # geometry, slider and the chat that was open:
         window_state.restore(self, self.splitter, *shown, self.slider, self.store, self.open_chat)
         window_state.follow(self.slider, self.sidebar.selected, *shown, self.store.path)
+        self.lowest.announce()  # the lowest precision remembered, with the slider restored
         self.load_model(model, device, dtype, ctx)
 
     # ---- layout ----
@@ -154,6 +156,7 @@ class MainWindow(QMainWindow, WindowWiring):
 
         acts = menus.build(self.menuBar(), self.menu_commands())  # the actions kept: checked from code
         self.server_action, self.enter_sends_action, self.theme_actions = acts.server, acts.enter_sends, acts.themes
+        self.lowest = LowestPrecision(self, acts.settings, self.slider.value, self.bridge.send)  # Settings > Lowest precision
 
     def _follow(self) -> None:
         """Each reader of the engine's events subscribes to the controller's signals."""

@@ -86,6 +86,7 @@ class MenuActions:
     server: QAction  # Tools > Local server (OpenAI-compatible API)
     enter_sends: QAction  # Settings > Enter sends message
     themes: dict[str, QAction]  # Settings > Theme > each of theme.THEMES
+    settings: object = None  # the Settings menu (a QMenu): others add their items (app/lowest_precision.py)
 
 
 def action(parent, text: str, fn: Callable[[], object], menu=None, tip: str = "", keys=()) -> QAction:
@@ -165,7 +166,7 @@ def build(menu_bar, c: Commands) -> MenuActions:
         themes[name] = a
     menu(menu_bar, "&Help", ("Keyboard shortcuts…", c.show_shortcuts, ("Ctrl+/", "F1")),
          ("Log", c.show_log), ("About Mixdesk", c.about))
-    return MenuActions(server=server, enter_sends=enter_sends, themes=themes)
+    return MenuActions(server=server, enter_sends=enter_sends, themes=themes, settings=settings)
 
 
 def find_chats(search) -> None:

@@ -13,8 +13,9 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 from .plain_words import TIER_NAMES
 
 TIER_COLOURS = {"gpu-16": QColor("#2e7d32"), "gpu-4": QColor("#81c784"),
-                "cpu-16": QColor("#1565c0"), "cpu-4": QColor("#64b5f6")}
-ORDER = ("gpu-16", "gpu-4", "cpu-16", "cpu-4")
+                "cpu-16": QColor("#1565c0"), "cpu-4": QColor("#64b5f6"), "cpu-3": QColor("#26c6da"),
+                "cpu-2": QColor("#b2ebf2")}
+ORDER = ("gpu-16", "gpu-4", "cpu-16", "cpu-4", "cpu-3", "cpu-2")
 MIN_CELL_PX = 4  # narrower cells than this (hundreds of experts a layer) cannot be told apart: aggregate
 LOW_ALPHA = 0.35  # the least picked expert of a layer is drawn at this opacity, the most picked opaque
 
@@ -184,7 +185,7 @@ class PlacementLegend(QWidget):
         return out
 
     def _rows(self) -> int:
-        return 2 + int(self.popularity) + int(self.moving)
+        return 3 + int(self.popularity) + int(self.moving)
 
     def sizeHint(self) -> QSize:
         line = self.fontMetrics().height() + 4
@@ -207,12 +208,12 @@ class PlacementLegend(QWidget):
         line, s = fm.height() + 4, self.SWATCH
         half = self.width() / 2
         p.setPen(pal.windowText().color())
-        for i, tier in enumerate(ORDER):  # two columns: GPU on the left, CPU on the right
-            x, y = (i // 2) * half, (i % 2) * line
+        for i, tier in enumerate(ORDER):  # GPU on the left, CPU on the right; then CPU 3-bit | CPU 2-bit
+            x, y = ((i // 2) * half, (i % 2) * line) if i < 4 else ((i - 4) * half, 2 * line)
             p.fillRect(QRectF(x + 1, y + (line - s) / 2, s, s), TIER_COLOURS[tier])
             text = fm.elidedText(TIER_NAMES[tier], Qt.ElideRight, int(half - s - 8))
             p.drawText(QRectF(x + s + 6, y, half - s - 6, line), Qt.AlignVCenter | Qt.AlignLeft, text)
-        y = 2 * line
+        y = 3 * line
         x = 1.0
         if self.popularity:
             lo, hi = "rarely picked", "often picked"

@@ -3,10 +3,10 @@ planner's predicted KL divergence) go to tooltips. Pure functions, no Qt: tested
 from __future__ import annotations
 
 TIER_NAMES = {"gpu-16": "GPU, full precision", "gpu-4": "GPU, 4-bit",
-              "cpu-16": "CPU, full precision", "cpu-4": "CPU, 4-bit"}
-ORDER = ("gpu-16", "gpu-4", "cpu-16", "cpu-4")
+              "cpu-16": "CPU, full precision", "cpu-4": "CPU, 4-bit", "cpu-3": "CPU, 3-bit", "cpu-2": "CPU, 2-bit"}
+ORDER = ("gpu-16", "gpu-4", "cpu-16", "cpu-4", "cpu-3", "cpu-2")
 _WHERE = {"gpu": "on the GPU", "cpu": "in CPU memory"}
-_BITS = {"16": "at full precision", "4": "at 4-bit"}
+_BITS = {"16": "at full precision", "4": "at 4-bit", "3": "at 3-bit", "2": "at 2-bit"}
 
 
 def _key(tier) -> str:

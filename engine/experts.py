@@ -19,8 +19,9 @@ from .checkpoint import Checkpoint, expert_key
 from .errors import ModelError
 from .families import fused
 from .kernels import linear, weight_problem
-from .placement import Tier
-from .quant import NF4, MX4Native, Q4Native, cpu4_format, cpu4_quantize, cpu4_quantize_steps, run_to_end
+from .placement import LOW_TIERS, Tier
+from .quant import (NF4, MX4Native, Q4Native, cpu4_format, cpu4_quantize, cpu_tier_quantize, cpu_tier_quantize_steps,
+                    run_to_end)
 
 CPU = torch.device("cpu")
 ACTS = {"silu": 0, "swiglu_oai": 1, "gelu_tanh": 2}  # the native kernel's codes (mdk.h)
@@ -252,9 +253,13 @@ def run_native(ex, x: torch.Tensor) -> torch.Tensor:
 
 def quantise(tier: Tier, w13: torch.Tensor, w2: torch.Tensor, accel: torch.device,
              dtype: torch.dtype, threads: int | None = None, glu: Glu | None = None) -> QuantExpert:
-    """The 4-bit form of a 16-bit expert for `tier` (cpu-4: the native Q4 kernel, or torch int4 without it; gpu-4: NF4)."""
+    """The 4-bit form of a 16-bit expert for `tier` (cpu-4: the native Q4 kernel, or torch int4 without it;
+    gpu-4: NF4), or its 3- or 2-bit form (cpu-3, cpu-2: Q3_K, Q2_K; engine/quant.py cpu_tier_quantize)."""
     if tier == Tier.CPU4:
         return QuantExpert(tier, cpu4_quantize(w13, threads), cpu4_quantize(w2, threads), CPU, glu)
+    if tier in LOW_TIERS:
+        return QuantExpert(tier, cpu_tier_quantize(w13, tier.bits, threads), cpu_tier_quantize(w2, tier.bits, threads),
+                           CPU, glu)
     if tier == Tier.GPU4:
         return QuantExpert(tier, NF4.quantize(w13, accel, dtype), NF4.quantize(w2, accel, dtype), accel, glu)
     raise ValueError(f"{tier} is not a 4-bit tier")
@@ -325,12 +330,12 @@ def build_steps(ckpt: Checkpoint, layer: int, expert: int, tier: Tier, accel: to
         mx = mxfp4_form(ckpt, layer, expert, glu)
         if mx is not None:
             return mx
-    if tier == Tier.CPU4 and cpu4_format() is Q4Native and threads != 1:
+    if not tier.on_accelerator and tier.bits < 16 and cpu4_format() is Q4Native and threads != 1:
         yield
-        q13 = yield from cpu4_quantize_steps(w13)
-        q2 = yield from cpu4_quantize_steps(w2)
+        q13 = yield from cpu_tier_quantize_steps(w13, tier.bits)
+        q2 = yield from cpu_tier_quantize_steps(w2, tier.bits)
         return QuantExpert(tier, q13, q2, CPU, glu)
-    if tier.bits == 4:
+    if tier.bits < 16:
         return quantise(tier, w13, w2, accel, dtype, threads, glu)
     device = accel if tier.on_accelerator else torch.device("cpu")
     return Expert16(tier, w13.to(device=device, dtype=dtype), w2.to(device=device, dtype=dtype),

@@ -1,4 +1,4 @@
-"""4-bit weight formats, one per device, each derived from the 16-bit weight of one expert matrix.
+"""4-bit weight formats, one per device (and the 3- and 2-bit CPU tiers: cpu_tier_quantize), each derived from the 16-bit weight of one expert matrix.
 
 Shapes: a weight is W [N, K] (out, in); x [T, K] -> x @ W.T [T, N].
 
@@ -208,6 +208,10 @@ def cpu4_quantize_steps(w: torch.Tensor, step_bytes: int = 512 << 10, threads: i
         if cpu4_format() is Q4Native:
             return (yield from Q4Native.quantize_steps(w, step_bytes, threads))
         return cpu4_format().quantize(w, threads)
+    return (yield from _blocks_steps(w, "Q4_K", step_bytes, threads))
+
+
+def _blocks_steps(w: torch.Tensor, qtype: str, step_bytes: int, threads: int | None):
     from gguf import GGMLQuantizationType as GT
 
     from .blockquant import BlockQuant, quantize_raw
@@ -216,9 +220,40 @@ def cpu4_quantize_steps(w: torch.Tensor, step_bytes: int = 512 << 10, threads: i
     rows = max(1, min(n, step_bytes // (k * w.element_size())))
     parts = []
     for a in range(0, n, rows):
-        parts.append(quantize_raw(w[a:a + rows], GT.Q4_K, threads))
+        parts.append(quantize_raw(w[a:a + rows], GT[qtype], threads))
         yield
-    return BlockQuant.from_raw(GT.Q4_K, torch.cat(parts), (n, k))
+    return BlockQuant.from_raw(GT[qtype], torch.cat(parts), (n, k))
+
+
+# cpu-3 and cpu-2: GGUF's Q3_K (3.44 bits a weight) and Q2_K (2.63), llama.cpp's searches
+# (engine/native/kquantize_low.c), run by the codes kernels. Only rows of whole 256-weight blocks
+# take them: any other matrix keeps its cpu-4 form (the demo's gate and up, 576 wide, stay 4-bit;
+# real models' widths are multiples of 256).
+LOW_QTYPES = {3: "Q3_K", 2: "Q2_K"}
+LOW_BLOCK_BYTES = {3: 110, 2: 84}
+
+
+def low_bits_run(k: int) -> bool:
+    """Whether an [n, k] matrix can be held below 4 bits here (whole blocks, the native library)."""
+    return cpu4_uses_q4k(k)
+
+
+def cpu_tier_nbytes(n: int, k: int, bits: int) -> int:
+    """Bytes of an [n, k] matrix in the CPU tier of `bits` (4, 3 or 2)."""
+    if bits < 4 and low_bits_run(k):
+        return n * (k // KQUANT_BLOCK) * LOW_BLOCK_BYTES[bits]
+    return cpu4_nbytes(n, k)
+
+
+def cpu_tier_quantize_steps(w: torch.Tensor, bits: int, step_bytes: int = 512 << 10, threads: int | None = None):
+    """The form of one 16-bit matrix in the CPU tier of `bits` (4: cpu4_quantize_steps)."""
+    if bits >= 4 or not low_bits_run(w.shape[1]):
+        return (yield from cpu4_quantize_steps(w, step_bytes, threads))
+    return (yield from _blocks_steps(w, LOW_QTYPES[bits], step_bytes, threads))
+
+
+def cpu_tier_quantize(w: torch.Tensor, bits: int, threads: int | None = None):
+    return run_to_end(cpu_tier_quantize_steps(w, bits, step_bytes=1 << 62, threads=threads))
 
 
 class NF4:

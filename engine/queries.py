@@ -85,7 +85,7 @@ def plan_inputs(session) -> dict:
     held, acc = ld.model.expert_bytes(), ld.accel
     return {"inputs": session.controller.inputs, "name": ld.ckpt.folder.name, "where": acc.describe(),
             "free": default_budgets(acc.cpu_only, acc.device, held_ram=held["host"], held_vram=held["accelerator"]),
-            "measured": cached_profile(ld.ckpt, session.controller.profiling.measured_tiers(acc)) is not None}
+            "measured": cached_profile(ld.ckpt, session.controller.profiling.measured_tiers(acc, ld.ckpt)) is not None}
 
 
 def _decode(loaded, ids: list[int], new_tokens: int):
@@ -97,8 +97,11 @@ def _decode(loaded, ids: list[int], new_tokens: int):
 
 @handler("evaluate")
 def evaluate(session, slider: float, text: str | None = None, tokens: int = 1024, new_tokens: int = 64,
-             vram: int | None = None, ram: int | None = None) -> dict:
-    """Perplexity all 16-bit, then at the slider's plan under the budgets, and decode speed (`mixdesk eval`)."""
+             vram: int | None = None, ram: int | None = None, lowest_bits: int | None = None) -> dict:
+    """Perplexity all 16-bit, then at the slider's plan under the budgets (and the lowest precision for
+    experts, where given), and decode speed (`mixdesk eval`)."""
+    from dataclasses import replace
+
     from .evaluate import compare, corpus_ids, logprobs
     from .placement import Placement, Tier
     from .planning.inputs import default_budgets
@@ -111,7 +114,10 @@ def evaluate(session, slider: float, text: str | None = None, tokens: int = 1024
     ref = logprobs(m, ids)
     held = m.expert_bytes()
     free = default_budgets(ld.accel.cpu_only, ld.accel.device, held["host"], held["accelerator"])
-    p = plan(session.controller.inputs, Budgets(vram=free.vram if vram is None else vram,
+    inp = session.controller.inputs
+    if lowest_bits is not None:
+        inp = replace(inp, lowest_bits=lowest_bits)
+    p = plan(inp, Budgets(vram=free.vram if vram is None else vram,
                                                 ram=free.ram if ram is None else ram), slider)
     m.apply(p.placement)
     session.controller.migrator.recount()

@@ -177,7 +177,7 @@ class Session:
         ctl = self.controller
         self._quit = isinstance(cmd, Shutdown)
         if isinstance(cmd, SetSlider):
-            ctl.set_slider(cmd.value)
+            ctl.set_slider(cmd.value, cmd.lowest_bits)
         elif isinstance(cmd, SetBudgets):
             ctl.set_cap(cmd)
         elif isinstance(cmd, Reading):

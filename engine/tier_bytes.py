@@ -4,7 +4,7 @@ calibration measures the real forms).
 16-bit tiers hold D x I x 3 weights at the compute dtype; gpu-4 is NF4 (4 bits + an fp32 absmax per
 64: 4.5 bits); cpu-4 is the cpu-4 format's own size for each matrix (engine/quant.py). A GGUF file's
 experts are what the file holds on the CPU (engine/gguf/tiers.py): cpu-16 its own bytes, and cpu-4
-the same where its experts are 4-bit already.
+the same where its experts are 4-bit already; cpu-3 and cpu-2 (Q3_K, Q2_K) likewise.
 """
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import math
 
 def tier_bytes_of_dims(d, itemsize: int) -> dict[str, int]:
     """From the model's shape, for a 16-bit source."""
-    from .quant import cpu4_nbytes
+    from .quant import cpu_tier_nbytes
 
     n = d.expert_params()
-    cpu4 = cpu4_nbytes(2 * d.ffn, d.hidden) + cpu4_nbytes(d.hidden, d.ffn)
-    return {"gpu-16": n * itemsize, "cpu-16": n * itemsize, "gpu-4": n * 9 // 16, "cpu-4": cpu4}
+    cpu = {f"cpu-{b}": cpu_tier_nbytes(2 * d.ffn, d.hidden, b) + cpu_tier_nbytes(d.hidden, d.ffn, b) for b in (4, 3, 2)}
+    return {"gpu-16": n * itemsize, "cpu-16": n * itemsize, "gpu-4": n * 9 // 16, **cpu}
 
 
 def mapped_bytes(ckpt, dtype=None, cpu_only: bool = True) -> tuple[dict[str, int], int]:

@@ -10,6 +10,10 @@ already quantised, and quantising them again would round twice. So the tiers mea
   IQ4_XS/NL, Q3_K, Q2_K, the 1-3 bit i-quants: they cannot rise or fall), and the exact dequantisation re-quantised to the cpu-4 format
   (engine/quant.py cpu4_quantize) where the file holds more (Q5_*, Q6_K, Q8_0, F16, BF16, F32): a
   Q4_K_M file's Q4_K gate/up stay, its Q6_K down matrices drop to Q4_K.
+- cpu-3, cpu-2: likewise at 3 and 2 bits: the file's blocks where they hold that many bits or fewer
+  (a Q3_K_M file's Q3_K matrices at cpu-3; IQ2_XXS at both), and the exact dequantisation re-quantised
+  to Q3_K / Q2_K (engine/quant.py cpu_tier_quantize) where it holds more. A tier that holds no fewer
+  bytes than the one above it offers nothing and is not planned (engine/planning/inputs.py).
 - gpu-16: the exact dequantisation in the model's dtype (no K-quant kernel runs on the GPU).
 - gpu-4: NF4 of the exact dequantisation: a second rounding on top of the file's, bounded in
   tests/test_gguf_model.py.
@@ -32,6 +36,25 @@ AT_MOST_4_BITS = (GT.Q4_K, GT.Q4_0, GT.Q4_1, GT.MXFP4, GT.IQ4_NL, GT.IQ4_XS, GT.
                   GT.IQ3_XXS, GT.IQ2_S, GT.IQ2_XS, GT.IQ2_XXS, GT.IQ1_M, GT.IQ1_S, GT.TQ1_0, GT.TQ2_0, GT.NVFP4)
 
 
+BITS = {GT.Q3_K: 3, GT.IQ3_S: 3, GT.IQ3_XXS: 3, GT.Q2_K: 2, GT.IQ2_S: 2, GT.IQ2_XS: 2, GT.IQ2_XXS: 2,
+        GT.TQ2_0: 2, GT.IQ1_M: 1, GT.IQ1_S: 1, GT.TQ1_0: 1}
+
+
+def qtype_bits(qtype) -> int:
+    """The bits a weight of qtype counts as for the tiers: 4 for the 4-bit formats, 3 and 2 for the
+    3- and 2-bit K- and i-quants, 1 for the 1-bit ones; more than 4 (5, 6, 8, 16, 32) for the rest."""
+    qtype = GT(qtype)
+    if qtype in BITS:
+        return BITS[qtype]
+    if qtype in AT_MOST_4_BITS:
+        return 4
+    return {GT.F32: 32, GT.F16: 16, GT.BF16: 16}.get(qtype, 8 if "8" in qtype.name else (6 if "6" in qtype.name else 5))
+
+
+def at_most_bits(qtype, bits: int) -> bool:
+    return qtype_bits(qtype) <= bits
+
+
 def at_most_four_bits(qtype) -> bool:
     return GT(qtype) in AT_MOST_4_BITS
 
@@ -45,30 +68,36 @@ def _block_form(qtype, parts: list[torch.Tensor], shape: tuple[int, int]):
         return None
 
 
-def file_form(ckpt, layer: int, expert: int, tier: Tier, dtype: torch.dtype, glu, four_bit_only: bool = False):
-    """The expert in the file's own format on the CPU (tier cpu-16; and cpu-4, where each matrix the
-    file holds at more than 4 bits is re-quantised: four_bit_only), or None where the native kernel
-    cannot run it (then the caller uses the exact dequantisation)."""
+def file_form(ckpt, layer: int, expert: int, tier: Tier, dtype: torch.dtype, glu, max_bits: int | None = None):
+    """The expert in the file's own format on the CPU (tier cpu-16; and cpu-4/3/2, where each matrix the
+    file holds at more than max_bits is re-quantised to that tier), or None where the native kernel
+    cannot run it (then the caller uses the exact dequantisation). A generator: it yields between the
+    slices of a re-quantisation (a decode step may run between them) and returns the form."""
     from ..experts import QuantExpert
-    from ..quant import MX4Native, cpu4_quantize
+    from ..quant import MX4Native, cpu_tier_quantize_steps
 
     if not native.available():
         return None
     (tg, gate), (tu, up), (td, down) = (ckpt.expert_view(layer, expert, w) for w in ("w1", "w3", "w2"))
-    if tg == tu == td == GT.MXFP4:  # (repacked from a copy: MXFP4 has no kernel on the file's layout yet)
+    if tg == tu == td == GT.MXFP4 and max_bits in (None, 4):  # (repacked from a copy: no kernel on the file's layout yet)
         (b13, s13), (b2, s2) = ckpt.expert_mxfp4(layer, expert)
         w13, w2 = MX4Native.pack(b13, s13), MX4Native.pack(b2, s2)
         return QuantExpert(tier, w13, w2, CPU, glu) if w13 is not None and w2 is not None else None
     d = ckpt.dims
 
-    def requantised(which: int):  # only the matrix that drops to 4 bits is dequantised
-        return cpu4_quantize(ckpt.expert_part_float(layer, expert, which))
+    def keeps(qtype) -> bool:
+        return max_bits is None or at_most_bits(qtype, max_bits)
 
-    if tg == tu and (not four_bit_only or at_most_four_bits(tg)):
+    def requantised(which: int):  # only the matrix that drops is dequantised
+        w = ckpt.expert_part_float(layer, expert, which)
+        yield
+        return (yield from cpu_tier_quantize_steps(w, max_bits))
+
+    if tg == tu and keeps(tg):
         w13 = _block_form(tg, [gate, up], (2 * d.ffn, d.hidden))
-    else:  # gate and up cannot share one w13 matrix in two formats; or they drop to 4 bits
-        w13 = requantised(0) if four_bit_only else None
-    w2 = (_block_form(td, [down], (d.hidden, d.ffn)) if not four_bit_only or at_most_four_bits(td) else requantised(1))
+    else:  # gate and up cannot share one w13 matrix in two formats; or they drop
+        w13 = (yield from requantised(0)) if max_bits is not None else None
+    w2 = _block_form(td, [down], (d.hidden, d.ffn)) if keeps(td) else (yield from requantised(1))
     if w13 is None or w2 is None:
         return None
     return QuantExpert(tier, w13, w2, CPU, glu)
@@ -79,15 +108,16 @@ def expert_qtypes(ckpt) -> set:
     return set(ckpt.expert_formats())
 
 
-def requantised_share(ckpt) -> float:
-    """The share of the experts' weights that cpu-4 re-quantises (those the file holds at more than
-    4 bits): 0 for a Q4_0 file, about 1/3 for a Q4_K_M file (its Q6_K down matrices), 1 for Q8_0."""
+def requantised_share(ckpt, bits: int = 4) -> float:
+    """The share of the experts' weights that the CPU tier of `bits` re-quantises (those the file
+    holds at more bits): at 4, 0 for a Q4_0 file, about 1/3 for a Q4_K_M file (its Q6_K down
+    matrices), 1 for Q8_0; at 3 or 2, 1 for a Q4_K_M file."""
     d = ckpt.dims
     more = total = 0
     for layer in range(d.layers):
         for w in ("w1", "w3", "w2"):
             total += 1
-            more += not at_most_four_bits(ckpt.expert_raw_info(layer, 0, w).qtype)
+            more += not at_most_bits(ckpt.expert_raw_info(layer, 0, w).qtype, bits)
     return more / total if total else 0.0
 
 
@@ -110,49 +140,56 @@ def cpu4_is_file_form(ckpt) -> bool:
     return all(at_most_four_bits(t) for t in expert_qtypes(ckpt))
 
 
-def cpu4_keeps_file_form(ckpt, layer: int, dtype: torch.dtype) -> bool:
-    """Whether cpu-4 holds the same numbers as cpu-16 for this layer's experts (build_steps): its
-    gate, up and down are 4-bit in the file, so both tiers are the file's own blocks (one format for
-    gate and up, which the native kernels run), or both the exact dequantisation (fp32, or no native
-    library, in a file whose experts are all 4-bit)."""
+def keeps_file_form(ckpt, layer: int, dtype: torch.dtype, bits: int = 4) -> bool:
+    """Whether the CPU tier of `bits` holds the same numbers as cpu-16 for this layer's experts
+    (build_steps): its gate, up and down hold that many bits or fewer in the file, so both tiers are
+    the file's own blocks (one format for gate and up, which the native kernels run), or both the
+    exact dequantisation (fp32, or no native library, in a file whose experts all hold that few)."""
     types = [ckpt.expert_raw_info(layer, 0, w).qtype for w in ("w1", "w3", "w2")]
-    if not all(at_most_four_bits(t) for t in types):
+    if not all(at_most_bits(t, bits) for t in types):
         return False
     if dtype != torch.float32 and native.available():
         mx = all(GT(t) == GT.MXFP4 for t in types)
         return mx or (types[0] == types[1] and all(GT(t) in NATIVE for t in types))
-    return cpu4_is_file_form(ckpt)
+    return all(at_most_bits(t, bits) for t in expert_qtypes(ckpt))
+
+
+def cpu4_keeps_file_form(ckpt, layer: int, dtype: torch.dtype) -> bool:
+    return keeps_file_form(ckpt, layer, dtype, 4)
 
 
 def tier_nbytes(ckpt) -> dict[str, int]:
     """Bytes of one expert on the CPU, averaged over the layers (a Q4_K_M file's down matrices are
-    Q6_K in some layers and Q4_K in others), in cpu-16 (the file's own) and cpu-4."""
-    from ..quant import cpu4_nbytes
+    Q6_K in some layers and Q4_K in others), in cpu-16 (the file's own) and cpu-4, cpu-3, cpu-2."""
+    from ..quant import cpu_tier_nbytes
 
     d = ckpt.dims
     shapes = {"w1": (d.ffn, d.hidden), "w3": (d.ffn, d.hidden), "w2": (d.hidden, d.ffn)}
-    own = four = 0
+    out = {"cpu-16": 0, "cpu-4": 0, "cpu-3": 0, "cpu-2": 0}
     for layer in range(d.layers):
         for w, (n, k) in shapes.items():
             t = ckpt.expert_raw_info(layer, 0, w)
             b = n * t.row_bytes
-            own += b
-            four += b if at_most_four_bits(t.qtype) else cpu4_nbytes(n, k)
-    return {"cpu-16": own // max(d.layers, 1), "cpu-4": four // max(d.layers, 1)}
+            out["cpu-16"] += b
+            for bits in (4, 3, 2):
+                out[f"cpu-{bits}"] += b if at_most_bits(t.qtype, bits) else cpu_tier_nbytes(n, k, bits)
+    return {t: v // max(d.layers, 1) for t, v in out.items()}
 
 
 def mapped_nbytes(ckpt) -> dict[str, int]:
     """Of tier_nbytes, the bytes served from the mapped file (its blocks the native kernels run as
-    they are: every block matrix at cpu-16; the 4-bit ones at cpu-4), averaged over the layers."""
+    they are: every block matrix at cpu-16; those of at most a tier's bits at cpu-4/3/2), averaged
+    over the layers."""
     d = ckpt.dims
-    own = four = 0
+    out = {"cpu-16": 0, "cpu-4": 0, "cpu-3": 0, "cpu-2": 0}
     for layer in range(d.layers):
         for w, n in (("w1", d.ffn), ("w3", d.ffn), ("w2", d.hidden)):
             t = ckpt.expert_raw_info(layer, 0, w)
             if GT(t.qtype) in NATIVE:
-                own += n * t.row_bytes
-                four += n * t.row_bytes if at_most_four_bits(t.qtype) else 0
-    return {"cpu-16": own // max(d.layers, 1), "cpu-4": four // max(d.layers, 1)}
+                out["cpu-16"] += n * t.row_bytes
+                for bits in (4, 3, 2):
+                    out[f"cpu-{bits}"] += n * t.row_bytes if at_most_bits(t.qtype, bits) else 0
+    return {t: v // max(d.layers, 1) for t, v in out.items()}
 
 
 def build_steps(ckpt, layer: int, expert: int, tier: Tier, accel: torch.device, dtype: torch.dtype,
@@ -165,12 +202,13 @@ def build_steps(ckpt, layer: int, expert: int, tier: Tier, accel: torch.device, 
     glu = read_glu(ckpt, layer, expert)
     yield
     if not tier.on_accelerator and dtype != torch.float32:
-        form = file_form(ckpt, layer, expert, tier, dtype, glu, four_bit_only=tier == Tier.CPU4)
+        form = yield from file_form(ckpt, layer, expert, tier, dtype, glu, max_bits=tier.bits if tier.bits < 16 else None)
         if form is not None:
             return form
     w13, w2 = ckpt.expert_float(layer, expert)  # the exact dequantisation, fp32
     yield
-    if tier.bits == 4 and not (tier == Tier.CPU4 and cpu4_is_file_form(ckpt)):
+    on_file = not tier.on_accelerator and all(at_most_bits(t, tier.bits) for t in expert_qtypes(ckpt))
+    if tier.bits < 16 and not on_file:
         return quantise(tier, w13, w2, accel, dtype, threads, glu)
     device = accel if tier.on_accelerator else CPU
     return Expert16(tier, w13.to(device=device, dtype=dtype), w2.to(device=device, dtype=dtype),

@@ -1,4 +1,5 @@
-/* Quantisers to GGUF's blocks (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) from fp32/fp16/bf16
+/* Quantisers to GGUF's blocks (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; Q3_K and Q2_K in
+ * kquantize_low.c) from fp32/fp16/bf16
  * rows: the bytes a .gguf file holds (ggml's block structs), n rows of k / block blocks.
  *
  * The searches are llama.cpp's reference quantisers' (ggml-quants.c, no importance matrix), the
@@ -40,46 +41,7 @@
 static MDK_INLINE float rnd(float v) { return (v + 12582912.f) - 12582912.f; }
 static MDK_INLINE float clampf(float v, float lo, float hi) { v = v < lo ? lo : v; return v > hi ? hi : v; }
 
-/* ---------------- 8 lanes ----------------
- * The searches fit 8 sub-blocks at once, one a lane. With GCC / Clang a lane set is a vector type
- * (AVX2 in the AVX2 build, two SSE2 halves otherwise): written with plain scalar selects, the
- * compiler turned the loops into branches. Elsewhere (MSVC) it is a plain array. Either way each
- * lane does exactly the scalar float operations, so the bytes do not depend on the build. */
-#if defined(__GNUC__) || defined(__clang__)
-#if !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wpsabi"  /* vf never crosses a call: everything here is inlined */
-#endif
-typedef float vf __attribute__((vector_size(32)));
-typedef int32_t vm __attribute__((vector_size(32)));  /* a mask: all ones or zero a lane */
-static MDK_INLINE vf vb(float s) { vf v = {s, s, s, s, s, s, s, s}; return v; }
-static MDK_INLINE vf vadd(vf a, vf b) { return a + b; }
-static MDK_INLINE vf vsub(vf a, vf b) { return a - b; }
-static MDK_INLINE vf vmul(vf a, vf b) { return a * b; }
-static MDK_INLINE vf vdiv(vf a, vf b) { return a / b; }
-static MDK_INLINE vm vlt(vf a, vf b) { return a < b; }
-static MDK_INLINE vm vand(vm a, vm b) { return a & b; }
-static MDK_INLINE vf vsel(vm m, vf a, vf b) { return (vf)(((vm)a & m) | ((vm)b & ~m)); }
-static MDK_INLINE vf vabs(vf a) { return (vf)((vm)a & 0x7fffffff); }
-static MDK_INLINE vf vneg(vf a) { return (vf)((vm)a ^ (int32_t)0x80000000); }
-#else
-typedef struct { float v[8]; } vf;
-typedef struct { int v[8]; } vm;
-#define LANEWISE(T, expr) { T r; for (int j = 0; j < 8; j++) r.v[j] = (expr); return r; }
-static MDK_INLINE vf vb(float s) LANEWISE(vf, s)
-static MDK_INLINE vf vadd(vf a, vf b) LANEWISE(vf, a.v[j] + b.v[j])
-static MDK_INLINE vf vsub(vf a, vf b) LANEWISE(vf, a.v[j] - b.v[j])
-static MDK_INLINE vf vmul(vf a, vf b) LANEWISE(vf, a.v[j] * b.v[j])
-static MDK_INLINE vf vdiv(vf a, vf b) LANEWISE(vf, a.v[j] / b.v[j])
-static MDK_INLINE vm vlt(vf a, vf b) LANEWISE(vm, a.v[j] < b.v[j] ? -1 : 0)
-static MDK_INLINE vm vand(vm a, vm b) LANEWISE(vm, a.v[j] & b.v[j])
-static MDK_INLINE vf vsel(vm m, vf a, vf b) LANEWISE(vf, m.v[j] ? a.v[j] : b.v[j])
-static MDK_INLINE vf vabs(vf a) LANEWISE(vf, fabsf(a.v[j]))
-static MDK_INLINE vf vneg(vf a) LANEWISE(vf, -a.v[j])
-#endif
-static MDK_INLINE vf vld(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
-static MDK_INLINE void vst(float *p, vf v) { memcpy(p, &v, sizeof v); }
-static MDK_INLINE vf vrnd(vf v) { return vsub(vadd(v, vb(12582912.f)), vb(12582912.f)); }  /* as rnd() */
-static MDK_INLINE vf vclamp(vf v, vf lo, vf hi) { v = vsel(vlt(v, lo), lo, v); return vsel(vlt(hi, v), hi, v); }
+#include "lanes.h"  /* 8 lanes: the searches fit 8 sub-blocks at once */
 
 /* ---------------- the searches ---------------- */
 
@@ -394,10 +356,11 @@ static int block_32(int fmt, const float *x, uint8_t *y) {
     return half_ok(d16) && half_ok(m16) ? 0 : -1;
 }
 
-static int block_of(int fmt) { return MDK_IS_KQ(fmt) ? QK : 32; }
+static int low(int fmt) { return fmt == MDK_Q3K || fmt == MDK_Q2K; }  /* kquantize_low.c */
+static int block_of(int fmt) { return MDK_IS_KQ(fmt) || low(fmt) ? QK : 32; }
 static int block_bytes(int fmt) {
     static const int b[] = {144, 176, 210, 34, 18, 20, 22, 24};  /* MDK_Q4K .. MDK_Q5_1 */
-    return b[fmt - MDK_Q4K];
+    return fmt == MDK_Q3K ? 110 : (fmt == MDK_Q2K ? 84 : b[fmt - MDK_Q4K]);
 }
 
 static MDK_INLINE int row_blocks(int fmt, const float *x, int k, uint8_t *y) {
@@ -407,6 +370,7 @@ static MDK_INLINE int row_blocks(int fmt, const float *x, int k, uint8_t *y) {
         uint8_t *yb = y + (size_t)b * bb;
         if (fmt == MDK_Q4K || fmt == MDK_Q5K) bad |= block_k(xb, fmt == MDK_Q5K, yb);
         else if (fmt == MDK_Q6K) bad |= block_q6k(xb, yb);
+        else if (low(fmt)) bad |= mdk_block_low(fmt, xb, yb);
         else bad |= block_32(fmt, xb, yb);
     }
     return bad;
@@ -454,7 +418,7 @@ static void quantize_task(void *c, int t) {
 }
 
 MDK_API int mdk_quantize_blocks(int fmt, const void *src, int src_fmt, int n, int k, uint8_t *raw, int nthreads) {
-    if (!(MDK_IS_KQ(fmt) || MDK_IS_QB(fmt)) || (src_fmt != MDK_F32 && src_fmt != MDK_F16 && src_fmt != MDK_BF16))
+    if (!(MDK_IS_KQ(fmt) || MDK_IS_QB(fmt) || low(fmt)) || (src_fmt != MDK_F32 && src_fmt != MDK_F16 && src_fmt != MDK_BF16))
         return -1;
     if (n < 0 || k <= 0 || k % block_of(fmt)) return -1;
     qjob j = {fmt, src_fmt, n, k, (const char *)src, raw, 0};

@@ -159,6 +159,7 @@ int mdk_qb_unpack(int fmt, const uint8_t *tiles, int n, int k, uint8_t *raw);
 void mdk_qb_dequantize(int fmt, const uint8_t *tiles, int n, int k, int r0, int r1, float *out);
 void mdk_qb_rows(const mdk_matrix *w, int r0, int r1, const mdk_q8 *a, float *y);
 void mdk_qb_rows_multi(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y);
+int mdk_block_low(int fmt, const float *x, uint8_t *y);  /* kquantize_low.c: one Q3_K / Q2_K super-block */
 /* kquantize.c: fp32/fp16/bf16 rows [n, k] (src_fmt) -> raw GGUF blocks of fmt (any MDK_IS_KQ/QB);
  * llama.cpp-style scale searches, deterministic and independent of nthreads. 0, or -1: bad shape. */
 MDK_API int mdk_quantize_blocks(int fmt, const void *src, int src_fmt, int n, int k, uint8_t *raw, int nthreads);

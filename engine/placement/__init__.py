@@ -16,6 +16,8 @@ class Tier(str, Enum):
     GPU4 = "gpu-4"
     CPU16 = "cpu-16"
     CPU4 = "cpu-4"
+    CPU3 = "cpu-3"  # GGUF's Q3_K (3.44 bits a weight), where a matrix's rows are whole 256-weight blocks
+    CPU2 = "cpu-2"  # GGUF's Q2_K (2.63 bits a weight), likewise
 
     @property
     def on_accelerator(self) -> bool:
@@ -29,7 +31,11 @@ class Tier(str, Enum):
         return self.value
 
 
-ALL_TIERS = (Tier.GPU16, Tier.GPU4, Tier.CPU16, Tier.CPU4)
+ALL_TIERS = (Tier.GPU16, Tier.GPU4, Tier.CPU16, Tier.CPU4, Tier.CPU3, Tier.CPU2)
+# the tiers below 4 bits, offered on the CPU down to the user's "lowest precision for experts"
+LOW_TIERS = (Tier.CPU3, Tier.CPU2)
+LOWEST_BITS = (4, 3, 2)  # the choices of that setting
+DEFAULT_LOWEST_BITS = 2
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from . import Move, Placement, Tier
+from . import LOWEST_BITS, Move, Placement, Tier
 from .. import native
 from ..migrator import Migrator
 from ..monitor import MemorySource, Monitor, SystemSource
@@ -169,8 +169,17 @@ class PlacementController:
         self.profiling.background = self.profiling.timings = None
 
     # ---- what moves the plan ----
-    def set_slider(self, value: float) -> None:
-        if abs(value - self.slider) > 1e-9:
+    def set_slider(self, value: float, lowest_bits: int | None = None) -> None:
+        if lowest_bits is not None and lowest_bits != self.profiling.lowest_bits:
+            if lowest_bits not in LOWEST_BITS:
+                self.emit(ErrorEvent(message=f"the lowest precision for experts is 4, 3 or 2 bits, not {lowest_bits!r}"))
+                return
+            self.profiling.lowest_bits = lowest_bits
+            self.slider = min(max(value, 0.0), 1.0)
+            if self.inputs is not None:
+                self._use_inputs(replace(self.inputs, lowest_bits=lowest_bits))
+            self._replan("lowest precision")
+        elif abs(value - self.slider) > 1e-9:
             self.slider = min(max(value, 0.0), 1.0)
             self._replan("slider")
 

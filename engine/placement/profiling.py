@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from . import Placement, Tier
+from . import DEFAULT_LOWEST_BITS, Placement, Tier
 from ..planning.planner import PlanInputs
 from ..planning.profile import Cancelled, uniform_profile
 from ..protocol import ErrorEvent, Load, Progress
@@ -29,17 +29,24 @@ class Profiling:
         self.cancel = threading.Event()  # stops a calibration (Stop with no request id)
         self.timings: tuple[float, float] | None = None  # the dense decode and prefill timings
         self.background = None  # the first start's measurements (a generator), while they run
+        self.lowest_bits = DEFAULT_LOWEST_BITS  # the user's lowest precision for experts (4, 3 or 2)
+
+    def low_tiers_run(self) -> bool:
+        """Whether this machine measured the CPU tiers below 4 bits (the native library runs them)."""
+        from .. import native
+
+        return native.available()
 
     @property
     def calibrating(self) -> bool:
         return self.background is not None
 
-    def measured_tiers(self, accel) -> tuple:
-        """The 4-bit tiers this machine's calibration measures (the seams: GPU tiers planned on the
-        CPU; the planner kept to some tiers, which leaves at least cpu-4)."""
+    def measured_tiers(self, accel, ckpt=None) -> tuple:
+        """The tiers below 16 bits this machine's calibration measures for ckpt (the seams: GPU tiers
+        planned on the CPU; the planner kept to some tiers, which leaves at least cpu-4)."""
         from ..planning.profile import calibrated_tiers
 
-        tiers = calibrated_tiers(accel.cpu_only and not self.seam)
+        tiers = calibrated_tiers(accel.cpu_only and not self.seam, ckpt if self.low_tiers_run() else None)
         if self.tiers is not None:
             tiers = tuple(t for t in tiers if t in self.tiers) or tiers[:1]
         return tiers
@@ -66,7 +73,7 @@ class Profiling:
             inp = replace(inp, provisional=True)
         if self.tiers is not None:
             inp = replace(inp, tier_costs={t: c for t, c in inp.tier_costs.items() if Tier(t) in self.tiers})
-        return replace(inp, streams=streams, mapped_bytes=mapped[0], dense_mapped=mapped[1])
+        return replace(inp, streams=streams, mapped_bytes=mapped[0], dense_mapped=mapped[1], lowest_bits=self.lowest_bits)
 
     def plan_from_cache(self, ckpt, cmd: Load, budgets, slider: float, streams: int) -> Placement | None:
         """The placement planned from this model's cached profile and dense timings, before the
@@ -82,7 +89,7 @@ class Profiling:
         if self.tiers is not None or self.tier_costs is not None or self.seam:
             return None  # test seams change the inputs after the profile: plan after loading
         accel = detect(cmd.device)
-        mp = cached_profile(ckpt, self.measured_tiers(accel))
+        mp = cached_profile(ckpt, self.measured_tiers(accel, ckpt))
         if mp is None:
             return None
         dtype = DTYPES[cmd.dtype] or auto_dtype(accel.device)
@@ -113,14 +120,14 @@ class Profiling:
         if remeasure:
             try:
                 mp = load_or_calibrate(loaded.model, loaded.tokenizer, progress=self.progress("calibrate"),
-                                       cancel=self.cancel, recalibrate=True, tiers=self.measured_tiers(loaded.accel))
+                                       cancel=self.cancel, recalibrate=True, tiers=self.measured_tiers(loaded.accel, loaded.ckpt))
             except Cancelled:
                 self.cancel.clear()
                 if have_inputs:
                     self.emit(ErrorEvent(message="calibration cancelled: keeping the profile measured before"))
                     return None
         else:
-            mp = cached_profile(loaded.ckpt, self.measured_tiers(loaded.accel))
+            mp = cached_profile(loaded.ckpt, self.measured_tiers(loaded.accel, loaded.ckpt))
         background = mp is None
         if mp is None:
             mp = uniform_profile(loaded.model)
@@ -137,7 +144,7 @@ class Profiling:
         if background:
             self.cancel.clear()
             self.background = self._measure(loaded.model, hw, calibrate_steps(
-                loaded.model, calibration_ids(loaded.tokenizer), self.measured_tiers(loaded.accel),
+                loaded.model, calibration_ids(loaded.tokenizer), self.measured_tiers(loaded.accel, loaded.ckpt),
                 progress=self.progress("calibrate"), cancel=self.cancel))
         return mp
 

@@ -182,7 +182,8 @@ def predict_gguf(path: str | Path, hw: HardwareProfile, budgets: Budgets | None 
 
     ck = open_gguf(path)
     try:
-        inp = from_dims(ck.dims, hw, 2, sizes=tier_bytes(ck, 2), cpu4_share=requantised_share(ck))
+        inp = from_dims(ck.dims, hw, 2, sizes=tier_bytes(ck, 2), cpu4_share=requantised_share(ck),
+                        low_shares={f"cpu-{b}": requantised_share(ck, b) for b in (3, 2)})
         inp = with_mapping(inp, ck)
         label = ck.format_label()
     finally:

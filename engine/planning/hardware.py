@@ -21,7 +21,7 @@ from ..experts import Expert16, quantise
 from ..kernels import auto_dtype
 from ..placement import Tier
 
-FORMAT = 6  # 5: the native CPU kernels (tier costs changed); 6: batch 2 measured (batched decode)
+FORMAT = 7  # 5: the native CPU kernels (tier costs changed); 6: batch 2 measured (batched decode); 7: cpu-3, cpu-2
 SIZES = ((512, 1024), (2048, 8192))  # (hidden, ffn) of the two synthetic experts
 # The small expert is timed in rotation over copies that together outgrow the caches, as a model's
 # experts do in decode (each is read once per token): timed alone it stays in cache, and its fixed
@@ -54,7 +54,7 @@ def _expert(tier: Tier, d: int, i: int, accel: torch.device, g: torch.Generator)
     w2 = (torch.randn(d, i, generator=g) * i ** -0.5).to(torch.bfloat16)
     dev = accel if tier.on_accelerator else torch.device("cpu")
     dtype = auto_dtype(dev)
-    if tier.bits == 4:
+    if tier.bits < 16:
         return quantise(tier, w13, w2, accel, dtype), dev, dtype
     return Expert16(tier, w13.to(dev, dtype), w2.to(dev, dtype)), dev, dtype
 
@@ -120,7 +120,11 @@ def tier_costs(tiers, accel: torch.device) -> dict:
 
 
 def measure(accel: torch.device) -> HardwareProfile:
-    tiers = [Tier.CPU16, Tier.CPU4] + ([Tier.GPU16, Tier.GPU4] if accel.type == "cuda" else [])
+    from .. import native
+
+    # the tiers below 4 bits run on the native codes kernels only (Q3_K, Q2_K)
+    tiers = ([Tier.CPU16, Tier.CPU4] + ([Tier.CPU3, Tier.CPU2] if native.available() else [])
+             + ([Tier.GPU16, Tier.GPU4] if accel.type == "cuda" else []))
     costs = tier_costs(tiers, accel)
     h2d = d2h = None
     gpu_total = 0

@@ -15,7 +15,7 @@ from ..errors import ModelError
 from .hardware import HardwareProfile
 from ..model import MoEModel
 from .planner import Budgets, PlanInputs
-from .profile import ASSUMED_SENSITIVITY, ModelProfile
+from .profile import ASSUMED_SENSITIVITY, ModelProfile, assumed_sensitivity
 
 # Free memory the planner leaves alone: the OS, other programs, activations, the KV cache.
 RAM_MARGIN = 0.15
@@ -110,28 +110,27 @@ def dense_bytes_of(d, dtype: torch.dtype) -> int:
 
 def from_dims(d, hw: HardwareProfile, itemsize: int = 2, sensitivity: float = ASSUMED_SENSITIVITY,
               gpu_costs: dict | None = None, sizes: dict | None = None, dense_bytes: int | None = None,
-              cpu4_share: float = 1.0) -> PlanInputs:
+              cpu4_share: float = 1.0, low_shares: dict | None = None) -> PlanInputs:
     """Planner inputs from a model's shape alone (no weights read): uniform popularity, one assumed
     sensitivity for every 4-bit expert, this machine's measured tier costs. GPU tiers: gpu_costs
     when given, else the measured ones when this machine has a GPU, else none (CPU-only).
     sizes: bytes of one expert per tier (engine/tier_bytes.py; default: from the shape);
     cpu4_share: the share of an expert's weights cpu-4 re-quantises (a GGUF file's 4-bit matrices stay
-    as they are: engine/gguf/tiers.py), which scales its assumed sensitivity."""
+    as they are: engine/gguf/tiers.py), which scales its assumed sensitivity; low_shares likewise for
+    cpu-3 and cpu-2 (default 1)."""
     from ..tier_bytes import tier_bytes_of_dims
 
     sizes = sizes or tier_bytes_of_dims(d, itemsize)
     if dense_bytes is None:
         dense_bytes = sum(math.prod(s) for s in dense_shapes(d).values()) * itemsize
-    costs = {t: tuple(hw.tier_costs[t]) for t in ("cpu-16", "cpu-4")}
+    costs = {t: tuple(hw.tier_costs[t]) for t in ("cpu-16", "cpu-4", "cpu-3", "cpu-2") if t in hw.tier_costs}
     gpu = gpu_costs or {t: tuple(hw.tier_costs[t]) for t in ("gpu-16", "gpu-4") if t in hw.tier_costs}
     costs.update(gpu)
     cpu_only = not gpu
     fixed, per_byte = costs["cpu-16" if cpu_only else "gpu-16"]
     dense_s = dense_bytes * per_byte + d.layers * (REFERENCE_GPU["layer_overhead_s"] if not cpu_only else fixed)
     share = tuple(tuple([1.0 / d.experts] * d.experts) for _ in range(d.layers))
-    sens = {t: [[sensitivity] * d.experts for _ in range(d.layers)] for t in ("cpu-4", "gpu-4")}
-    if cpu4_share != 1.0:
-        sens["cpu-4"] = [[sensitivity * cpu4_share] * d.experts for _ in range(d.layers)]
+    sens = assumed_sensitivity(d.layers, d.experts, sensitivity, {"cpu-4": cpu4_share, **(low_shares or {})})
     scale = {t: hw.batch_scale[t] for t in costs if t in hw.batch_scale}
     return PlanInputs(d.layers, d.experts, d.top_k, share, sens, sizes, costs, dense_bytes, dense_s, cpu_only,
                       scale, dense_s / 8)  # dense prefill per token: ASSUMED 8x cheaper than a decode step
@@ -194,7 +193,8 @@ def from_gguf(path: Path, hw: HardwareProfile, sensitivity: float = ASSUMED_SENS
         gpu = {"gpu-16": REFERENCE_GPU["gpu-16"], "gpu-4": REFERENCE_GPU["gpu-4"]} if assume_gpu else None
         cpu_alone = not assume_gpu and hw.cpu_only
         inp = from_dims(ck.dims, hw, 2, sensitivity, gpu_costs=gpu, sizes=tier_bytes(ck, 2),
-                        cpu4_share=requantised_share(ck), dense_bytes=ck.dense_nbytes() if cpu_alone else None)
+                        cpu4_share=requantised_share(ck), dense_bytes=ck.dense_nbytes() if cpu_alone else None,
+                        low_shares={f"cpu-{b}": requantised_share(ck, b) for b in (3, 2)})
         inp = with_mapping(inp, ck)
         label = ck.format_label()
     finally:

@@ -37,7 +37,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..placement import Placement, Tier
+from ..placement import DEFAULT_LOWEST_BITS, LOW_TIERS, Placement, Tier
 from .batch_scaling import batch_ratio, expected_runs  # noqa: F401 - the cost model's batches
 
 GRID_LAMBDA = 48
@@ -50,7 +50,7 @@ class PlanInputs:
     experts: int
     top_k: int
     share: tuple[tuple[float, ...], ...]  # [L][E], each row sums to 1
-    sensitivity: dict  # tier value -> [L][E] (4-bit tiers only)
+    sensitivity: dict  # tier value -> [L][E] (tiers below 16 bits only)
     expert_bytes: dict  # tier value -> bytes of one expert in that tier
     tier_costs: dict  # tier value -> (fixed_s, s_per_byte) of one expert at batch 1
     dense_bytes: int  # non-expert weights, on the accelerator (RAM when CPU-only)
@@ -66,10 +66,23 @@ class PlanInputs:
     # larger than free memory pages, as llama.cpp's does (engine/tier_bytes.py paging)
     mapped_bytes: dict = field(default_factory=dict)
     dense_mapped: int = 0  # of dense_bytes, likewise (a CPU-only plan's dense part)
+    lowest_bits: int = DEFAULT_LOWEST_BITS  # the user's "lowest precision for experts" (4, 3 or 2)
 
     @property
     def tiers(self) -> list[Tier]:
-        return [Tier(t) for t in self.tier_costs if not (self.cpu_only and Tier(t).on_accelerator)]
+        """The tiers planned: those with costs (no GPU tier on a CPU-only machine); of the CPU tiers
+        below 4 bits, those the user allows, measured (sensitivity and bytes known), and smaller
+        than the CPU tier above them (else they offer nothing: a file already that small, or a
+        model whose matrices are not whole 256-weight blocks)."""
+        low, above = set(), self.expert_bytes.get("cpu-4")
+        for t in LOW_TIERS:  # 3 bits, then 2
+            b = self.expert_bytes.get(t.value)
+            if (t.value in self.tier_costs and t.bits >= self.lowest_bits and t.value in self.sensitivity
+                    and b is not None and above is not None and b < above):
+                low.add(t)
+                above = b
+        return [t for t in map(Tier, self.tier_costs)
+                if not (self.cpu_only and t.on_accelerator) and (t not in LOW_TIERS or t in low)]
 
     @property
     def dense_token_s(self) -> float:

@@ -38,7 +38,7 @@ import torch
 from ..experts import build_steps
 from ..quant import run_to_end
 from ..model import MoEModel
-from ..placement import Tier
+from ..placement import LOW_TIERS, Tier
 
 CORPUS = Path(__file__).resolve().parents[2] / "resources" / "corpus"
 FORMAT = 3  # 3: cpu-4 is the native Q4 format where the library is built
@@ -155,22 +155,39 @@ def calibrate_steps(model: MoEModel, ids: list[int], tiers: tuple[Tier, ...] = (
         return (yield from _calibrate_steps(model, ids, tiers, progress, cancel))
 
 
-def calibrated_tiers(cpu_only: bool) -> tuple[Tier, ...]:
-    """The 4-bit tiers a calibration measures: those the planner can place experts in here (a
-    CPU-only machine has no use for NF4's error, the slowest form to build on a CPU). A GPU that
-    appears later finds the profile without gpu-4 and calibrates again (cached_profile)."""
-    return (Tier.CPU4,) if cpu_only else (Tier.CPU4, Tier.GPU4)
+def calibrated_tiers(cpu_only: bool, ckpt=None) -> tuple[Tier, ...]:
+    """The tiers below 16 bits a calibration measures: those the planner can place experts in here (a
+    CPU-only machine has no use for NF4's error, the slowest form to build on a CPU), and cpu-3 and
+    cpu-2 where they hold fewer bytes than the tier above (whole 256-weight blocks, a file holding
+    more bits; engine/planning/planner.py PlanInputs.tiers), whatever the user's lowest precision, so
+    changing it plans at once. A GPU that appears later finds the profile without gpu-4 and
+    calibrates again (cached_profile)."""
+    base = (Tier.CPU4,) if cpu_only else (Tier.CPU4, Tier.GPU4)
+    return base + (low_tiers_of(ckpt) if ckpt is not None else ())
+
+
+def low_tiers_of(ckpt) -> tuple[Tier, ...]:
+    """cpu-3 and cpu-2 where they hold fewer bytes of an expert than the CPU tier above them."""
+    from ..tier_bytes import tier_bytes
+
+    sizes, out = tier_bytes(ckpt, 2), []
+    above = sizes["cpu-4"]
+    for t in LOW_TIERS:
+        if sizes[t.value] < above:
+            out.append(t)
+            above = sizes[t.value]
+    return tuple(out)
 
 
 def _same_as_reference(ckpt, layer: int, tier: Tier, dtype: torch.dtype) -> bool:
     """Whether the layer's experts hold the same numbers at `tier` as at cpu-16: a GGUF layer whose
-    matrices are 4-bit already keeps the file's blocks at cpu-4 (engine/gguf/tiers.py), so there is
+    matrices are 4-bit (3-, 2-bit) already keeps the file's blocks at cpu-4 (cpu-3, cpu-2) (engine/gguf/tiers.py), so there is
     no error to measure and no form to build."""
-    if tier != Tier.CPU4 or not getattr(ckpt, "is_gguf", False):
+    if tier.on_accelerator or tier.bits == 16 or not getattr(ckpt, "is_gguf", False):
         return False
-    from ..gguf.tiers import cpu4_keeps_file_form
+    from ..gguf.tiers import keeps_file_form
 
-    return cpu4_keeps_file_form(ckpt, layer, dtype)
+    return keeps_file_form(ckpt, layer, dtype, tier.bits)
 
 
 @torch.inference_mode()
@@ -285,6 +302,20 @@ def _calibrate_steps(model: MoEModel, ids: list[int], tiers: tuple[Tier, ...], p
 # An ASSUMED per-expert sensitivity for planning without calibration: every layer all-4-bit costs
 # 0.004 nats/token of KL, about what each layer of the demo measures with NF4.
 ASSUMED_SENSITIVITY = 0.004
+# ASSUMED, until a calibration measures them: a 3- or 2-bit expert's sensitivity is the 4-bit one's
+# times the ratio of their squared rounding errors on Gaussian weights (relative RMSE of the Q3_K and
+# Q2_K searches 0.151 and 0.268 against Q4_K's 0.071, measured 2026-12-05: x4.5 and x14).
+LOW_SENSITIVITY = {"cpu-3": 4.5, "cpu-2": 14.0}
+
+
+def assumed_sensitivity(layers: int, experts: int, sensitivity: float = ASSUMED_SENSITIVITY,
+                        shares: dict | None = None) -> dict:
+    """tier -> [L][E] of one assumed sensitivity (the low tiers' scaled as above); shares: tier -> the
+    share of an expert's weights that tier re-quantises (a GGUF file's matrices already that small
+    keep their blocks), default 1."""
+    ratio = {"cpu-4": 1.0, "gpu-4": 1.0, **LOW_SENSITIVITY}
+    shares = shares or {}
+    return {t: [[sensitivity * r * shares.get(t, 1.0)] * experts for _ in range(layers)] for t, r in ratio.items()}
 
 
 def uniform_profile(model: MoEModel, sensitivity: float = ASSUMED_SENSITIVITY) -> ModelProfile:
@@ -295,7 +326,7 @@ def uniform_profile(model: MoEModel, sensitivity: float = ASSUMED_SENSITIVITY) -
     sizes = tier_bytes(model.ckpt, torch.empty((), dtype=model.dtype).element_size())
     return ModelProfile(key=model_key(model.ckpt.folder), layers=d.layers, experts=d.experts, calibration_tokens=0,
                         popularity=[[1] * d.experts for _ in range(d.layers)],
-                        sensitivity={t: [[sensitivity] * d.experts for _ in range(d.layers)] for t in ("cpu-4", "gpu-4")},
+                        sensitivity=assumed_sensitivity(d.layers, d.experts, sensitivity),
                         error={}, layer_kl=[sensitivity] * d.layers,
                         expert_bytes=sizes,
                         dtype=str(model.dtype).replace("torch.", ""))

@@ -117,9 +117,10 @@ def cmd_plan(a) -> int:
                 f"ASSUMED: uniform expert popularity and 4-bit sensitivity (the model's calibration did not "
                 f"finish); {where}")
         title = f"{name}, VRAM {b.vram / GB:.1f} GB, RAM {b.ram / GB:.1f} GB"
-    if a.streams > 1:
-        from dataclasses import replace
+    from dataclasses import replace
 
+    inp = replace(inp, lowest_bits=a.lowest_bits)
+    if a.streams > 1:
         inp = replace(inp, streams=a.streams)
         note += f"\ntok/s: {a.streams} requests decoding together (all their tokens)"
     t0 = time.perf_counter()
@@ -142,7 +143,7 @@ def cmd_eval(a) -> int:
     client = prepare(a)
     try:
         got = client.query("evaluate", slider=a.slider, text=a.text, tokens=a.tokens, new_tokens=a.new_tokens,
-                           vram=_bytes(a.gpu_budget), ram=_bytes(a.ram_budget))
+                           vram=_bytes(a.gpu_budget), ram=_bytes(a.ram_budget), lowest_bits=a.lowest_bits)
     finally:
         client.close()
     p, q, n, fin = got["plan"], got["quality"], got["tokens"], got["done"]
@@ -176,6 +177,14 @@ def _eval_pinned(a) -> int:
     return 0
 
 
+def _lowest_bits(p) -> None:
+    from ..placement import DEFAULT_LOWEST_BITS, LOWEST_BITS
+
+    p.add_argument("--lowest-bits", type=int, choices=LOWEST_BITS, default=DEFAULT_LOWEST_BITS,
+                   help=f"the lowest precision for experts on the CPU: 4, 3 or 2 bits a weight (tiers cpu-4, "
+                        f"cpu-3, cpu-2; default {DEFAULT_LOWEST_BITS})")
+
+
 def add_parsers(sub, add_model_args, number) -> None:
     p = sub.add_parser("plan", help="the speed/quality frontier under memory budgets")
     add_model_args(p)
@@ -188,6 +197,7 @@ def add_parsers(sub, add_model_args, number) -> None:
                    help="plan for N requests decoding together (a local server's --parallel)")
     p.add_argument("--remeasure", action="store_true",
                    help="measure this machine and calibrate the model anew (replacing the cached profiles)")
+    _lowest_bits(p)
     p.set_defaults(fn=cmd_plan)
     e = sub.add_parser("eval", help="perplexity, KL vs all-16-bit, and tok/s at a slider value")
     add_model_args(e)
@@ -199,4 +209,5 @@ def add_parsers(sub, add_model_args, number) -> None:
     e.add_argument("--ram-budget", type=number(0, 1e6), default=None)
     e.add_argument("--remeasure", action="store_true",
                    help="measure this machine and calibrate the model anew (replacing the cached profiles)")
+    _lowest_bits(e)
     e.set_defaults(fn=cmd_eval)
