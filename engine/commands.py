@@ -84,7 +84,7 @@ class Stop:
 
 @dataclass(frozen=True, kw_only=True)
 class SetSlider:
-    """Where the quality-speed slider sits (0: best quality, 1: fastest), and, when given, the user's
+    """Where the quality-speed slider sits (0: fastest, 1: best quality), and, when given, the user's
     lowest precision for experts: the fastest end may place them down to 4, 3 or 2 bits on the CPU
     (tiers cpu-4, cpu-3, cpu-2; engine/placement). None keeps it as it was (default 2)."""
 

@@ -250,3 +250,183 @@ def test_bad_weights_are_refused_not_written():
         quantize_raw(w, GT.Q2_K, threads=1)
     with pytest.raises(ValueError, match="Q3_K"):
         quantize_raw(torch.full((1, 256), 1e7), GT.Q3_K, threads=1)  # d would overflow fp16
+
+
+# ---- the tiers ----------------------------------------------------------------------------------------
+SHAPE = dict(layers=2, hidden=256, ffn=256, experts=8, top_k=2, heads=4, kv_heads=2, vocab=320)
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A tiny Mixtral whose matrices are whole 256-weight blocks (the low tiers take them)."""
+    from engine.sources.tiny_model import write_tiny_mixtral
+
+    return write_tiny_mixtral(tmp_path_factory.mktemp("wide"), **SHAPE)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The same shape as Qwen3-MoE GGUF files: Q4_K_M (written by the project's writer as llama-quantize
+    types it), and one whose experts are Q2_K (3 bits: cpu-3 and cpu-2 hold the file's blocks)."""
+    from engine.gguf.writer import write_gguf
+    from engine.sources.tiny_model import write_tiny_model
+
+    root = tmp_path_factory.mktemp("low-gguf")
+    src = write_tiny_model(root / "src", "qwen3_moe", **SHAPE)
+    q4 = write_gguf(src, root / "q4_k_m.gguf", "q4_k_m")[0]
+    q2 = write_gguf(src, root / "q2.gguf", "q4_k_m", types=lambda name, shape: GT.Q2_K if "_exps" in name else None)[0]
+    return src, q4, q2
+
+
+def _rel(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def test_an_expert_in_each_cpu_tier_of_a_16_bit_model(wide):
+    from engine.experts import materialise
+    from engine.load import open_checkpoint
+    from engine.placement import Tier
+    from engine.tier_bytes import tier_bytes
+
+    ck = open_checkpoint(wide)
+    cpu = torch.device("cpu")
+    x = torch.randn(5, SHAPE["hidden"], generator=torch.Generator().manual_seed(0))
+    ref = materialise(ck, 1, 3, Tier.CPU16, cpu, torch.float32)(x)
+    sizes = tier_bytes(ck, 4)
+    errs = {}
+    for tier, qt in ((Tier.CPU4, GT.Q4_K), (Tier.CPU3, GT.Q3_K), (Tier.CPU2, GT.Q2_K)):
+        ex = materialise(ck, 1, 3, tier, cpu, torch.float32)
+        assert ex.tier == tier and ex.w13.qtype == qt and ex.w2.qtype == qt
+        assert ex.nbytes == sizes[tier.value]
+        errs[tier] = _rel(ex(x), ref)
+    assert errs[Tier.CPU4] < errs[Tier.CPU3] < errs[Tier.CPU2] < 0.6, errs  # measured 0.13, 0.26, 0.45
+    assert sizes["cpu-16"] > sizes["cpu-4"] > sizes["cpu-3"] > sizes["cpu-2"]
+
+
+def test_a_model_whose_rows_are_not_whole_blocks_is_offered_no_low_tier(tiny):
+    from engine.load import open_checkpoint
+    from engine.planning.profile import calibrated_tiers
+    from engine.placement import Tier
+    from engine.tier_bytes import tier_bytes
+
+    ck = open_checkpoint(tiny)  # hidden 64
+    sizes = tier_bytes(ck, 4)
+    assert sizes["cpu-3"] == sizes["cpu-2"] == sizes["cpu-4"]
+    assert calibrated_tiers(True, ck) == (Tier.CPU4,)
+
+
+def test_a_gguf_files_low_tiers_keep_its_blocks_where_they_are_that_small(files):
+    from engine.experts import materialise
+    from engine.gguf import open_gguf
+    from engine.planning.profile import calibrated_tiers
+    from engine.placement import Tier
+
+    _, q4, q2 = files
+    cpu = torch.device("cpu")
+    ck = open_gguf(q2)  # (cpu-16: the file's blocks as they are)
+    try:
+        own = materialise(ck, 0, 1, Tier.CPU16, cpu, torch.bfloat16)
+        for tier in (Tier.CPU4, Tier.CPU3, Tier.CPU2):  # the file's Q2_K blocks, mapped: no second rounding
+            ex = materialise(ck, 0, 1, tier, cpu, torch.bfloat16)
+            assert ex.w13.qtype == ex.w2.qtype == GT.Q2_K
+            assert torch.equal(ex.w13.dequantize(), own.w13.dequantize())
+            assert torch.equal(ex.w2.dequantize(), own.w2.dequantize())
+        assert calibrated_tiers(True, ck) == (Tier.CPU4,)  # cpu-3 and cpu-2 hold no fewer bytes: not offered
+    finally:
+        ck.close()
+    ck = open_gguf(q4)
+    try:
+        want = {Tier.CPU4: GT.Q4_K, Tier.CPU3: GT.Q3_K, Tier.CPU2: GT.Q2_K}
+        own = materialise(ck, 1, 2, Tier.CPU16, cpu, torch.bfloat16)
+        x = torch.randn(3, SHAPE["hidden"], dtype=torch.bfloat16, generator=torch.Generator().manual_seed(1))
+        for tier, qt in want.items():  # gate and up are Q4_K in the file: cpu-4 keeps them, 3 and 2 re-quantise
+            ex = materialise(ck, 1, 2, tier, cpu, torch.bfloat16)
+            assert ex.w13.qtype == qt
+            if tier == Tier.CPU4:
+                assert torch.equal(ex.w13.dequantize(), own.w13.dequantize())
+            assert _rel(ex(x), own(x)) < 0.6
+        assert calibrated_tiers(True, ck) == (Tier.CPU4, Tier.CPU3, Tier.CPU2)
+    finally:
+        ck.close()
+
+
+def _inputs(lowest_bits=2, cpu2_bytes=40):
+    from engine.planning.planner import PlanInputs
+
+    L, E = 2, 4
+    sens = {t: [[s] * E for _ in range(L)] for t, s in (("cpu-4", 0.001), ("cpu-3", 0.004), ("cpu-2", 0.012))}
+    return PlanInputs(L, E, 2, tuple(tuple([1 / E] * E) for _ in range(L)), sens,
+                      {"cpu-16": 100, "cpu-4": 60, "cpu-3": 50, "cpu-2": cpu2_bytes},
+                      {"cpu-16": (1e-5, 1e-7), "cpu-4": (1e-5, 1e-7), "cpu-3": (1e-5, 1e-7), "cpu-2": (1e-5, 1e-7)},
+                      1000, 1e-4, True, lowest_bits=lowest_bits)
+
+
+def test_the_planner_offers_the_low_tiers_the_user_allows_that_save_bytes():
+    from dataclasses import replace
+
+    from engine.planning.planner import UNLIMITED, frontier
+
+    assert [t.value for t in _inputs().tiers] == ["cpu-16", "cpu-4", "cpu-3", "cpu-2"]
+    assert [t.value for t in _inputs(3).tiers] == ["cpu-16", "cpu-4", "cpu-3"]
+    assert [t.value for t in _inputs(4).tiers] == ["cpu-16", "cpu-4"]
+    assert [t.value for t in _inputs(cpu2_bytes=50).tiers] == ["cpu-16", "cpu-4", "cpu-3"]  # no fewer bytes
+    unmeasured = replace(_inputs(), sensitivity={"cpu-4": _inputs().sensitivity["cpu-4"]})
+    assert [t.value for t in unmeasured.tiers] == ["cpu-16", "cpu-4"]
+    for lb, lowest in ((2, "cpu-2"), (3, "cpu-3"), (4, "cpu-4")):
+        pts = frontier(_inputs(lb), UNLIMITED)
+        fastest = max(pts, key=lambda p: p.tok_s)
+        assert set(fastest.counts()) == {lowest}, (lb, fastest.counts())
+        best = min(pts, key=lambda p: p.loss)
+        assert set(best.counts()) == {"cpu-16"}
+    fast2, fast4 = (max(frontier(_inputs(b), UNLIMITED), key=lambda p: p.tok_s).tok_s for b in (2, 4))
+    assert fast2 > fast4
+
+
+def test_the_lowest_precision_re_plans_the_running_model(wide, measured_machine):
+    """SetSlider(lowest_bits=...) at the fast end: the experts go to 2 bits, back to 4, and a value that
+    is not 4, 3 or 2 is one error; costs where the lower tiers pay (the tiny experts hide them here)."""
+    import threading
+    import time
+
+    from engine.protocol import ErrorEvent, Load, Loaded, SetSlider
+    from engine.session import Session
+
+    errors, ready = [], threading.Event()
+
+    def emit(ev):
+        if isinstance(ev, ErrorEvent):
+            errors.append(ev.message)
+        if isinstance(ev, (Loaded, ErrorEvent)):
+            ready.set()
+
+    costs = {"cpu-16": (1e-4, 1e-9), "cpu-4": (1e-5, 4e-10), "cpu-3": (1e-5, 3e-10), "cpu-2": (1e-5, 2e-10)}
+    s = Session(emit, poll_s=0.1, tier_costs=costs).start()
+    try:
+        s.submit(Load(path=str(wide), device="cpu", dtype="bf16"))
+        assert ready.wait(120) and not errors, errors
+        deadline = time.monotonic() + 120
+        while s.controller.calibrating and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ctl = s.controller
+
+        def settles(want) -> None:
+            end = time.monotonic() + 60
+            while time.monotonic() < end:
+                held = {t.value for t, n in s.loaded.model.placement.counts().items() if n}
+                if ctl.target is not None and not ctl.migrating and want(held):
+                    return
+                time.sleep(0.05)
+            raise AssertionError(f"placement {s.loaded.model.placement.summary()}")
+
+        s.submit(SetSlider(value=0.0, lowest_bits=2))
+        settles(lambda tiers: "cpu-2" in tiers)
+        assert ctl.inputs.lowest_bits == 2 and "cpu-2" in {t.value for t in ctl.inputs.tiers}
+        s.submit(SetSlider(value=0.0, lowest_bits=4))
+        settles(lambda tiers: not tiers & {"cpu-3", "cpu-2"})
+        s.submit(SetSlider(value=0.0, lowest_bits=5))
+        end = time.monotonic() + 10
+        while not errors and time.monotonic() < end:
+            time.sleep(0.05)
+        assert errors and "4, 3 or 2 bits" in errors[-1] and ctl.inputs.lowest_bits == 4
+    finally:
+        s.shutdown()

@@ -340,7 +340,7 @@ def _encode(p: Planned) -> np.ndarray:
         return x.numpy().view(np.uint8)
     if p.qtype == GT.F16:
         return x.numpy().astype(np.float16).view(np.uint8)
-    if p.qtype in (GT.Q4_K, GT.Q5_K, GT.Q6_K, GT.Q8_0, GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1) and _native_quantizes(p.qtype):
+    if p.qtype in (GT.Q4_K, GT.Q5_K, GT.Q6_K, GT.Q8_0, GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q3_K, GT.Q2_K) and _native_quantizes(p.qtype):
         from ..blockquant import quantize_raw
 
         rows = quantize_raw(x.reshape(-1, x.shape[-1]), p.qtype).numpy()
