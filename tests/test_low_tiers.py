@@ -350,10 +350,9 @@ def test_a_gguf_files_low_tiers_keep_its_blocks_where_they_are_that_small(files)
         ck.close()
 
 
-def _inputs(lowest_bits=2, cpu2_bytes=40):
+def _inputs(lowest_bits=2, cpu2_bytes=40, L=2, E=4):
     from engine.planning.planner import PlanInputs
 
-    L, E = 2, 4
     sens = {t: [[s] * E for _ in range(L)] for t, s in (("cpu-4", 0.001), ("cpu-3", 0.004), ("cpu-2", 0.012))}
     return PlanInputs(L, E, 2, tuple(tuple([1 / E] * E) for _ in range(L)), sens,
                       {"cpu-16": 100, "cpu-4": 60, "cpu-3": 50, "cpu-2": cpu2_bytes},
@@ -380,6 +379,9 @@ def test_the_planner_offers_the_low_tiers_the_user_allows_that_save_bytes():
         assert set(best.counts()) == {"cpu-16"}
     fast2, fast4 = (max(frontier(_inputs(b), UNLIMITED), key=lambda p: p.tok_s).tok_s for b in (2, 4))
     assert fast2 > fast4
+    for lb, lowest in ((4, "cpu-4"), (2, "cpu-2")):  # a model the planner reduces to units (6,144 experts)
+        fastest = max(frontier(_inputs(lb, L=48, E=128), UNLIMITED), key=lambda p: p.tok_s)
+        assert set(fastest.counts()) == {lowest}, (lb, fastest.counts())
 
 
 def test_the_lowest_precision_re_plans_the_running_model(wide, measured_machine):

@@ -249,7 +249,7 @@ class PlacementController:
         experts_mapped, _ = mapped_bytes(ld.ckpt, ld.model.dtype, ld.accel.cpu_only)
         self._use_inputs(self.profiling.inputs(mp, ld.accel, ld.ckpt.dims, ld.model.dense_bytes(),
                                                self.profiling.timings, self.plan_streams,
-                                               (experts_mapped, ld.model.dense_mapped_bytes())))
+                                               (experts_mapped, ld.model.dense_mapped_bytes()), ld.ckpt, ld.model.dtype))
 
     def _use_inputs(self, inputs: PlanInputs) -> None:
         self.inputs = inputs

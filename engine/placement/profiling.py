@@ -55,13 +55,16 @@ class Profiling:
         return lambda d, t, w="": self.emit(Progress(stage=stage, done=d, total=t, what=w))
 
     def inputs(self, mp, accel, dims, dense_bytes: int, timings: tuple[float, float], streams: int,
-               mapped: tuple[dict, int] = ({}, 0)) -> PlanInputs:
-        """mapped: of the bytes, those served from the mapped file (engine/tier_bytes.py mapped_bytes)."""
+               mapped: tuple[dict, int] = ({}, 0), ckpt=None, dtype=None) -> PlanInputs:
+        """mapped: of the bytes, those served from the mapped file (engine/tier_bytes.py mapped_bytes);
+        ckpt, dtype: a GGUF file's blocks cost what its kernels do (planning/inputs.py with_file_costs)."""
         from ..planning.hardware import load_or_measure, tier_costs
-        from ..planning.inputs import from_profiles
+        from ..planning.inputs import from_profiles, with_file_costs
 
         hw = load_or_measure(accel.device)
         inp = from_profiles(mp, hw, dims.top_k, dense_bytes, timings[0], dense_prefill_s=timings[1])
+        if ckpt is not None:
+            inp = with_file_costs(inp, ckpt, dtype)
         if accel.cpu_only and not inp.cpu_only:
             inp = replace(inp, cpu_only=True)
         if self.seam and accel.cpu_only:
@@ -99,7 +102,7 @@ class Profiling:
         from ..tier_bytes import mapped_bytes
 
         inp = self.inputs(mp, accel, ckpt.dims, dense_bytes_of(ckpt.dims, dtype), timings, streams,
-                          mapped_bytes(ckpt, dtype, accel.cpu_only))
+                          mapped_bytes(ckpt, dtype, accel.cpu_only), ckpt, dtype)
         p = plan(inp, budgets(inp.cpu_only, accel), slider)
         return p.placement if p.fits else None
 

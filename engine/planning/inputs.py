@@ -137,13 +137,42 @@ def from_dims(d, hw: HardwareProfile, itemsize: int = 2, sensitivity: float = AS
 
 
 def with_mapping(inp: PlanInputs, ckpt) -> PlanInputs:
-    """inp with what ckpt serves from its mapped file (engine/tier_bytes.py mapped_bytes; bf16)."""
+    """inp with what ckpt serves from its mapped file (engine/tier_bytes.py mapped_bytes; bf16), and
+    the costs of its blocks (with_file_costs; the dense part's too: from a header, it is estimated)."""
     from dataclasses import replace
 
     from ..tier_bytes import mapped_bytes
 
     experts, dense = mapped_bytes(ckpt, None, inp.cpu_only)
-    return replace(inp, mapped_bytes=experts, dense_mapped=dense)
+    return with_file_costs(replace(inp, mapped_bytes=experts, dense_mapped=dense), ckpt, dense=True)
+
+
+def with_file_costs(inp: PlanInputs, ckpt, dtype: torch.dtype | None = None, dense: bool = False) -> PlanInputs:
+    """A GGUF file's cpu-16 experts are its own blocks, run by the block kernels, not 16-bit weights:
+    they cost what the cpu-4 tier costs a byte (the same kernels, measured on Q4_K), not what bf16
+    weights do (on a compute-bound CPU far apart: AMD EPYC Zen 1, 2 threads, 1.85e-10 s a byte
+    against 6.8e-11; planned at the bf16 cost, a Q4_K_M file's experts looked 2.7x cheaper than they
+    run, and no lower tier ever paid). dense: the dense part's estimate (from a header) likewise.
+    Unchanged at fp32 (the exact dequantisation) and without the native library."""
+    from dataclasses import replace
+
+    from gguf import GGMLQuantizationType as GT
+
+    from .. import native
+    from ..blockquant import NATIVE
+
+    if (not getattr(ckpt, "is_gguf", False) or "cpu-4" not in inp.tier_costs or "cpu-16" not in inp.tier_costs
+            or dtype == torch.float32 or not native.available()):
+        return inp
+    from ..gguf.tiers import expert_qtypes
+
+    if not all(GT(t) in NATIVE for t in expert_qtypes(ckpt)):
+        return inp
+    (f16, b16), (f4, b4) = inp.tier_costs["cpu-16"], inp.tier_costs["cpu-4"]
+    out = replace(inp, tier_costs={**inp.tier_costs, "cpu-16": (f4, b4)})
+    if dense and inp.cpu_only:
+        out = replace(out, dense_s=inp.dense_s + (b4 - b16) * inp.dense_bytes)
+    return out
 
 
 def from_config(config_path: Path, hw: HardwareProfile, sensitivity: float = ASSUMED_SENSITIVITY) -> tuple[PlanInputs, str]:

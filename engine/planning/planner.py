@@ -268,7 +268,8 @@ def reduced(inp: PlanInputs, units: int = 256) -> tuple[PlanInputs, np.ndarray]:
         sens[t] = (np.bincount(unit_of, weights=w, minlength=units) / np.maximum(u_share, 1e-300))[None].tolist()
     small = PlanInputs(1, units, inp.top_k, (tuple(u_share.tolist()),), sens, inp.expert_bytes, inp.tier_costs,
                        inp.dense_bytes, inp.dense_s, inp.cpu_only, inp.batch_scale, inp.dense_prefill_s, unit=m,
-                       streams=inp.streams, mapped_bytes=inp.mapped_bytes, dense_mapped=inp.dense_mapped)
+                       streams=inp.streams, mapped_bytes=inp.mapped_bytes, dense_mapped=inp.dense_mapped,
+                       lowest_bits=inp.lowest_bits)
     return small, unit_of
 
 
