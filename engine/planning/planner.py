@@ -38,7 +38,7 @@ from functools import cached_property
 import numpy as np
 
 from ..placement import DEFAULT_LOWEST_BITS, LOW_TIERS, Placement, Tier
-from .batch_scaling import batch_ratio, expected_runs  # noqa: F401 - the cost model's batches
+from .batch_scaling import batch_ratio, batch_ratios, expected_runs  # noqa: F401 - the cost model's batches
 
 GRID_LAMBDA = 48
 GRID_MU = 10
@@ -419,11 +419,13 @@ def prefill_s(inp: PlanInputs, placement: Placement, tokens: int) -> float:
     plus each expert's expected batch (tokens x top_k x its share) at its tier's batch scaling.
     (CPU experts copied to the GPU for a large batch are not modelled: an upper bound there.)"""
     total = inp.dense_prefill_s * tokens
-    for l, e, t in placement.items():
-        fixed, per_byte = inp.tier_costs[t.value]
-        one = fixed + per_byte * inp.expert_bytes[t.value]
-        total += one * batch_ratio(inp.batch_scale.get(t.value), tokens * inp.top_k * inp.share[l][e],
-                                    inp.expert_bytes[t.value])
+    by_tier: dict = {}  # tier -> the expected tokens of each of its experts (one pass a tier: a frontier
+    for l, e, t in placement.items():  # of hundreds of points over thousands of experts took a minute)
+        by_tier.setdefault(t.value, []).append(tokens * inp.top_k * inp.share[l][e])
+    for t, n in by_tier.items():
+        fixed, per_byte = inp.tier_costs[t]
+        one = fixed + per_byte * inp.expert_bytes[t]
+        total += one * float(batch_ratios(inp.batch_scale.get(t), n, inp.expert_bytes[t]).sum())
     return total
 
 
