@@ -332,6 +332,19 @@ def enter_sends(k: Walk):
     assert k.w.composer.enter_sends and menu_actions(k.w)["Settings/Enter sends message"].isChecked()
 
 
+def lowest_precision(bits: int, text: str):
+    """Settings > Lowest precision for experts > each choice: checked alone, remembered, and the engine
+    plans with it (tests/test_low_tiers_window.py moves experts with it on a model whose rows take it)."""
+    def check(k: Walk):
+        from app import lowest_precision as lp
+
+        k.trigger(f"Settings/Lowest precision for experts/{text}")
+        assert k.w.lowest.bits == bits and lp.saved() == bits
+        assert [b for b, a in k.w.lowest.actions.items() if a.isChecked()] == [bits]
+        k.wait(lambda: k.w.bridge.session.controller.profiling.lowest_bits == bits)
+    return check
+
+
 def show_live_panel(k: Walk):
     """View > Show live panel hides the panel and shows it again (tests/test_window_layout.py walks it in full)."""
     k.trigger("View/Show live panel")
@@ -391,6 +404,10 @@ ACTIONS = {
     "Tools/Local server (OpenAI-compatible API)": local_server,
     "Settings/GPU runtime…": gpu_runtime,
     "Settings/Enter sends message": enter_sends,
+    "Settings/Lowest precision for experts/3-bit": lowest_precision(3, "3-bit"),
+    "Settings/Lowest precision for experts/4-bit (best quality at the fast end)":
+        lowest_precision(4, "4-bit (best quality at the fast end)"),
+    "Settings/Lowest precision for experts/2-bit (fastest)": lowest_precision(2, "2-bit (fastest)"),
     "Settings/Theme/System": theme("System"),
     "Settings/Theme/Light": theme("Light"),
     "Settings/Theme/Dark": theme("Dark"),

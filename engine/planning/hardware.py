@@ -71,12 +71,24 @@ def _copy(ex, tier: Tier, d: int, i: int, accel: torch.device, g: torch.Generato
 
 
 BATCHES = (1, 2, 4, 16, 64, 256)  # 2 and 4: concurrent decode streams; the rest: prefill
+LONG_S = 0.25
 
 
 ROUNDS = 5  # timing rounds, each through every size: a slow spell of a shared machine hits one round
 
 
-def _batch_scale(tiers, accel: torch.device) -> dict:
+def _built(built: dict | None, tier: Tier, d: int, i: int, accel: torch.device, g: torch.Generator):
+    """_expert, built once per (tier, size) in one measure() (building the large synthetic expert in Q3_K
+    and Q2_K takes seconds: each was built three times, and the first start's measuring took 4x as long)."""
+    if built is None:
+        return _expert(tier, d, i, accel, g)
+    key = (tier, d, i)
+    if key not in built:
+        built[key] = _expert(tier, d, i, accel, g)
+    return built[key]
+
+
+def _batch_scale(tiers, accel: torch.device, built: dict | None = None) -> dict:
     """tier -> {"small": [[n, ratio]...], "large": [...]}, the ratio of time at batch n to batch 1,
     for both synthetic sizes (small experts gain less from batching than large ones)."""
     g = torch.Generator().manual_seed(1)
@@ -84,25 +96,29 @@ def _batch_scale(tiers, accel: torch.device) -> dict:
     for tier in tiers:
         out[tier.value] = {}
         for label, (d, i) in zip(("small", "large"), SIZES):
-            ex, dev, dtype = _expert(tier, d, i, accel, g)
+            ex, dev, dtype = _built(built, tier, d, i, accel, g)
             xs = {n: torch.randn(n, d, dtype=dtype, device=dev) for n in BATCHES}
-            best = {n: best_time(lambda: ex(xs[n]), dev, reps=2) for n in BATCHES}
+            best = {}
+            for n in BATCHES:  # a batch that runs longer than LONG_S is compute-bound: the larger ones
+                best[n] = best_time(lambda n=n: ex(xs[n]), dev, reps=2)  # are read linearly past the table
+                if best[n] > LONG_S:  # (batch_ratio), not timed (the 3- and 2-bit tiers' large expert
+                    break  # at 256 tokens took seconds a run on AVX2)
             for _ in range(ROUNDS - 1):  # the decode sizes again, interleaved: a slow spell of a shared
-                for n in (n for n in BATCHES if n <= 4):  # machine at batch 1 skewed every ratio
+                for n in (n for n in best if n <= 4):  # machine at batch 1 skewed every ratio
                     best[n] = min(best[n], best_time(lambda n=n: ex(xs[n]), dev, reps=1))
             # n tokens at once never cost more than n runs one by one (the engine could run them so)
-            out[tier.value][label] = [[n, min(best[n] / best[1], float(n))] for n in BATCHES]
-        out[tier.value]["bytes"] = [_expert(tier, d, i, accel, g)[0].nbytes for d, i in SIZES]
+            out[tier.value][label] = [[n, min(best[n] / best[1], float(n))] for n in best]
+        out[tier.value]["bytes"] = [_built(built, tier, d, i, accel, g)[0].nbytes for d, i in SIZES]
     return out
 
 
-def tier_costs(tiers, accel: torch.device) -> dict:
+def tier_costs(tiers, accel: torch.device, built: dict | None = None) -> dict:
     g = torch.Generator().manual_seed(0)
     costs = {}
     for tier in tiers:
         runs, sizes = [], []
         for d, i in SIZES:
-            ex, dev, dtype = _expert(tier, d, i, accel, g)
+            ex, dev, dtype = _built(built, tier, d, i, accel, g)
             copies = [ex] + [_copy(ex, tier, d, i, accel, g) for _ in range(WORKING_SET // ex.nbytes)]
             x = torch.randn(1, d, dtype=dtype, device=dev)
             runs.append((copies, x))
@@ -136,7 +152,8 @@ def measure(accel: torch.device) -> HardwareProfile:
     # the tiers below 4 bits run on the native codes kernels only (Q3_K, Q2_K)
     tiers = ([Tier.CPU16, Tier.CPU4] + ([Tier.CPU3, Tier.CPU2] if native.available() else [])
              + ([Tier.GPU16, Tier.GPU4] if accel.type == "cuda" else []))
-    costs = tier_costs(tiers, accel)
+    built: dict = {}
+    costs = tier_costs(tiers, accel, built)
     h2d = d2h = None
     gpu_total = 0
     if accel.type == "cuda":
@@ -146,7 +163,7 @@ def measure(accel: torch.device) -> HardwareProfile:
         d2h = host.numel() / best_time(lambda: host.copy_(dev_buf, non_blocking=True), accel)
         gpu_total = torch.cuda.get_device_properties(accel).total_memory
     return HardwareProfile(machine_id(), accel.type != "cuda", costs, h2d, d2h, gpu_total,
-                           psutil.virtual_memory().total, _batch_scale(tiers, accel))
+                           psutil.virtual_memory().total, _batch_scale(tiers, accel, built))
 
 
 def profile_path() -> Path:
