@@ -16,8 +16,7 @@ from PySide6.QtWidgets import (QApplication, QHBoxLayout, QMainWindow, QMessageB
 
 from engine.protocol import SetSlider, Stop
 
-from .lowest_precision import LowestPrecision
-from . import chat_defaults, documents, menus, remote, theme, window_state
+from . import chat_defaults, documents, lowest_precision, menus, remote, theme, window_state
 from .composer import Composer
 from .context_choice import ContextButton, ContextSwitch, remembered
 from .conversation_list import ConversationList
@@ -156,7 +155,7 @@ class MainWindow(QMainWindow, WindowWiring):
 
         acts = menus.build(self.menuBar(), self.menu_commands())  # the actions kept: checked from code
         self.server_action, self.enter_sends_action, self.theme_actions = acts.server, acts.enter_sends, acts.themes
-        self.lowest = LowestPrecision(self, acts.settings, self.slider.value, self.bridge.send)  # Settings > Lowest precision
+        self.lowest = lowest_precision.LowestPrecision(self, acts.settings, self.slider.value, self.bridge.send)
 
     def _follow(self) -> None:
         """Each reader of the engine's events subscribes to the controller's signals."""

@@ -63,6 +63,21 @@ def _fresh_window_state():
         sys.modules["app.gui_gc"].reset()
 
 
+@pytest.fixture(params=[0, 1, 2], ids=["portable", "avx2", "avx512"])
+def path(request):
+    """Each native kernel path this CPU has, in turn (skipped where it lacks one); the best one after."""
+    from engine import native
+
+    lib = native.lib()
+    if lib is None:
+        pytest.skip("native library not built")
+    if lib.mdk_select_path(request.param) != request.param:
+        lib.mdk_select_path(2)
+        pytest.skip("this CPU lacks that path")
+    yield request.param
+    lib.mdk_select_path(2)
+
+
 @pytest.fixture
 def pace():
     return _pace

@@ -34,16 +34,6 @@ def q8_reference(x: torch.Tensor) -> torch.Tensor:
     return ((xb * inv).round().clamp(-127, 127) * (amax / 127.0)).reshape(T, K)
 
 
-@pytest.fixture(params=[0, 1, 2], ids=["portable", "avx2", "avx512"])
-def path(request):
-    lib = native.lib()
-    if lib.mdk_select_path(request.param) != request.param:
-        lib.mdk_select_path(2)
-        pytest.skip("this CPU lacks that path")
-    yield request.param
-    lib.mdk_select_path(2)
-
-
 @pytest.mark.parametrize("qt", CODES_TYPES, ids=lambda q: q.name)
 def test_dequantize_is_ggufs_bit_for_bit(qt):
     for n, k in SHAPES:

@@ -21,16 +21,6 @@ pytestmark = pytest.mark.skipif(not native.available(), reason="native library n
 f32 = np.float32
 
 
-@pytest.fixture(params=[0, 1], ids=["portable", "avx2"])
-def path(request):
-    lib = native.lib()
-    if lib.mdk_select_path(request.param) != request.param:
-        lib.mdk_select_path(2)
-        pytest.skip("this CPU lacks that path")
-    yield request.param
-    lib.mdk_select_path(2)
-
-
 # ---- llama.cpp's searches, one float32 operation at a time ----
 def near(v) -> int:
     return int(f32(f32(v) + f32(12582912.0)) - f32(12582912.0))

@@ -27,6 +27,14 @@ static MDK_INLINE float h2f(uint16_t h) { return _cvtsh_ss(h); }
 static const int8_t KV4S[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 static const int8_t NVS[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
+/* the sum of a vector's 8 lanes */
+MDK_TARGET(A2)
+static MDK_INLINE float hsum8(__m256 v8) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps(v8, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
 /* 32 sign bits -> bytes -1 where set, else 0 */
 MDK_TARGET(A2)
 static MDK_INLINE __m256i bits_to_bytes(uint32_t m) {
@@ -296,13 +304,7 @@ static MDK_INLINE void rows2(const int fmt, const mdk_matrix *w, int r0, int r1,
                 }
             }
         }
-        for (int t = 0; t < nt; t++) {
-            __m256 v8 = _mm256_add_ps(acc[t], accbv[t]);
-            __m128 s = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps(v8, 1));
-            s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            s = _mm_add_ss(s, _mm_movehdup_ps(s));
-            y[t][r - r0] = _mm_cvtss_f32(s);
-        }
+        for (int t = 0; t < nt; t++) y[t][r - r0] = hsum8(_mm256_add_ps(acc[t], accbv[t]));
     }
 }
 
@@ -387,13 +389,7 @@ static MDK_INLINE void rows_k23(const int fmt, const mdk_matrix *w, int r0, int 
                 }
             }
         }
-        for (int t = 0; t < nt; t++) {
-            __m256 v8 = _mm256_add_ps(acc[t], accb[t]);
-            __m128 s = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps(v8, 1));
-            s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            s = _mm_add_ss(s, _mm_movehdup_ps(s));
-            y[t][r - r0] = _mm_cvtss_f32(s);
-        }
+        for (int t = 0; t < nt; t++) y[t][r - r0] = hsum8(_mm256_add_ps(acc[t], accb[t]));
     }
 }
 
