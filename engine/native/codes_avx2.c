@@ -7,7 +7,7 @@
  * is llama.cpp's AVX2 one: maddubs(|v|, sign(x, v)) (no saturation: two products of at most 127 * 127),
  * madd with ones into 8 int32 lanes, scaled by the group's A * dx (a 32-weight group a vector, or two
  * 16-weight groups a half each) and summed in fp32. Integer sums exact: a row equals codes.c's portable
- * product up to the order of the fp32 additions.
+ * product up to the order of the fp32 additions. Q2_K and Q3_K have their own kernels (codes_k23_avx2.c).
  */
 #include "kraw.h"
 
@@ -15,25 +15,11 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "codes_avx2.h"
 #include "iq_grids.h"
-
-#define A2 "avx2,fma,f16c,bmi2"
-
-static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
-
-MDK_TARGET(A2)
-static MDK_INLINE float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
 static const int8_t KV4S[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 static const int8_t NVS[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-
-/* the sum of a vector's 8 lanes */
-MDK_TARGET(A2)
-static MDK_INLINE float hsum8(__m256 v8) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v8), _mm256_extractf128_ps(v8, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
 
 /* 32 sign bits -> bytes -1 where set, else 0 */
 MDK_TARGET(A2)
@@ -308,115 +294,21 @@ static MDK_INLINE void rows2(const int fmt, const mdk_matrix *w, int r0, int r1,
     }
 }
 
-/* Q2_K and Q3_K (the tiers cpu-2 and cpu-3) as llama.cpp's AVX2 kernels multiply them: unsigned codes
- * (Q2_K 0..3; Q3_K 0..7, its -4 moved into the minimum term: B = -4 d sc), maddubs(u, x) into int16 pairs,
- * madd with the groups' integer scales (16-weight groups: each half of a 32-value chunk its own) into
- * int32, one fp32 fma a chunk by d * dx; B . sxh for the minimum terms: 5 vector operations a chunk
- * and token, where rows2's float scales per 16-weight group took about 10; the token count a constant
- * (K23), so the accumulators stay in registers. AMD EPYC (Zen 1, AVX2 only), 2 threads, Qwen3's
- * gate+up [1536, 2048] from memory, 1 token, G weights/s against rows2: Q2_K 7.4 -> 14.9, Q3_K 6.9 ->
- * 10.9 (Q4_K's own AVX2 kernel: 12.0). The scales are built in registers: written as four 32-bit
- * stores and read back as one 128-bit load they stalled store forwarding (15% of Q3_K's time). */
-MDK_TARGET(A2)
-static MDK_INLINE void rows_k23(const int fmt, const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt,
-                                float *const *y) {
-    int k = w->k;
-    size_t rb = kraw_row_bytes(fmt, k);
-    const int q3 = fmt == MDK_Q3K, bsz = q3 ? 110 : 84;
-    const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
-    /* chunk c % 4 of a half: int16 lane 2c % 8 in the low 128 bits, lane (2c + 1) % 8 in the high */
-    static const int8_t SH[4][32] = {
-        {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3},
-        {4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7},
-        {8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 8, 9, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11, 10, 11},
-        {12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 12, 13, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15, 14, 15,
-         14, 15, 14, 15}};
-    for (int r = r0; r < r1; r++) {
-        const uint8_t *row = kraw_row(w, r, rb);
-        __m256 acc[4], accb[4];
-        for (int t = 0; t < nt; t++) acc[t] = accb[t] = _mm256_setzero_ps();
-        for (int un = 0; un < k / 256; un++) {
-            const uint8_t *b = row + (size_t)un * bsz;
-            __m128i sc8;  /* the 16 groups' integer scales, int8 */
-            float d, dmin;
-            if (q3) {  /* the 16 6-bit scales from 12 bytes in 32-bit words (as ggml's dequantize_row_q3_K) */
-                uint32_t aux[3];  /* (in registers: four 32-bit stores read back as one 128-bit load stall) */
-                const uint32_t k1 = 0x03030303u, k2 = 0x0f0f0f0fu;
-                memcpy(aux, b + 96, 12);
-                sc8 = _mm_sub_epi8(_mm_setr_epi32((int)((aux[0] & k2) | (((aux[2] >> 0) & k1) << 4)),
-                                                  (int)((aux[1] & k2) | (((aux[2] >> 2) & k1) << 4)),
-                                                  (int)(((aux[0] >> 4) & k2) | (((aux[2] >> 4) & k1) << 4)),
-                                                  (int)(((aux[1] >> 4) & k2) | (((aux[2] >> 6) & k1) << 4))),
-                                   _mm_set1_epi8(32));
-                d = h2f(rd16(b + 108));
-                dmin = 4.f * d;  /* the minimum term: -4 d sc */
-            } else {
-                sc8 = _mm_and_si128(_mm_loadu_si128((const __m128i *)b), _mm_set1_epi8(15));
-                d = h2f(rd16(b + 80));
-                dmin = h2f(rd16(b + 82));
-            }
-            /* minimum terms B[g]: Q2_K -dmin m_g; Q3_K -4 d sc_g */
-            __m256 B0, B1;
-            if (q3) {
-                B0 = _mm256_mul_ps(_mm256_set1_ps(-dmin), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)));
-                B1 = _mm256_mul_ps(_mm256_set1_ps(-dmin), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))));
-            } else {
-                __m128i m = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)b), 4), _mm_set1_epi8(15));
-                B0 = _mm256_mul_ps(_mm256_set1_ps(-dmin), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m)));
-                B1 = _mm256_mul_ps(_mm256_set1_ps(-dmin), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(m, 8))));
-            }
-            float dd[4][8];
-            for (int t = 0; t < nt; t++) {
-                _mm256_storeu_ps(dd[t], _mm256_mul_ps(_mm256_set1_ps(d), _mm256_loadu_ps(a[t]->dx + 8 * un)));
-                const float *sx = a[t]->sxh + 16 * un;
-                accb[t] = _mm256_fmadd_ps(B0, _mm256_loadu_ps(sx), accb[t]);
-                accb[t] = _mm256_fmadd_ps(B1, _mm256_loadu_ps(sx + 8), accb[t]);
-            }
-            const __m256i half0 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc8));
-            const __m256i half1 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8)));
-            const uint8_t *qs = q3 ? b + 32 : b + 16;
-            const __m256i hm = _mm256_loadu_si256((const __m256i *)b);
-            for (int c = 0; c < 8; c++) {  /* chunk c: values 32c..32c+31, groups 2c and 2c + 1 */
-                const int h = c >> 2, s2 = c & 3;
-                __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
-                __m256i v = _mm256_and_si256(_mm256_srli_epi16(q, 2 * s2), three);
-                if (q3)  /* + 4 where the mask bit is set */
-                    v = _mm256_or_si256(v, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(hm, c), 2), four));
-                const __m256i scv = _mm256_shuffle_epi8(h ? half1 : half0, _mm256_loadu_si256((const __m256i *)SH[s2]));
-                for (int t = 0; t < nt; t++) {
-                    __m256i p = _mm256_maddubs_epi16(v, _mm256_loadu_si256((const __m256i *)(a[t]->q + 256 * un + 32 * c)));
-                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, scv)), _mm256_broadcast_ss(dd[t] + c), acc[t]);
-                }
-            }
-        }
-        for (int t = 0; t < nt; t++) y[t][r - r0] = hsum8(_mm256_add_ps(acc[t], accb[t]));
-    }
-}
-
 typedef void (*rows_fn)(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y);
 #define ROWS2(F) MDK_TARGET(A2) static void rows2_##F(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, \
                  int nt, float *const *y) { rows2(MDK_##F, w, r0, r1, a, nt, y); }
 /* nt a constant in each copy: the accumulators stay in registers */
-#define K23(F, fmt) MDK_TARGET(A2) static void F(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, \
-                                                 float *const *y) {                                              \
-    switch (nt) {                                                                                                \
-    case 1: rows_k23(fmt, w, r0, r1, a, 1, y); break;                                                           \
-    case 2: rows_k23(fmt, w, r0, r1, a, 2, y); break;                                                           \
-    case 3: rows_k23(fmt, w, r0, r1, a, 3, y); break;                                                           \
-    default: rows_k23(fmt, w, r0, r1, a, 4, y); break;                                                          \
-    }                                                                                                            \
-}
-K23(rows_q2k, MDK_Q2K) K23(rows_q3k, MDK_Q3K)
 ROWS2(IQ4NL) ROWS2(IQ4XS) ROWS2(IQ2XXS) ROWS2(IQ2XS) ROWS2(IQ2S) ROWS2(IQ3XXS) ROWS2(IQ3S)
 ROWS2(IQ1S) ROWS2(IQ1M) ROWS2(TQ1_0) ROWS2(TQ2_0) ROWS2(NVFP4)
-static const rows_fn ROWS[MDK_CODES_N] = {rows_q2k, rows_q3k, rows2_IQ4NL, rows2_IQ4XS, rows2_IQ2XXS, rows2_IQ2XS,
+static const rows_fn ROWS[MDK_CODES_N] = {NULL, NULL, rows2_IQ4NL, rows2_IQ4XS, rows2_IQ2XXS, rows2_IQ2XS,
                                           rows2_IQ2S, rows2_IQ3XXS, rows2_IQ3S, rows2_IQ1S, rows2_IQ1M, rows2_TQ1_0,
                                           rows2_TQ2_0, rows2_NVFP4};
 
 /* Rows r0..r1-1 against nt (1..4) tokens on the AVX2 path; 0 where it does not take the matrix */
 int mdk_codes_avx2(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y) {
     if (mdk_path != MDK_PATH_AVX2 || !MDK_IS_CODES(w->fmt) || w->k % 256) return 0;
-    ROWS[w->fmt - MDK_Q2K](w, r0, r1, a, nt, y);
+    if (w->fmt == MDK_Q2K || w->fmt == MDK_Q3K) mdk_k23_avx2(w, r0, r1, a, nt, y);  /* codes_k23_avx2.c */
+    else ROWS[w->fmt - MDK_Q2K](w, r0, r1, a, nt, y);
     return 1;
 }
 #endif

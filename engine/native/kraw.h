@@ -51,6 +51,11 @@ float mdk_raw_blocks_dot(int fmt, const uint8_t *row, int b0, int b1, const mdk_
 /* rows r0..r1-1 against nt (1..4) tokens on the active SIMD path; 0 when that path has no kernel for
  * w->fmt (or the buffer failed): the caller then runs the portable one */
 int mdk_raw_x86(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y);
+/* this thread's copy of a token's int8 values in a kernel's order (kraw_x86.c prep), kept under its
+ * mdk_q8.gen; NULL if the buffer failed. MDK_PREP_K23: codes_avx2.c's Q2_K / Q3_K order (each 128
+ * values' 4 chunks of 32 with their dwords transposed in each 128-bit half) */
+#define MDK_PREP_K23 3
+const uint8_t *mdk_prepared_act(int kind, const mdk_q8 *a, int k);
 #endif
 
 #endif

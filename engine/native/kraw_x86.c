@@ -52,9 +52,10 @@ static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); re
  * QB (the 32-weight formats): per unit of 4 blocks 128 bytes: at 32 (i & 3) + 16 (i >> 2), for b = 0..3
  *   the 4 bytes at 32b + 4i (the blocks' dword i: 4-bit formats' low nibbles of qs dword i are dword i,
  *   their high nibbles dword 4 + i); then per unit 4 int32 sum(xq), 4 floats dx, 4 floats sx. */
-enum { KIND_K4, KIND_K6, KIND_QB };
+enum { KIND_K4, KIND_K6, KIND_QB, KIND_K23 = MDK_PREP_K23 };
 
 static size_t prep_bytes(int kind, int k) {
+    if (kind == KIND_K23) return (size_t)k + (size_t)(k / 256) * 64;
     if (kind == KIND_K4) return (size_t)k + (size_t)(k / 256) * 64;
     if (kind == KIND_K6) return (size_t)k + (size_t)(k / 256) * 128;
     return (size_t)(k / 128) * (128 + 48);
@@ -73,7 +74,20 @@ static MDK_INLINE void tr4x4_256(const __m256i *Y, __m256i *O) {  /* in each 128
 MDK_TARGET(A2)
 static void prep(int kind, const mdk_q8 *a, int k, uint8_t *out) {
     const int8_t *x = a->q;
-    if (kind == KIND_K4) {
+    if (kind == KIND_K23) {  /* each half's 4 chunks of 32, dwords transposed in each 128-bit half; then
+                                per super-block and half the int16 pairs (4 s16[g], 0), lane d's group g */
+        int16_t *x4 = (int16_t *)(out + k);
+        for (int h = 0; h < k / 128; h++) {
+            __m256i Y[4], O[4];
+            for (int c = 0; c < 4; c++) Y[c] = _mm256_loadu_si256((const __m256i *)(x + 128 * h + 32 * c));
+            tr4x4_256(Y, O);
+            for (int v = 0; v < 4; v++) _mm256_storeu_si256((__m256i *)(out + 128 * h + 32 * v), O[v]);
+            for (int d = 0; d < 8; d++) {
+                x4[16 * h + 2 * d] = (int16_t)(4 * a->s16[8 * h + 2 * (d % 4) + d / 4]);
+                x4[16 * h + 2 * d + 1] = 0;
+            }
+        }
+    } else if (kind == KIND_K4) {
         float *f = (float *)(out + k);
         const __m256i ev = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
         for (int s = 0; s < k / 256; s++) {
@@ -130,7 +144,7 @@ typedef struct { const mdk_q8 *a; unsigned long long gen, used; int kind, k; uin
 static MDK_TLS act_slot slots[NSLOT];
 static MDK_TLS unsigned long long slot_clock;
 
-static const uint8_t *prepared(int kind, const mdk_q8 *a, int k) {
+const uint8_t *mdk_prepared_act(int kind, const mdk_q8 *a, int k) {
     act_slot *best = &slots[0];
     slot_clock++;
     for (int i = 0; i < NSLOT; i++) {
@@ -848,7 +862,7 @@ int mdk_raw_x86(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int
     size_t rb = kraw_row_bytes(fmt, k);
     const uint8_t *act[4];
     for (int t = 0; t < nt; t++)
-        if (!(act[t] = prepared(K->kind, a[t], k))) return 0;
+        if (!(act[t] = mdk_prepared_act(K->kind, a[t], k))) return 0;
     for (int r = r0; r < r1; r += R) {
         const uint8_t *rows[4];
         for (int j = 0; j < R; j++) rows[j] = kraw_row(w, r + j < r1 ? r + j : r1 - 1, rb);
