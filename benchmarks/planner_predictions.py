@@ -1,16 +1,18 @@
-"""Do the planner's predictions hold? On the demo model, on this CPU, in one run.
+"""Do the planner's predictions hold? On the demo model (or a GGUF file), on this CPU, in one run.
 
-    python benchmarks/planner_predictions.py [--settings 9]
+    python benchmarks/planner_predictions.py [--model PATH] [--settings 9] [--tokens 768]
 
 For each slider setting: the planned placement is applied, decode tok/s is measured (64 new
 tokens, best of 4 rounds that go through all settings in turn) next to the prediction, and perplexity and KL divergence against the all-16-bit
 model are measured on an offline text (Python's pydoc topics, 768 tokens). Spearman rank
-correlations are printed. Then "beyond the seed paper": at the same number of 4-bit experts, the
-planner's choice against 5 random choices (the mixture-of-precisions paper's policy).
+correlations are printed. Then, on the demo, "beyond the seed paper": at the same number of 4-bit
+experts, the planner's choice against 5 random choices (the mixture-of-precisions paper's policy).
 
-The CPU-only profile (cpu-16, cpu-4). On the demo, cpu-4 reproduces the source GGUF's Q4_1 grid, so
-its quality cost is ~0 and perplexity differences between placements are noise. (Offering NF4 on
-the CPU device instead was tried: it is slower than cpu-16 there, so the planner never picks it.)
+The CPU-only profile (cpu-16, cpu-4, and cpu-3 / cpu-2 where they hold fewer bytes). On the demo,
+cpu-4 reproduces the source GGUF's Q4_1 grid, so its quality cost is ~0 and perplexity differences
+between placements are noise. (Offering NF4 on the CPU device instead was tried: it is slower than
+cpu-16 there, so the planner never picks it.) --model: a GGUF file's "16-bit" reference is its own
+blocks (cpu-16), and its fast end takes experts to cpu-3 / cpu-2 (issue 46).
 """
 from __future__ import annotations
 
@@ -26,6 +28,12 @@ from benchmarks.common import read_bandwidth, record  # noqa: E402
 
 ROUNDS = 4
 PREFILL = 256
+
+
+def native_status() -> str:
+    from engine import native
+
+    return native.status()
 
 
 def _timed(fn) -> float:
@@ -111,24 +119,30 @@ def quality_with_nf4(inp, m, ref, ids, compare, logprobs, d) -> tuple[list[str],
 def main() -> None:
     import torch
 
-    from engine.tools.cli_plan import prepare
-    from engine.sources.demo import demo_dir
+    from dataclasses import replace
+
     from engine.evaluate import compare, corpus_ids, logprobs
     from engine.generate import SamplingParams
+    from engine.load import load
     from engine.placement import Placement, Tier
     from engine.planning.planner import Budgets, choose, frontier, prefill_s
+    from engine.planning.profile import calibrated_tiers
+    from engine.sources.demo import demo_dir
+    from engine.tier_bytes import mapped_bytes
 
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None, help="a GGUF file or model folder (default: the demo)")
     ap.add_argument("--settings", type=int, default=9)
     ap.add_argument("--tokens", type=int, default=768)
     a = ap.parse_args()
-    loaded, inp = prepare(str(demo_dir()), "cpu", "cpu")
+    loaded = load(a.model or str(demo_dir()), "cpu", device="cpu", ctx=2048)
     m, d = loaded.model, loaded.ckpt.dims
     ids = corpus_ids(loaded.tokenizer, None, a.tokens)
     m.apply(Placement.uniform(d.layers, d.experts, Tier.CPU16))
     ref = logprobs(m, ids)
-    full = m.expert_bytes()["host"] + m.dense_bytes()
-    budgets = Budgets(vram=0, ram=full)
+    from engine.planning.inputs import default_budgets
+
+    budgets = default_budgets(True, torch.device("cpu"))  # this machine's free memory, as the app plans
     # This machine's read bandwidth drifts 2x over minutes (other tenants): the hardware profile and
     # the dense-part timings are measured anew here, just before the speed rounds, so predictions
     # and measurements see the same machine (a profile from minutes earlier was seen 32-66% off).
@@ -136,10 +150,16 @@ def main() -> None:
     from engine.planning.inputs import from_profiles, measure_dense_prefill_s, measure_dense_s
     from engine.planning.profile import load_or_calibrate
 
+    from engine.planning.inputs import with_file_costs
+
     hw = load_or_measure(torch.device("cpu"), remeasure=True)
-    mp = load_or_calibrate(m, loaded.tokenizer)  # cached by prepare()
+    mp = load_or_calibrate(m, loaded.tokenizer, tiers=calibrated_tiers(True, loaded.ckpt))  # cached: the app's
     inp = from_profiles(mp, hw, d.top_k, m.dense_bytes(), measure_dense_s(m, hw),
                         dense_prefill_s=measure_dense_prefill_s(m, hw))
+    if getattr(loaded.ckpt, "is_gguf", False):
+        inp = with_file_costs(inp, loaded.ckpt, m.dtype)
+    mb = mapped_bytes(loaded.ckpt, m.dtype, cpu_only=True)
+    inp = replace(inp, cpu_only=True, mapped_bytes=mb[0], dense_mapped=mb[1])
     pts = frontier(inp, budgets)
     gen = loaded.generator
     gen.eos_ids.clear()
@@ -195,12 +215,15 @@ def main() -> None:
              f"- Spearman(predicted loss, perplexity) = {rho_ppl:.2f}; with KL: {rho_kl:.2f} (cpu-4 reproduces the "
              "demo's Q4_1 source grid, so these quality differences are noise; see the NF4 section)"]
 
-    more, figures = quality_with_nf4(inp, m, ref, ids, compare, logprobs, d)
+    nf4 = a.model is None and "gpu-4" in inp.sensitivity  # (a CPU-only machine's calibration measures no NF4)
+    more, figures = quality_with_nf4(inp, m, ref, ids, compare, logprobs, d) if nf4 else ([], {})
     rows += more
+    rows.insert(0, f"- model: {Path(a.model).name if a.model else 'the demo'}; CPU kernel: {native_status()}\n")
     table = "\n".join(rows)
     print(table)
     figures.update(spearman_prefill=spearman(pre_p, pre_m), read_bandwidth_gb_s=bw / 1e9, spearman_speed=rho_speed, worst_error=worst, spearman_ppl=rho_ppl, spearman_kl=rho_kl)
-    print(f"recorded {record('planner_predictions', figures, table)}")
+    name = "planner_predictions" + (f"-{Path(a.model).stem}" if a.model else "")
+    print(f"recorded {record(name, figures, table)}")
 
 
 if __name__ == "__main__":

@@ -346,7 +346,7 @@ def _inputs(lowest_bits=2, cpu2_bytes=40, L=2, E=4):
     sens = {t: [[s] * E for _ in range(L)] for t, s in (("cpu-4", 0.001), ("cpu-3", 0.004), ("cpu-2", 0.012))}
     return PlanInputs(L, E, 2, tuple(tuple([1 / E] * E) for _ in range(L)), sens,
                       {"cpu-16": 100, "cpu-4": 60, "cpu-3": 50, "cpu-2": cpu2_bytes},
-                      {"cpu-16": (1e-5, 1e-7), "cpu-4": (1e-5, 1e-7), "cpu-3": (1e-5, 1e-7), "cpu-2": (1e-5, 1e-7)},
+                      {"cpu-16": (1e-5, 1e-6), "cpu-4": (1e-5, 1e-6), "cpu-3": (1e-5, 1e-6), "cpu-2": (1e-5, 1e-6)},
                       1000, 1e-4, True, lowest_bits=lowest_bits)
 
 
@@ -363,15 +363,33 @@ def test_the_planner_offers_the_low_tiers_the_user_allows_that_save_bytes():
     assert [t.value for t in unmeasured.tiers] == ["cpu-16", "cpu-4"]
     for lb, lowest in ((2, "cpu-2"), (3, "cpu-3"), (4, "cpu-4")):
         pts = frontier(_inputs(lb), UNLIMITED)
-        fastest = max(pts, key=lambda p: p.tok_s)
-        assert set(fastest.counts()) == {lowest}, (lb, fastest.counts())
+        fastest = max(pts, key=lambda p: p.tok_s)  # (the last steps within 3% of it are not offered)
+        assert fastest.counts().get(lowest, 0) >= 0.75 * 8 and len(fastest.counts()) <= 2, (lb, fastest.counts())
         best = min(pts, key=lambda p: p.loss)
         assert set(best.counts()) == {"cpu-16"}
     fast2, fast4 = (max(frontier(_inputs(b), UNLIMITED), key=lambda p: p.tok_s).tok_s for b in (2, 4))
     assert fast2 > fast4
     for lb, lowest in ((4, "cpu-4"), (2, "cpu-2")):  # a model the planner reduces to units (6,144 experts)
         fastest = max(frontier(_inputs(lb, L=48, E=128), UNLIMITED), key=lambda p: p.tok_s)
-        assert set(fastest.counts()) == {lowest}, (lb, fastest.counts())
+        assert fastest.counts().get(lowest, 0) >= 0.75 * 48 * 128, (lb, fastest.counts())
+
+
+def test_the_fast_end_takes_no_loss_for_a_gain_below_3_percent():
+    """Of the plans within 3% of the fastest's predicted speed, the one of least loss is the fast end:
+    here cpu-2 is 1% faster than cpu-4 but 12 times as lossy, so the fast end is every expert at cpu-4;
+    at 10% faster the fast end is mostly cpu-2 again."""
+    from dataclasses import replace
+
+    from engine.planning.planner import UNLIMITED, frontier
+
+    def fast_end(cpu2_s):
+        inp = _inputs()
+        costs = {"cpu-16": (3e-4, 0.0), "cpu-4": (1e-4, 0.0), "cpu-3": (1e-4, 0.0), "cpu-2": (cpu2_s, 0.0)}
+        pts = frontier(replace(inp, tier_costs=costs, dense_s=0.0), UNLIMITED)
+        return max(pts, key=lambda p: p.tok_s).counts()
+
+    assert fast_end(0.99e-4) == {"cpu-4": 8}
+    assert fast_end(0.90e-4).get("cpu-2", 0) >= 6  # (the last expert's 1.25% each is within the 3% too)
 
 
 def test_the_lowest_precision_re_plans_the_running_model(wide, measured_machine):

@@ -98,13 +98,15 @@ def cmd_plan(a) -> int:
 
         cfg = Path(a.model or "")
         hw = load_or_measure(torch.device("cpu"))
+        name = cfg.name  # a GGUF file by its name; a config by its folder's
         if is_gguf(cfg):  # its header holds the config and every tensor's size; without a GPU budget,
             inp, note = from_gguf(cfg, hw, assume_gpu=a.gpu_budget is not None)  # for this machine as it is
         else:
             cfg = cfg / "config.json" if cfg.is_dir() else cfg
             inp, note = from_config(cfg, hw)
+            name = cfg.parent.name or cfg.name
         b = _budgets(a, default_budgets(False))
-        title = f"{cfg.parent.name or cfg.name}, VRAM {b.vram / GB:.0f} GB, RAM {b.ram / GB:.0f} GB (config only)"
+        title = f"{name}, VRAM {b.vram / GB:.0f} GB, RAM {b.ram / GB:.0f} GB (config only)"
     else:
         client = prepare(a)
         try:
