@@ -77,20 +77,9 @@ static MDK_INLINE void fit_min8(const vf *xt, float nmax, float rmin, float rdel
         best = vadd(best, vmul(vmul(wt[i], d), d));
     }
     for (int is = 0; is <= nstep; is++) {
-        vf isc = vdiv(vb(rmin + rdelta * (float)is + nmax), rng), sl = zero, sl2 = zero, sxl = zero;
-        for (int i = 0; i < 32; i++) {
-            vf l = vrnd(vclamp(vmul(isc, vsub(xt[i], mn)), zero, vmax)), wl = vmul(wt[i], l);
-            L[i] = l;
-            sl = vadd(sl, wl);
-            sl2 = vadd(sl2, vmul(wl, l));
-            sxl = vadd(sxl, vmul(wl, xt[i]));
-        }
-        vf D = vsub(vmul(sw, sl2), vmul(sl, sl));
-        vm ok = vlt(zero, D);
-        vf Ds = vsel(ok, D, vb(1.f));
-        vf a = vdiv(vsub(vmul(sw, sxl), vmul(sx, sl)), Ds), b = vdiv(vsub(vmul(sl2, sx), vmul(sl, sxl)), Ds);
-        vm pos = vlt(zero, b);  /* a positive minimum: minimum 0 and the scale refitted alone */
-        vf ts = vsel(pos, vdiv(sxl, vsel(vlt(zero, sl2), sl2, vb(1.f))), a), tm = vsel(pos, zero, b), e = zero;
+        vf isc = vdiv(vb(rmin + rdelta * (float)is + nmax), rng), ts, tm, e = zero;
+        for (int i = 0; i < 32; i++) L[i] = vrnd(vclamp(vmul(isc, vsub(xt[i], mn)), zero, vmax));
+        vm ok = lsq_scale_min(xt, wt, L, 32, sw, sx, &ts, &tm);
         for (int i = 0; i < 32; i++) {
             vf d = vsub(vadd(vmul(ts, L[i]), tm), xt[i]);
             e = vadd(e, vmul(vmul(wt[i], d), d));

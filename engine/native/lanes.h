@@ -41,4 +41,26 @@ static MDK_INLINE vf vld(const float *p) { vf v; memcpy(&v, p, sizeof v); return
 static MDK_INLINE void vst(float *p, vf v) { memcpy(p, &v, sizeof v); }
 static MDK_INLINE vf vrnd(vf v) { return vsub(vadd(v, vb(12582912.f)), vb(12582912.f)); }  /* round half even */
 static MDK_INLINE vf vclamp(vf v, vf lo, vf hi) { v = vsel(vlt(v, lo), lo, v); return vsel(vlt(hi, v), hi, v); }
+
+/* The weighted least-squares scale ts and minimum tm of x ~ ts * L + tm over n elements of levels L
+ * (sw, sx: the sums of the weights and of weight * x), as llama.cpp's make_qkx2/3_quants refit it: a
+ * positive minimum refits the scale alone with minimum 0. The lanes whose system is singular: 0 in
+ * the mask returned (their ts, tm are not to be taken). */
+static MDK_INLINE vm lsq_scale_min(const vf *xt, const vf *wt, const vf *L, int n, vf sw, vf sx, vf *ts, vf *tm) {
+    vf zero = vb(0.f), sl = zero, sl2 = zero, sxl = zero;
+    for (int i = 0; i < n; i++) {
+        vf wl = vmul(wt[i], L[i]);
+        sl = vadd(sl, wl);
+        sl2 = vadd(sl2, vmul(wl, L[i]));
+        sxl = vadd(sxl, vmul(wl, xt[i]));
+    }
+    vf D = vsub(vmul(sw, sl2), vmul(sl, sl));
+    vm ok = vlt(zero, D);
+    vf Ds = vsel(ok, D, vb(1.f));
+    vf a = vdiv(vsub(vmul(sw, sxl), vmul(sx, sl)), Ds), b = vdiv(vsub(vmul(sl2, sx), vmul(sl, sxl)), Ds);
+    vm pos = vlt(zero, b);
+    *ts = vsel(pos, vdiv(sxl, vsel(vlt(zero, sl2), sl2, vb(1.f))), a);
+    *tm = vsel(pos, zero, b);
+    return ok;
+}
 #endif
