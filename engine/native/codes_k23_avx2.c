@@ -6,6 +6,32 @@
 #if MDK_X86
 #include "codes_avx2.h"
 
+/* A unit's header: its 16 groups' integer scales, int8, and d; Q2_K's dmin and minimums m (the high
+ * nibbles), Q3_K's dmin 4 d (its codes' -4 as a minimum term, -4 d sc) and m 0. Q3_K's 6-bit scales come
+ * from 12 bytes in 32-bit words, as ggml's dequantize_row_q3_K reads them, built in registers: written
+ * as four 32-bit stores and read back as one 128-bit load they stalled store forwarding (15% of its time). */
+MDK_TARGET(A2)
+static MDK_INLINE __m128i k23_unit(const int q3, const uint8_t *b, float *d, float *dmin, __m128i *m) {
+    if (q3) {
+        uint32_t aux[3];
+        const uint32_t k1 = 0x03030303u, k2 = 0x0f0f0f0fu;
+        memcpy(aux, b + 96, 12);
+        *d = h2f(rd16(b + 108));
+        *dmin = 4.f * *d;
+        *m = _mm_setzero_si128();
+        return _mm_sub_epi8(_mm_setr_epi32((int)((aux[0] & k2) | (((aux[2] >> 0) & k1) << 4)),
+                                           (int)((aux[1] & k2) | (((aux[2] >> 2) & k1) << 4)),
+                                           (int)(((aux[0] >> 4) & k2) | (((aux[2] >> 4) & k1) << 4)),
+                                           (int)(((aux[1] >> 4) & k2) | (((aux[2] >> 6) & k1) << 4))),
+                            _mm_set1_epi8(32));
+    }
+    __m128i raw = _mm_loadu_si128((const __m128i *)b);
+    *d = h2f(rd16(b + 80));
+    *dmin = h2f(rd16(b + 82));
+    *m = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15));
+    return _mm_and_si128(raw, _mm_set1_epi8(15));
+}
+
 /* Q2_K and Q3_K (the tiers cpu-2 and cpu-3) as llama.cpp's AVX2 kernels multiply them: unsigned codes
  * (Q2_K 0..3; Q3_K 0..7, its -4 moved into the minimum term: B = -4 d sc), maddubs(u, x) into int16 pairs,
  * madd with the groups' integer scales (16-weight groups: each half of a 32-value chunk its own) into
@@ -13,8 +39,7 @@
  * and token, where rows2's float scales per 16-weight group took about 10; the token count a constant
  * (K23), so the accumulators stay in registers. AMD EPYC (Zen 1, AVX2 only), 2 threads, Qwen3's
  * gate+up [1536, 2048] from memory, 1 token, G weights/s against rows2: Q2_K 7.4 -> 14.9, Q3_K 6.9 ->
- * 10.9 (Q4_K's own AVX2 kernel: 12.0). The scales are built in registers: written as four 32-bit
- * stores and read back as one 128-bit load they stalled store forwarding (15% of Q3_K's time). Now
+ * 10.9 (Q4_K's own AVX2 kernel: 12.0). Now
  * Q3_K's kernel for 1 token (and the fallback where no prepared copy could be allocated); the lanes
  * kernel below runs the rest. */
 MDK_TARGET(A2)
@@ -37,31 +62,15 @@ static MDK_INLINE void rows_k23(const int fmt, const mdk_matrix *w, int r0, int 
         for (int t = 0; t < nt; t++) acc[t] = accb[t] = _mm256_setzero_ps();
         for (int un = 0; un < k / 256; un++) {
             const uint8_t *b = row + (size_t)un * bsz;
-            __m128i sc8;  /* the 16 groups' integer scales, int8 */
             float d, dmin;
-            if (q3) {  /* the 16 6-bit scales from 12 bytes in 32-bit words (as ggml's dequantize_row_q3_K) */
-                uint32_t aux[3];  /* (in registers: four 32-bit stores read back as one 128-bit load stall) */
-                const uint32_t k1 = 0x03030303u, k2 = 0x0f0f0f0fu;
-                memcpy(aux, b + 96, 12);
-                sc8 = _mm_sub_epi8(_mm_setr_epi32((int)((aux[0] & k2) | (((aux[2] >> 0) & k1) << 4)),
-                                                  (int)((aux[1] & k2) | (((aux[2] >> 2) & k1) << 4)),
-                                                  (int)(((aux[0] >> 4) & k2) | (((aux[2] >> 4) & k1) << 4)),
-                                                  (int)(((aux[1] >> 4) & k2) | (((aux[2] >> 6) & k1) << 4))),
-                                   _mm_set1_epi8(32));
-                d = h2f(rd16(b + 108));
-                dmin = 4.f * d;  /* the minimum term: -4 d sc */
-            } else {
-                sc8 = _mm_and_si128(_mm_loadu_si128((const __m128i *)b), _mm_set1_epi8(15));
-                d = h2f(rd16(b + 80));
-                dmin = h2f(rd16(b + 82));
-            }
+            __m128i m;
+            const __m128i sc8 = k23_unit(q3, b, &d, &dmin, &m);
             /* minimum terms B[g]: Q2_K -dmin m_g; Q3_K -4 d sc_g */
             __m256 B0, B1;
             if (q3) {
                 B0 = _mm256_mul_ps(_mm256_set1_ps(-dmin), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)));
                 B1 = _mm256_mul_ps(_mm256_set1_ps(-dmin), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))));
             } else {
-                __m128i m = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *)b), 4), _mm_set1_epi8(15));
                 B0 = _mm256_mul_ps(_mm256_set1_ps(-dmin), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m)));
                 B1 = _mm256_mul_ps(_mm256_set1_ps(-dmin), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(m, 8))));
             }
@@ -126,25 +135,9 @@ static MDK_INLINE void rows_k23l(const int fmt, const mdk_matrix *w, int r0, int
         for (int t = 0; t < nt; t++) acc[t] = accb[t] = _mm256_setzero_ps();
         for (int un = 0; un < k / 256; un++) {
             const uint8_t *b = row + (size_t)un * bsz;
-            __m128i sc8, m = _mm_setzero_si128();  /* the 16 groups' scales (and Q2_K's minimums), int8 */
-            float d, dmin = 0.f;
-            if (q3) {
-                uint32_t aux[3];
-                const uint32_t k1 = 0x03030303u, k2 = 0x0f0f0f0fu;
-                memcpy(aux, b + 96, 12);
-                sc8 = _mm_sub_epi8(_mm_setr_epi32((int)((aux[0] & k2) | (((aux[2] >> 0) & k1) << 4)),
-                                                  (int)((aux[1] & k2) | (((aux[2] >> 2) & k1) << 4)),
-                                                  (int)(((aux[0] >> 4) & k2) | (((aux[2] >> 4) & k1) << 4)),
-                                                  (int)(((aux[1] >> 4) & k2) | (((aux[2] >> 6) & k1) << 4))),
-                                   _mm_set1_epi8(32));
-                d = h2f(rd16(b + 108));
-            } else {
-                __m128i raw = _mm_loadu_si128((const __m128i *)b);
-                sc8 = _mm_and_si128(raw, _mm_set1_epi8(15));
-                m = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15));
-                d = h2f(rd16(b + 80));
-                dmin = h2f(rd16(b + 82));
-            }
+            float d, dmin;  /* (Q3_K's dmin and minimums are not used here: its -4 is in the prepared copy) */
+            __m128i m;
+            const __m128i sc8 = k23_unit(q3, b, &d, &dmin, &m);
             const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
             const __m256i S[2] = {_mm256_shuffle_epi8(_mm256_permute2x128_si256(sc16, sc16, 0x00), scp),
                                   _mm256_shuffle_epi8(_mm256_permute2x128_si256(sc16, sc16, 0x11), scp)};
