@@ -357,10 +357,9 @@ def frontier(inp: PlanInputs, budgets: Budgets) -> list[Plan]:
     return [_to_plan(inp, tiers, choice[i], t[i], l[i], v[i], r[i]) for i in keep]
 
 
-# The fast end's tail: of the plans within 3% of the fastest's predicted speed, only the one of least
-# loss is kept. Below the predictions' own error (their worst was 12% on the AVX2-only AMD EPYC),
-# such a gain is not one a user can count on, while the loss it costs is: on the demo there, every
-# expert at cpu-2 was predicted 62.0 tok/s at 1.13 nats of KL, 1.5% above a plan of 0.3.
+# The fast end: of the plans within 3% of the fastest's predicted speed, only the least lossy is kept.
+# A gain below the predictions' own error (up to 12%) is not one a user can count on; the loss is:
+# on the demo (Zen 1) every expert at cpu-2 was 62.0 tok/s at 1.13 nats, 1.5% above a plan of 0.3.
 FAST_END_TOLERANCE = 0.03
 
 
