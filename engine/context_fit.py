@@ -17,7 +17,7 @@ from .planning.planner import Budgets
 def model_cost(dims, dtype: torch.dtype, kv_bits: int = 16) -> ContextCost:
     """A model's context cost with its cache's dtype (or 8 bits) and its linear-attention state's copies."""
     from .layers.state import SNAPSHOTS
-    from .model import KVCache
+    from .kv_tensors import KVCache
 
     return cost_of(dims, KVCache.element_bytes(dtype, kv_bits), 1 + SNAPSHOTS, kv_bits=kv_bits)
 

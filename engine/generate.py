@@ -21,7 +21,8 @@ from .errors import ContextOverflow, MixdeskError
 from .events import Done, PromptProgress, Token  # noqa: F401 - the events it makes (engine/events.py), imported here too
 from .formats import Delta, Parser
 from .kv_cache import turn_boundary
-from .model import KVCache, MoEModel
+from .kv_tensors import KVCache
+from .model import MoEModel
 from .sampling import SamplingParams  # noqa: F401 - a leaf (engine/sampling.py), imported from here too
 
 

@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from .model import KVCache
+from .kv_tensors import KVCache
 
 CHEAP_TOKENS = 64  # a pool cache may go to a prompt that loses at most this many of its tokens, or no
 # more than it keeps; and a file is read only to save more than this many

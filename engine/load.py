@@ -15,7 +15,8 @@ from .formats import reply_end_ids
 from .generate import Generator
 from . import native
 from .kernels import auto_dtype
-from .model import MoEModel, ProgressFn, check_kv_bits
+from .kv_tensors import check_kv_bits
+from .model import MoEModel, ProgressFn
 from .placement import Placement, Tier
 from .planning.kv_reservation import ContextChoice
 from .prompt import Prompts

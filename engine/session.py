@@ -255,7 +255,7 @@ class Session:
         from .devices import detect
         from .kernels import auto_dtype
         from .load import DTYPES, parse_placement
-        from .model import check_kv_bits
+        from .kv_tensors import check_kv_bits
 
         accel = detect(cmd.device)
         dtype = DTYPES[cmd.dtype] or auto_dtype(accel.device)

@@ -5,7 +5,7 @@ import torch
 
 from engine.generate import Done, Generator, SamplingParams, Token
 from engine.errors import ForwardStopped
-from engine.model import KVCache
+from engine.kv_tensors import KVCache
 from engine.protocol import ErrorEvent, Generate, Query
 from engine.scheduler import Scheduler
 
