@@ -30,7 +30,7 @@ from gguf import GGMLQuantizationType as GT, GGUFReader
 from engine.checkpoint import Checkpoint
 from engine.errors import ModelError
 from engine.gguf import open_gguf
-from engine.gguf.checkpoint import dequantize_rows
+from engine.gguf.values import dequantize_rows
 from engine.gguf.writer import write_gguf
 from gguf_checks import rewrite
 from gguf_glm_files import ARCH, tiny, with_kv_b, with_mtp_block

@@ -29,7 +29,7 @@ from gguf import GGMLQuantizationType as GT, GGUFReader
 from engine.checkpoint import Checkpoint
 from engine.errors import ModelError
 from engine.gguf import open_gguf
-from engine.gguf.checkpoint import dequantize_rows
+from engine.gguf.values import dequantize_rows
 from engine.gguf.writer import write_gguf
 from gguf_checks import rewrite
 from gguf_hybrid_files import ARCH, engine_logits, reference, tiny, with_mtp_block

@@ -16,7 +16,6 @@ expert's matrix a contiguous run of rows, read alone.
 """
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +23,6 @@ from pathlib import Path
 import torch
 from gguf import GGMLQuantizationType as GT
 from gguf.constants import GGML_QUANT_SIZES, LlamaFileType
-from gguf.quants import dequantize
 
 from ..checkpoint import check_config, dense_shapes, dims_from_config, hf_config
 from ..errors import ModelError
@@ -38,42 +36,10 @@ from .header import TensorInfo
 from .layout import Fix
 from .names import PERMUTED_QK, ExpertRef, expert_ref, expert_tensor_name, gguf_name, unpermute_rows
 from .reader import SPLIT, GGUFFile
+from .values import FLOATS, SUPPORTED, dequantize_rows, unsupported
 
-SUPPORTED = (GT.F32, GT.F16, GT.BF16, GT.Q8_0, GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1, GT.Q4_K, GT.Q5_K, GT.Q6_K,
-             GT.MXFP4, GT.Q3_K, GT.Q2_K, GT.IQ4_XS, GT.IQ4_NL, GT.IQ3_S, GT.IQ3_XXS, GT.IQ2_S, GT.IQ2_XS,
-             GT.IQ2_XXS, GT.IQ1_M, GT.IQ1_S, GT.TQ1_0, GT.TQ2_0, GT.NVFP4)
-FLOATS = {GT.F32: torch.float32, GT.F16: torch.float16, GT.BF16: torch.bfloat16}
 ST_DTYPE = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.uint8: "U8"}
 _FUSED = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_blocks|_scales|_bias)?$")
-
-
-def unsupported(t: TensorInfo) -> str:
-    return (f"tensor '{t.name}' is {t.qtype.name}, which Mixdesk does not read yet (it reads "
-            f"{', '.join(q.name for q in SUPPORTED)})")
-
-
-def dequantize_rows(qtype: GT, raw: torch.Tensor, k: int) -> torch.Tensor:
-    """The file's rows [R, row_bytes] uint8 -> their values [R, K]: the stored floats, or
-    gguf.quants.dequantize's float32 (the reference the native kernels are tested against)."""
-    if qtype in FLOATS:
-        return raw.reshape(-1).view(FLOATS[qtype]).reshape(-1, k)
-    fast = _native_rows(qtype, raw, k)
-    return fast if fast is not None else torch.from_numpy(dequantize(raw.numpy(), qtype)).reshape(-1, k)
-
-
-def _native_rows(qtype: GT, raw: torch.Tensor, k: int) -> torch.Tensor | None:
-    """dequantize_rows by the native library on the file's rows (bit-equal to gguf.quants.dequantize:
-    tests/test_kernels_raw.py; about 10x faster than its numpy), or None where it cannot."""
-    from .. import native
-    from ..blockquant import NATIVE, BlockQuant, row_bytes
-
-    if (not native.available() or qtype not in NATIVE or raw.dtype != torch.uint8 or not raw.is_contiguous()
-            or os.environ.get("MIXDESK_RAW_KERNELS", "1") == "0"):
-        return None
-    try:
-        return BlockQuant.from_file(qtype, [raw], (raw.numel() // row_bytes(qtype, k), k)).dequantize()
-    except ValueError:
-        return None
 
 
 class GGUFCheckpoint:
