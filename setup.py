@@ -15,7 +15,7 @@ else:
 
 setup(ext_modules=[Extension(
     "engine.native._mdk",
-    sources=[f"engine/native/{n}.c" for n in ("cpu", "convert", "quant4", "kquant", "kquant_x86", "qblock", "kquantize", "kquantize_low", "dense", "moe", "attention", "decode", "guard", "kraw", "kraw_x86", "codes", "codes_x86", "codes_rows", "codes_avx2", "codes_k23_avx2", "gemm", "flash", "flash_amx", "peak", "deltanet")],
+    sources=[f"engine/native/{n}.c" for n in ("cpu", "convert", "quant4", "kquant", "kquant_x86", "qblock", "kquantize", "kquantize_low", "dense", "moe", "attention", "decode", "guard", "kraw", "kraw_x86", "kraw_narrow", "codes", "codes_x86", "codes_rows", "codes_avx2", "codes_k23_avx2", "gemm", "flash", "flash_amx", "peak", "deltanet")],
     depends=["engine/native/mdk.h", "engine/native/kquant.h", "engine/native/kraw.h", "engine/native/codes.h", "engine/native/codes_simd.h", "engine/native/codes_avx2.h", "engine/native/iq_grids.h", "engine/native/amx.h", "engine/native/vexp.h"],
     extra_compile_args=args,
     extra_link_args=[] if sys.platform == "win32" else ["-pthread", "-lm"],

@@ -64,6 +64,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--no-record", action="store_true")
+    ap.add_argument("--drop-full", action="store_true",
+                    help="delete each full-size file once measured (the three take 42 GB of disk together)")
     a = ap.parse_args()
     rows = []
     for size in a.sizes.split(","):
@@ -76,6 +78,8 @@ def main() -> None:
             print("$", " ".join(cmd[1:]), flush=True)
             r = subprocess.run(cmd, capture_output=True, text=True)
             print(r.stdout[-3000:], r.stderr[-2000:] if r.returncode else "", flush=True)
+            if a.drop_full and size == "full":
+                path.unlink()
             m = re.search(r"recorded (\S+\.md)", r.stdout)
             if r.returncode or not m:
                 rows.append((size, recipe, path, None))

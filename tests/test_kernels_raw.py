@@ -289,3 +289,30 @@ def test_from_file_checks_and_the_tiles_switch(monkeypatch):
     with pytest.raises(IndexError):
         q.dequantize(5, n + 1)
     assert q.dequantize(3, 3).shape == (0, k)
+
+
+@pytest.mark.parametrize("shape", [(768, 2048), (2048, 768), (17, 512), (5, 256)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_the_128_bit_q6k_kernel_gives_the_256_bit_ones_products_bit_for_bit(shape):
+    """kraw_narrow.c: the AVX2 path's Q6_K in 128-bit vectors, on by default where the CPU runs each 256-bit
+    operation as two (mdk_narrow). The same lanes, integer sums and fp32 folds as kraw_x86.c's kernel, so
+    the same products bit for bit at every token count the row kernels take, on any AVX2 CPU."""
+    L = native.lib()
+    if L.mdk_select_path(1) != 1:
+        L.mdk_select_path(2)
+        pytest.skip("this CPU lacks the AVX2 path")
+    n, k = shape
+    raw = rows_of(GT.Q6_K, n, k, seed=n + 3 * k)
+    one, tiles = pair(GT.Q6_K, raw, (n, k), split=n // 2)
+    x = torch.randn(8, k, generator=torch.Generator().manual_seed(k))
+    before = native.narrow()
+    try:
+        for T in (1, 2, 3, 4, 7):
+            native.narrow(0)
+            wide = one.matmul(x[:T])
+            assert native.narrow(1)
+            narrow = one.matmul(x[:T])
+            assert torch.equal(narrow, wide), T
+            assert close(narrow, tiles.matmul(x[:T])), T
+    finally:
+        native.narrow(int(before))
+        L.mdk_select_path(2)

@@ -130,6 +130,8 @@ def _load():
     cap = {"c": 0, "portable": 0, "avx2": 1, "avx512": 2}.get(want, -1)
     lib.mdk_select_path(cap)
     lib.mdk_amx(0 if os.environ.get("MIXDESK_AMX", "1") == "0" else 1)  # AMX tiles where the CPU has them
+    if os.environ.get("MIXDESK_NARROW") in ("0", "1"):  # the AVX2 path's 128-bit kernels forced off / on
+        lib.mdk_narrow_kernels(int(os.environ["MIXDESK_NARROW"]))
     lib.mdk_gemm_threshold(-1)  # reads MIXDESK_GEMM_MIN
     _why = ""
     return _Locked(lib)
@@ -141,6 +143,7 @@ def _declare(lib) -> None:
     lib.mdk_select_path.argtypes, lib.mdk_select_path.restype = [i], i
     lib.mdk_cpu_has_bf16.restype = i
     lib.mdk_amx.argtypes, lib.mdk_amx.restype = [i], i
+    lib.mdk_narrow_kernels.argtypes, lib.mdk_narrow_kernels.restype = [i], i
     lib.mdk_flash_amx_calls.restype = ctypes.c_long
     lib.mdk_gemm_threshold.argtypes, lib.mdk_gemm_threshold.restype = [i], i
     lib.mdk_gemm_test.argtypes, lib.mdk_gemm_test.restype = [POINTER(Matrix), vp, i, vp, i], i
@@ -224,6 +227,12 @@ def amx(want: int = -1) -> bool:
     return bool(lib().mdk_amx(want))
 
 
+def narrow(want: int = -1) -> bool:
+    """The AVX2 path's 128-bit kernels in use (kraw_narrow.c: on by default where the CPU splits each
+    256-bit operation in two, AMD Zen 1); want 0/1 turns them off/on (tests run both on any AVX2 CPU)."""
+    return bool(lib().mdk_narrow_kernels(want))
+
+
 def status() -> str:
     """One line naming the active CPU expert kernel, for the bench, --self-test and the panel."""
     L = lib()
@@ -231,6 +240,7 @@ def status() -> str:
         return f"torch (native kernels unavailable: {_why})"
     p = L.mdk_select_path(-1)
     extra = (" + BF16" if p == 2 and L.mdk_cpu_has_bf16() else "") + (" + AMX" if L.mdk_amx(-1) else "")
+    extra += " (128-bit)" if p == 1 and L.mdk_narrow_kernels(-1) else ""
     return f"native {PATHS[p]}{extra}"
 
 

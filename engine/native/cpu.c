@@ -32,7 +32,8 @@
 int mdk_path = MDK_PATH_C;
 int mdk_has_bf16 = 0;
 int mdk_has_amx = 0;
-static int detected_path = MDK_PATH_C, detected_bf16 = 0, detected_amx = 0, amx_allowed = 1;
+int mdk_narrow = 0;
+static int detected_path = MDK_PATH_C, detected_bf16 = 0, detected_amx = 0, amx_allowed = 1, detected_split = 0;
 
 #if MDK_X86
 static void cpuid(int leaf, int sub, unsigned r[4]) {
@@ -75,7 +76,13 @@ static void detect(void) {
     unsigned r[4], r7[4], r71[4];
     cpuid(0, 0, r);
     unsigned maxleaf = r[0];
+    int amd = r[1] == 0x68747541u && r[3] == 0x69746e65u && r[2] == 0x444d4163u;  /* "AuthenticAMD" */
     cpuid(1, 0, r);
+    unsigned fam = (r[0] >> 8) & 0xf, model = (r[0] >> 4) & 0xf;
+    if (fam == 0xf) fam += (r[0] >> 20) & 0xff, model |= ((r[0] >> 16) & 0xf) << 4;
+    /* Zen 1 and Zen+ (family 17h, models below 30h) run each 256-bit operation as two 128-bit ones and
+     * lane-crossing permutes as several: kraw_narrow.c's 128-bit kernels measured faster there */
+    detected_split = amd && fam == 0x17 && model < 0x30;
     int osxsave = (r[2] >> 27) & 1, fma = (r[2] >> 12) & 1, f16c = (r[2] >> 29) & 1, avx = (r[2] >> 28) & 1;
     if (!osxsave || !avx || maxleaf < 7) return;
     unsigned long long xcr0 = xgetbv0();
@@ -107,6 +114,7 @@ MDK_API int mdk_select_path(int want) {
         done = 1;
         mdk_path = detected_path;
         mdk_has_bf16 = detected_bf16;
+        mdk_narrow = detected_split;
     }
     if (want >= 0) {
         mdk_path = want < detected_path ? want : detected_path;
@@ -114,6 +122,15 @@ MDK_API int mdk_select_path(int want) {
     }
     mdk_has_amx = mdk_path == MDK_PATH_AVX512 && detected_amx && amx_allowed;
     return mdk_path;
+}
+
+/* The AVX2 path's 128-bit kernels (kraw_narrow.c) in use (1) or not (0), where they exist: want 0 or 1
+ * sets it (tests run both on any AVX2 CPU), < 0 asks; on by default where the CPU splits 256-bit
+ * operations (detect). Read only on the AVX2 path. */
+MDK_API int mdk_narrow_kernels(int want) {
+    mdk_select_path(-1);
+    if (want >= 0) mdk_narrow = want != 0;
+    return mdk_narrow;
 }
 
 /* AMX tiles in use (1) or not (0); want 0 turns them off, 1 on where the CPU and OS have them (tests and

@@ -167,31 +167,6 @@ const uint8_t *mdk_prepared_act(int kind, const mdk_q8 *a, int k) {
     return best->buf;
 }
 
-/* Software prefetch. A group reads its rows' blocks in turn: 4 (AVX2: 2) streams a row apart, each
- * block's fields not in address order (Q6_K: ql, qh, scales, d); the hardware prefetchers fell behind
- * on it (Q6_K [2048, 768] from RAM: 11 GB/s against the tiles' 36, one thread). So each block step
- * prefetches the next slice, in address order, of the rows a later group reads (PF_ROWS on: their
- * bytes are contiguous, or nearly: a seam between two parts only wastes a few prefetches). Spread
- * over the steps and in address order measured better than each row's block a few rows on (Qwen3's
- * gate+up at T = 1, 2 threads: 0.97-1.12 x the tiles against 0.93-0.95) or all of it at once. */
-#if defined(__GNUC__) || defined(__clang__)  /* (GCC 12 -std=c11 dropped _mm_prefetch here: no prefetch in the object) */
-#define PREFETCH(p) __builtin_prefetch((p), 0, 3)
-#else
-#define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
-#endif
-#define PF_ROWS 8  /* rows ahead (AVX-512: 2 groups; 12 and 16 measured no better) */
-
-typedef struct { const uint8_t *base; size_t step, span; } pf_plan;  /* base NULL: none */
-
-static inline void pf_slice(const pf_plan *pf, int s) {  /* slice s of the region: [s step, (s + 1) step) */
-    if (!pf->base) return;
-    size_t o = (size_t)s * pf->step, end = o + pf->step < pf->span ? o + pf->step : pf->span;
-    for (; o < end; o += 64) PREFETCH(pf->base + o);
-}
-
-/* 4 (AVX2: 2) rows against nt tokens: y[t][row] */
-typedef void (*rows_fn)(const uint8_t *const *rows, int nb, const uint8_t *const *act, const pf_plan *pf, float (*y)[4]);
-
 /* ======================= AVX-512 VNNI: 4 rows a call ======================= */
 #define SEL0(i) (int)(0x80808000u | (unsigned)(i))  /* pshufb: byte i to byte 0 of the lane, zeros above */
 #define SEL3(i) (int)((unsigned)(i) << 24 | 0x808080u)  /* byte i to byte 3 of the lane, zeros below */
@@ -829,7 +804,7 @@ QB256(Q4_0) QB256(Q4_1) QB256(Q5_0) QB256(Q5_1)
 #undef R256
 
 /* ======================= the dispatcher ======================= */
-typedef struct { int rows, kind; rows_fn fn[4]; } raw_kernel;  /* rows a call, prep kind, [nt - 1] */
+typedef struct { int rows, kind; kraw_rows_fn fn[4]; } raw_kernel;  /* rows a call, prep kind, [nt - 1] */
 
 static const raw_kernel K512[8] = {  /* [fmt - MDK_Q4K]: Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 */
     {4, KIND_K4, {q4k512_1, q4k512_2, q4k512_3, q4k512_4}},
@@ -851,12 +826,12 @@ static const raw_kernel K256[8] = {
     {2, KIND_QB, {Q5_0_256_1, Q5_0_256_2, Q5_0_256_3, Q5_0_256_4}},
     {2, KIND_QB, {Q5_1_256_1, Q5_1_256_2, Q5_1_256_3, Q5_1_256_4}},
 };
-
-
 int mdk_raw_x86(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y) {
     int fmt = w->fmt;
     if (!(MDK_IS_KQ(fmt) || MDK_IS_QB(fmt)) || (mdk_path != MDK_PATH_AVX512 && mdk_path != MDK_PATH_AVX2)) return 0;
     const raw_kernel *K = mdk_path == MDK_PATH_AVX512 ? &K512[fmt - MDK_Q4K] : &K256[fmt - MDK_Q4K];
+    /* the same rows, prep and lanes in 128-bit vectors where 256-bit ones are split (kraw_narrow.c) */
+    const kraw_rows_fn *fn = mdk_path == MDK_PATH_AVX2 && mdk_narrow && fmt == MDK_Q6K ? mdk_q6k_narrow : K->fn;
     int k = w->k, R = K->rows, qb = MDK_IS_QB(fmt);
     int nb = qb ? k / 32 : k / 256, nb4 = qb ? nb / 4 * 4 : nb;  /* 32-weight formats: units of 4 blocks */
     size_t rb = kraw_row_bytes(fmt, k);
@@ -870,7 +845,7 @@ int mdk_raw_x86(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int
         pf_plan pf = {r + PF_ROWS < w->n ? kraw_row(w, r + PF_ROWS, rb) : NULL, 0, (size_t)R * rb};
         int steps = qb ? nb4 / 4 : nb4;  /* the kernel's block steps (32-weight formats: units of 4) */
         pf.step = steps ? (pf.span / steps + 63) / 64 * 64 : 0;
-        if (nb4) K->fn[nt - 1](rows, nb4, act, &pf, out);
+        if (nb4) fn[nt - 1](rows, nb4, act, &pf, out);
         else memset(out, 0, sizeof out);
         for (int j = 0; j < R && r + j < r1; j++)
             for (int t = 0; t < nt; t++)  /* (blocks past the last unit of 4: the portable kernel's terms) */

@@ -91,6 +91,7 @@ typedef struct {
 extern int mdk_path;      /* the active path (MDK_PATH_*) */
 extern int mdk_has_bf16;  /* AVX512-BF16 present (and the AVX-512 path active) */
 extern int mdk_has_amx;   /* AMX tiles (bf16 and int8) usable, allowed, and the AVX-512 path active */
+extern int mdk_narrow;    /* the AVX2 path runs its 128-bit kernels where it has them (kraw_narrow.c) */
 /* flash_amx.c: a prompt's attention over a bf16 cache in AMX tiles (flash.c calls it; -1: not here) */
 int mdk_flash_amx(const float *q, long qs, int H, int G, int Hd, int n, int q0, int window, float scale,
                   const uint16_t *k, const uint16_t *v, long gs, long ks, float *out, long os, int nthreads);
