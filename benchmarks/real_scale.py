@@ -346,7 +346,7 @@ def _num(x, fmt="{:.2f}") -> str:
 def parent_main(a) -> None:
     import torch
 
-    from benchmarks.common import machine, read_bandwidth, record
+    from benchmarks.common import cpu_tag, machine, read_bandwidth, record
     from benchmarks import real_scale_files as files
 
     torch.set_num_threads(a.threads)
@@ -452,7 +452,7 @@ def parent_main(a) -> None:
     out()
     out(f"machine: {machine()}")
     name = "real_scale-" + a.model_path.stem + (f"-ballast{a.ballast_gb:g}" if a.ballast_gb else "") + \
-        (f"-{a.only}" if a.only else "")
+        (f"-{a.only}" if a.only else "") + f"-{cpu_tag()}"  # the CPU kind varies between sessions
     payload = {"file": str(a.model_path), "file_bytes": file_bytes, "step_bytes": step,
                "prompt_tokens": a.prompt_tokens, "new_tokens": a.new_tokens, "threads": a.threads, "ctx": a.ctx,
                "ballast_gb": a.ballast_gb, "runs": runs, "ratios": ratios}
