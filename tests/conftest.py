@@ -1,4 +1,5 @@
 import os
+import threading
 import time
 
 import pytest
@@ -37,6 +38,36 @@ def _pace(generator, per_token_s: float = 0.005) -> None:
         return inner(step)
 
     generator.retrying = paced
+
+
+_MEASURED: dict = {}  # accelerator kind -> this machine's HardwareProfile, measured once a run
+_MEASURING = threading.Lock()
+
+
+@pytest.fixture(autouse=True)
+def _machine_measured_once(request, monkeypatch):
+    """The machine's hardware profile (engine/planning/hardware.py: 10-20 s on 2 cores) is measured once a
+    run: a later test's first start, re-measure or damaged profile gets a copy of that measure at once,
+    through the same path (the window's "Measuring this machine", the file written). Tests of the
+    measuring itself are marked `measures_machine`. Subprocesses (the CLI tests) share the run's cache
+    folder, so they measure once too."""
+    if request.node.get_closest_marker("measures_machine"):
+        yield
+        return
+    import copy
+
+    import engine.planning.hardware as hardware
+
+    real = hardware.measure
+
+    def once(accel):
+        with _MEASURING:
+            if accel.type not in _MEASURED:
+                _MEASURED[accel.type] = real(accel)
+            return copy.deepcopy(_MEASURED[accel.type])
+
+    monkeypatch.setattr(hardware, "measure", once)
+    yield
 
 
 @pytest.fixture(autouse=True)
