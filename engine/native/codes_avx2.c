@@ -295,9 +295,17 @@ static MDK_INLINE void rows2(const int fmt, const mdk_matrix *w, int r0, int r1,
 }
 
 typedef void (*rows_fn)(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y);
+/* nt a constant in each copy: the accumulators stay in registers (with nt passed through, each group's
+ * fmadd went through acc[] on the stack: IQ4_XS decode of the tiny Qwen3 file, one process interleaved,
+ * best of 6 rounds 16.0 -> 17.9 tok/s, faster in 5 of the 6 pairs, on the AVX2-only AMD EPYC) */
 #define ROWS2(F) MDK_TARGET(A2) static void rows2_##F(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, \
-                 int nt, float *const *y) { rows2(MDK_##F, w, r0, r1, a, nt, y); }
-/* nt a constant in each copy: the accumulators stay in registers */
+                 int nt, float *const *y) { \
+    switch (nt) { \
+    case 1: rows2(MDK_##F, w, r0, r1, a, 1, y); break; \
+    case 2: rows2(MDK_##F, w, r0, r1, a, 2, y); break; \
+    case 3: rows2(MDK_##F, w, r0, r1, a, 3, y); break; \
+    default: rows2(MDK_##F, w, r0, r1, a, 4, y); break; \
+    } }
 ROWS2(IQ4NL) ROWS2(IQ4XS) ROWS2(IQ2XXS) ROWS2(IQ2XS) ROWS2(IQ2S) ROWS2(IQ3XXS) ROWS2(IQ3S)
 ROWS2(IQ1S) ROWS2(IQ1M) ROWS2(TQ1_0) ROWS2(TQ2_0) ROWS2(NVFP4)
 static const rows_fn ROWS[MDK_CODES_N] = {NULL, NULL, rows2_IQ4NL, rows2_IQ4XS, rows2_IQ2XXS, rows2_IQ2XS,
