@@ -121,7 +121,7 @@ def main() -> None:
     out(f"machine: {machine()}")
     out("command: python benchmarks/low_bit_decode.py " + " ".join(sys.argv[1:]))
     if not a.no_record:
-        print("recorded", record(f"low_bit_decode-{cpu_tag()}", {"rows": [
+        print("recorded", record(f"low_bit_decode-{a.sizes.replace(',', '-')}-{cpu_tag()}", {"rows": [
             {"size": s, "recipe": r, "file": str(p), "result": res} for s, r, p, res in rows]}, "\n".join(lines)))
 
 
