@@ -10,7 +10,6 @@
 
 #define A2 "avx2,fma,f16c,bmi2"
 
-static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
 MDK_TARGET(A2)
 static MDK_INLINE float h2f(uint16_t h) { return _cvtsh_ss(h); }

@@ -12,7 +12,6 @@
 
 #define A512 "avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,avx2,fma,f16c,bmi2"
 
-static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
 MDK_TARGET(A512)
 static MDK_INLINE float h2f(uint16_t h) { return _cvtsh_ss(h); }  /* (mdk_h2f is a call into cpu.c) */

@@ -32,7 +32,6 @@
 #define A512 "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
 #define NTOK 8  /* tokens per kernel call: 8 int and 8 float accumulators */
 
-static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
 /* ---------------- one panel: 16 rows unpacked ---------------- */
 typedef struct {

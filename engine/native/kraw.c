@@ -26,7 +26,6 @@
 #include <malloc.h>
 #endif
 
-static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static uint32_t rd32(const uint8_t *p) { return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 
 /* ---------------- aligned memory (kraw_x86.c's per-thread copies of tokens) ---------------- */

@@ -27,6 +27,9 @@ static inline int kraw_bsize(int fmt) {  /* bytes a ggml block */
     }
 }
 
+/* a little-endian 16-bit field (an fp16 scale) of a block, at any alignment */
+static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
 static inline size_t kraw_row_bytes(int fmt, int k) { return (size_t)(k / kraw_qk(fmt)) * (size_t)kraw_bsize(fmt); }
 
 /* row r of a raw matrix: w + r * rb, or w_hi + (r - n_lo) * rb for r >= n_lo when w_hi is set */
@@ -79,6 +82,9 @@ static inline void pf_slice(const pf_plan *pf, int s) {  /* slice s of the regio
     size_t o = (size_t)s * pf->step, end = o + pf->step < pf->span ? o + pf->step : pf->span;
     for (; o < end; o += 64) PREFETCH(pf->base + o);
 }
+
+#define SEL0(i) (int)(0x80808000u | (unsigned)(i))  /* pshufb: byte i to byte 0 of the lane, zeros above */
+#define SEL3(i) (int)((unsigned)(i) << 24 | 0x808080u)  /* byte i to byte 3 of the lane, zeros below */
 
 /* 4 (AVX2: 2) rows against nt tokens: y[t][row] */
 typedef void (*kraw_rows_fn)(const uint8_t *const *rows, int nb, const uint8_t *const *act, const pf_plan *pf, float (*y)[4]);

@@ -14,15 +14,10 @@
  * order kraw_x86.c prepares them (K6). */
 #include "kraw.h"
 
-#include <string.h>
-
 #if MDK_X86
 #include <immintrin.h>
 
 #define A2N "avx2,fma,f16c"
-#define SEL3(i) (int)((unsigned)(i) << 24 | 0x808080u)  /* pshufb: byte i to byte 3 of the lane, zeros below */
-
-static inline uint16_t rd16n(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
 #define LD(p) _mm_loadu_si128((const __m128i *)(p))
 
@@ -56,7 +51,8 @@ static MDK_INLINE void k6_body128(const uint8_t *const *rows, int nsb, const uin
                 __m128i t2 = _mm_unpacklo_epi32(b0, b1), t3 = _mm_unpackhi_epi32(b0, b1);
                 const __m128i T[4] = {_mm_unpacklo_epi64(t0, t2), _mm_unpackhi_epi64(t0, t2),
                                       _mm_unpacklo_epi64(t1, t3), _mm_unpackhi_epi64(t1, t3)};
-                __m128i u0 = _mm_unpacklo_epi32(LD(qp), LD(qp + 16)), u1 = _mm_unpackhi_epi32(LD(qp), LD(qp + 16));
+                const __m128i q0 = LD(qp), q1 = LD(qp + 16);
+                __m128i u0 = _mm_unpacklo_epi32(q0, q1), u1 = _mm_unpackhi_epi32(q0, q1);
                 __m128i v0 = _mm_srli_epi32(u0, 2), v1 = _mm_srli_epi32(u1, 2);  /* (q_m, q_m+4, q_m >> 2, q_m+4 >> 2) */
                 const __m128i QH[4] = {_mm_unpacklo_epi64(u0, v0), _mm_unpackhi_epi64(u0, v0),
                                        _mm_unpacklo_epi64(u1, v1), _mm_unpackhi_epi64(u1, v1)};
@@ -92,7 +88,7 @@ static MDK_INLINE void k6_body128(const uint8_t *const *rows, int nsb, const uin
                     f[t] = _mm_fmadd_ps(_mm_cvtepi32_ps(v), _mm_loadu_ps(xd + 4), f[t]);
                 }
             }
-            __m128 D = _mm_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd16n(b + 208))));
+            __m128 D = _mm_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(rd16(b + 208))));
             for (int t = 0; t < nt; t++) acc[r][t] = _mm_fmadd_ps(f[t], D, acc[r][t]);
         }
     }

@@ -40,7 +40,6 @@
 #define A512 "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
 #define A2 "avx2,fma,f16c"
 
-static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
 /* ---------------- activation prep: one token in each format's order (AVX2, both paths) ----------------
  * K4 (Q4_K, Q5_K): per super-block 256 bytes: at 128 nib + 32m + 16h, for p = 0..3 the 4 bytes at
@@ -168,8 +167,6 @@ const uint8_t *mdk_prepared_act(int kind, const mdk_q8 *a, int k) {
 }
 
 /* ======================= AVX-512 VNNI: 4 rows a call ======================= */
-#define SEL0(i) (int)(0x80808000u | (unsigned)(i))  /* pshufb: byte i to byte 0 of the lane, zeros above */
-#define SEL3(i) (int)((unsigned)(i) << 24 | 0x808080u)  /* byte i to byte 3 of the lane, zeros below */
 
 /* the qs dwords (h, m) of one super-block of 4 rows (Q4_K/Q5_K: 128 bytes a row at q0) -> T[m]:
  * chunk r lane p = row r, pair p, dword (h, m) */
