@@ -3,22 +3,26 @@ import threading
 import time
 
 import pytest
-import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # two test processes share the cores (pyproject's -n): torch's
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP threads sleep, not spin on the other's core
+import torch  # noqa: E402
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-if "XDG_STATE_HOME" not in os.environ:  # the engine's error log (engine/errorlog.py) stays out of $HOME
-    import tempfile
+# The engine's error log (engine/errorlog.py), the window's settings and the cache (the hardware profile,
+# calibrations) stay out of $HOME, in folders of this test process: each of pyproject's parallel workers
+# makes its own (the controller's, which they inherit, would be shared: one worker's window remembered
+# another's slider). A folder set before the run is kept. Tests that need their own set one (window_cache
+# below: a copy of a measured one).
+_OURS = os.environ.get("MIXDESK_TEST_XDG", "").split(os.pathsep)
+for _var, _prefix in (("XDG_STATE_HOME", "state"), ("XDG_CONFIG_HOME", "config"), ("XDG_CACHE_HOME", "cache")):
+    if _var not in os.environ or os.environ[_var] in _OURS:
+        import tempfile
 
-    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="mixdesk-test-state-")
-if "XDG_CONFIG_HOME" not in os.environ:  # the window's settings (theme) stay out of $HOME
-    import tempfile
-
-    os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="mixdesk-test-config-")
-if "XDG_CACHE_HOME" not in os.environ:  # the hardware profile and calibrations stay out of $HOME; tests
-    import tempfile  # that need their own set one (window_cache below: a copy of a measured one)
-
-    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="mixdesk-test-cache-")
+        os.environ[_var] = tempfile.mkdtemp(prefix=f"mixdesk-test-{_prefix}-")
+        _OURS.append(os.environ[_var])
+os.environ["MIXDESK_TEST_XDG"] = os.pathsep.join(d for d in _OURS if d)
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 # bitsandbytes' first import logs a failed optional import with the exception as the message's
 # argument; pytest's log capture keeps the record, so the traceback kept the frames of whatever
@@ -50,7 +54,7 @@ def _machine_measured_once(request, monkeypatch):
     run: a later test's first start, re-measure or damaged profile gets a copy of that measure at once,
     through the same path (the window's "Measuring this machine", the file written). Tests of the
     measuring itself are marked `measures_machine`. Subprocesses (the CLI tests) share the run's cache
-    folder, so they measure once too."""
+    folder, so they measure once too. Split across workers, the run's one measure is the controller's."""
     if request.node.get_closest_marker("measures_machine"):
         yield
         return
@@ -63,11 +67,42 @@ def _machine_measured_once(request, monkeypatch):
     def once(accel):
         with _MEASURING:
             if accel.type not in _MEASURED:
-                _MEASURED[accel.type] = real(accel)
+                _MEASURED[accel.type] = _profile_of_the_run(real, accel)
             return copy.deepcopy(_MEASURED[accel.type])
 
     monkeypatch.setattr(hardware, "measure", once)
     yield
+
+
+def _profile_of_the_run(real, accel):
+    """The controller's measure (pytest_configure below) where the run is split across workers, else real's."""
+    import json
+
+    import engine.planning.hardware as hardware
+
+    path = os.environ.get("MIXDESK_TEST_HARDWARE")
+    if accel.type == "cpu" and path and os.path.exists(path):
+        return hardware.HardwareProfile(**json.loads(open(path).read()))
+    return real(accel)
+
+
+def pytest_configure(config):
+    """With the run split across worker processes (pyproject's `-n`), the machine is measured once here,
+    before they start: measured inside a worker it would be measured while the other worker computes, and
+    each worker would measure its own (a plan's batched rate came out no faster than one stream's)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
+        return
+    import json
+    import tempfile
+    from dataclasses import asdict
+
+    import engine.planning.hardware as hardware
+
+    folder = tempfile.mkdtemp(prefix="mixdesk-test-hardware-")
+    path = os.path.join(folder, "hardware.json")
+    with open(path, "w") as f:
+        json.dump(asdict(hardware.measure(torch.device("cpu"))), f)
+    os.environ["MIXDESK_TEST_HARDWARE"] = path
 
 
 @pytest.fixture(autouse=True)
