@@ -76,14 +76,13 @@ def _machine_measured_once(request, monkeypatch):
 
 def _profile_of_the_run(real, accel):
     """The controller's measure (pytest_configure below) where the run is split across workers, else real's."""
-    import json
+    from pathlib import Path
 
     import engine.planning.hardware as hardware
 
     path = os.environ.get("MIXDESK_TEST_HARDWARE")
-    if accel.type == "cpu" and path and os.path.exists(path):
-        return hardware.HardwareProfile(**json.loads(open(path).read()))
-    return real(accel)
+    prof = hardware.cached(Path(path)) if accel.type == "cpu" and path else None
+    return prof if prof is not None else real(accel)
 
 
 def pytest_configure(config):
@@ -92,17 +91,14 @@ def pytest_configure(config):
     each worker would measure its own (a plan's batched rate came out no faster than one stream's)."""
     if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
         return
-    import json
     import tempfile
-    from dataclasses import asdict
+    from pathlib import Path
 
     import engine.planning.hardware as hardware
 
-    folder = tempfile.mkdtemp(prefix="mixdesk-test-hardware-")
-    path = os.path.join(folder, "hardware.json")
-    with open(path, "w") as f:
-        json.dump(asdict(hardware.measure(torch.device("cpu"))), f)
-    os.environ["MIXDESK_TEST_HARDWARE"] = path
+    path = Path(tempfile.mkdtemp(prefix="mixdesk-test-hardware-")) / "hardware.json"
+    hardware.save(hardware.measure(torch.device("cpu")), path)
+    os.environ["MIXDESK_TEST_HARDWARE"] = str(path)
 
 
 @pytest.fixture(autouse=True)

@@ -333,31 +333,23 @@ static MDK_INLINE void rows_iq4(const int fmt, const mdk_matrix *w, int r0, int 
         for (int t = 0; t < nt; t++) y[t][r - r0] = hsum8(_mm256_add_ps(acc[t][0], acc[t][1]));
     }
 }
-#define ROWS4(F) MDK_TARGET(A2) static void rows4_##F(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, \
-                 int nt, float *const *y) { \
-    switch (nt) { \
-    case 1: rows_iq4(MDK_##F, w, r0, r1, a, 1, y); break; \
-    case 2: rows_iq4(MDK_##F, w, r0, r1, a, 2, y); break; \
-    case 3: rows_iq4(MDK_##F, w, r0, r1, a, 3, y); break; \
-    default: rows_iq4(MDK_##F, w, r0, r1, a, 4, y); break; \
-    } }
-ROWS4(IQ4NL) ROWS4(IQ4XS)
 
 typedef void (*rows_fn)(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, int nt, float *const *y);
 /* nt a constant in each copy: the accumulators stay in registers (with nt passed through, each group's
  * fmadd went through acc[] on the stack: IQ4_XS decode of the tiny Qwen3 file, one process interleaved,
  * best of 6 rounds 16.0 -> 17.9 tok/s, faster in 5 of the 6 pairs, on the AVX2-only AMD EPYC) */
-#define ROWS2(F) MDK_TARGET(A2) static void rows2_##F(const mdk_matrix *w, int r0, int r1, const mdk_q8 *const *a, \
-                 int nt, float *const *y) { \
+#define BY_NT(KERNEL, F) MDK_TARGET(A2) static void KERNEL##_##F(const mdk_matrix *w, int r0, int r1, \
+                 const mdk_q8 *const *a, int nt, float *const *y) { \
     switch (nt) { \
-    case 1: rows2(MDK_##F, w, r0, r1, a, 1, y); break; \
-    case 2: rows2(MDK_##F, w, r0, r1, a, 2, y); break; \
-    case 3: rows2(MDK_##F, w, r0, r1, a, 3, y); break; \
-    default: rows2(MDK_##F, w, r0, r1, a, 4, y); break; \
+    case 1: KERNEL(MDK_##F, w, r0, r1, a, 1, y); break; \
+    case 2: KERNEL(MDK_##F, w, r0, r1, a, 2, y); break; \
+    case 3: KERNEL(MDK_##F, w, r0, r1, a, 3, y); break; \
+    default: KERNEL(MDK_##F, w, r0, r1, a, 4, y); break; \
     } }
-ROWS2(IQ2XXS) ROWS2(IQ2XS) ROWS2(IQ2S) ROWS2(IQ3XXS) ROWS2(IQ3S)
-ROWS2(IQ1S) ROWS2(IQ1M) ROWS2(TQ1_0) ROWS2(TQ2_0) ROWS2(NVFP4)
-static const rows_fn ROWS[MDK_CODES_N] = {NULL, NULL, rows4_IQ4NL, rows4_IQ4XS, rows2_IQ2XXS, rows2_IQ2XS,
+BY_NT(rows_iq4, IQ4NL) BY_NT(rows_iq4, IQ4XS)
+BY_NT(rows2, IQ2XXS) BY_NT(rows2, IQ2XS) BY_NT(rows2, IQ2S) BY_NT(rows2, IQ3XXS) BY_NT(rows2, IQ3S)
+BY_NT(rows2, IQ1S) BY_NT(rows2, IQ1M) BY_NT(rows2, TQ1_0) BY_NT(rows2, TQ2_0) BY_NT(rows2, NVFP4)
+static const rows_fn ROWS[MDK_CODES_N] = {NULL, NULL, rows_iq4_IQ4NL, rows_iq4_IQ4XS, rows2_IQ2XXS, rows2_IQ2XS,
                                           rows2_IQ2S, rows2_IQ3XXS, rows2_IQ3S, rows2_IQ1S, rows2_IQ1M, rows2_TQ1_0,
                                           rows2_TQ2_0, rows2_NVFP4};
 

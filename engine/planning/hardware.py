@@ -172,10 +172,11 @@ def profile_path() -> Path:
     return user_cache_path("mixdesk", appauthor=False) / "hardware.json"
 
 
-def cached() -> HardwareProfile | None:
-    """This machine's cached profile, or None when it is missing, stale or damaged (never measures)."""
+def cached(path: Path | None = None) -> HardwareProfile | None:
+    """This machine's cached profile (or the one at path), or None when it is missing, stale or damaged
+    (never measures)."""
     try:
-        data = json.loads(profile_path().read_text())
+        data = json.loads((path or profile_path()).read_text())
         if isinstance(data, dict) and data.get("format") == FORMAT and data.get("machine") == machine_id():
             prof = HardwareProfile(**data)
             if isinstance(prof.tier_costs, dict) and "cpu-16" in prof.tier_costs:
@@ -191,7 +192,11 @@ def load_or_measure(accel: torch.device, remeasure: bool = False) -> HardwarePro
         prof = cached()
         if prof is not None:
             return prof
-    prof = measure(accel)
+    return save(measure(accel), path)
+
+
+def save(prof: HardwareProfile, path: Path) -> HardwareProfile:
+    """prof written to path whole (a reader never sees half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(prof), indent=1))
