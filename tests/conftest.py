@@ -218,6 +218,27 @@ def measured_machine(cache_seed, tmp_path, monkeypatch):
     return folder
 
 
+@pytest.fixture
+def pinned_machine(tmp_path, monkeypatch):
+    """This test's cache folder (tmp_path / "cache") holding a fixed hardware profile, not this machine's:
+    the profile measured on a 2-core AVX2 AMD EPYC on 2026-12-05 (tests/machines/), stamped with this
+    machine's id so it is taken as measured here. For tests of what the planner makes of a machine (how
+    many points a frontier has, which tiers its fastest end holds): measured, those depend on the CPU
+    (on CI's machine of 12-05 the 2- and 3-bit CPU tiers were no faster than cpu-4, and a config's
+    frontier had 10 points where this one gives 180)."""
+    import json
+    from pathlib import Path
+
+    import engine.planning.hardware as hardware
+
+    data = json.loads((Path(__file__).parent / "machines" / "amd-epyc-avx2-2-cores.json").read_text())
+    data["machine"] = hardware.machine_id()
+    folder = tmp_path / "cache"
+    hardware.save(hardware.HardwareProfile(**data), folder / "mixdesk" / "hardware.json")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(folder))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_sharded(tmp_path_factory):
     """The same kind of model, written as several shards with model.safetensors.index.json."""

@@ -46,8 +46,8 @@ def test_bench_prints_figures(tiny_sharded, window_cache):
 
 
 def _cached(tmp_path):
-    """The environment with this test's own cache (window_cache, in the test's arguments: a copy of
-    the run's measured one, so the child does not measure the machine again)."""
+    """The environment with this test's own cache (window_cache or pinned_machine, in the test's arguments:
+    a copy of the run's measured one or a fixed one, so the child does not measure the machine again)."""
     import os
 
     assert os.environ["XDG_CACHE_HOME"] == str(tmp_path / "cache"), "the test needs the window_cache fixture"
@@ -69,7 +69,7 @@ def test_plan_prints_the_frontier_and_writes_a_plot(tiny, tmp_path, window_cache
     assert hw.stat().st_mtime_ns > before  # measured anew
 
 
-def test_plan_from_mixtral_config_alone(tmp_path, window_cache):
+def test_plan_from_mixtral_config_alone(tmp_path, pinned_machine):
     from pathlib import Path
 
     cfg = Path(__file__).resolve().parents[1] / "resources" / "mixtral-8x7b-config.json"

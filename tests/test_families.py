@@ -137,13 +137,13 @@ def test_unsupported_layouts_are_refused_by_name(tmp_path):
 
 
 @pytest.mark.slow  # 20 s; test_plan_from_mixtral_config_alone covers --config-only in the default run
-def test_plan_from_the_shipped_qwen3_config(tmp_path, window_cache):
+def test_plan_from_the_shipped_qwen3_config(tmp_path, pinned_machine):
     from pathlib import Path
 
     cfg = Path(__file__).resolve().parents[1] / "resources" / "qwen3-30b-a3b-config.json"
     r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "plan", "--config-only", "--model", str(cfg),
                         "--gpu-budget", "24", "--ram-budget", "64", "--png", ""], capture_output=True, text=True,
-                       timeout=600, env=dict(os.environ))  # window_cache
+                       timeout=600, env=dict(os.environ))  # pinned_machine
     assert r.returncode == 0, r.stderr
     assert "frontier computed in" in r.stdout and "NOTHING FITS" not in r.stdout
     rows = [line for line in r.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
@@ -181,7 +181,7 @@ def test_the_window_opens_a_tiny_qwen3_moe_and_chats(qtbot, folders, tmp_path, m
     w.close()
 
 
-def test_gpt_oss_is_planned_from_its_config_and_its_release_config_accepted(tmp_path, window_cache):
+def test_gpt_oss_is_planned_from_its_config_and_its_release_config_accepted(tmp_path, pinned_machine):
     import json
     import shutil
     from pathlib import Path
@@ -189,7 +189,7 @@ def test_gpt_oss_is_planned_from_its_config_and_its_release_config_accepted(tmp_
     cfg = Path(__file__).resolve().parents[1] / "resources" / "gpt-oss-20b-config.json"
     r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "plan", "--config-only", "--model", str(cfg),
                         "--gpu-budget", "24", "--ram-budget", "64", "--png", ""], capture_output=True, text=True,
-                       timeout=600, env=dict(os.environ))  # window_cache
+                       timeout=600, env=dict(os.environ))  # pinned_machine
     assert r.returncode == 0 and "gpu-4" in r.stdout, r.stderr
     folder = tmp_path / "gpt-oss"
     folder.mkdir()
@@ -227,13 +227,13 @@ def test_the_placement_map_stays_readable_at_48_by_128(qtbot):
     ("glm-4.5-air", "46 of 46 layers attend"),
     pytest.param("glm-4.7-flash", "1,692 MiB of keys and values (47 of 47",  # MLA: a 576-number row a token a layer
                  marks=pytest.mark.slow)])
-def test_the_2026_families_are_planned_from_their_published_configs(tmp_path, window_cache, config, attend):
+def test_the_2026_families_are_planned_from_their_published_configs(tmp_path, pinned_machine, config, attend):
     from pathlib import Path
 
     cfg = Path(__file__).resolve().parents[1] / "resources" / f"{config}-config.json"
     r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "plan", "--config-only", "--model", str(cfg),
                         "--gpu-budget", "24", "--ram-budget", "64", "--png", ""], capture_output=True, text=True,
-                       timeout=600, env=dict(os.environ))  # window_cache
+                       timeout=600, env=dict(os.environ))  # pinned_machine
     assert r.returncode == 0, r.stderr
     rows = [line for line in r.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
     assert len(rows) > 10 and "NOTHING FITS" not in r.stdout and attend in r.stdout
