@@ -9,7 +9,7 @@ from collections import deque
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from engine.session import Session
+from engine.runtime.session import Session
 
 from . import gui_gc
 
@@ -75,9 +75,9 @@ class EngineBridge(QObject):
     def shutdown(self, timeout: float = 10.0) -> bool:
         """Stop the engine thread and its helpers. They are waited for past `timeout` too, however
         long the step in progress takes (a calibration step took 20 s on a busy machine): a thread
-        left inside torch aborts the process when the interpreter exits (engine/client.py
+        left inside torch aborts the process when the interpreter exits (engine/runtime/client.py
         end_session). True if the engine ended within `timeout`."""
-        from engine.client import end_session
+        from engine.runtime.client import end_session
 
         self._closing = True
         gui_gc.release_waiters()  # an engine waiting for the GUI thread to collect goes on

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from engine.generate import SamplingParams
+from engine.runtime.generate import SamplingParams
 
 from . import theme
 from .chat_settings import DEFAULTS, SAMPLING_KEYS, default_values, overrides, read

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from engine.sampling import SamplingParams
+from engine.protocol.sampling import SamplingParams
 
 # new chats' built-in defaults (the user's own: app/chat_defaults.py saved()); a mild
 # repetition penalty, as llama.cpp and LM Studio use

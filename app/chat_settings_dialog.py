@@ -9,7 +9,7 @@ from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QGridLayout, QHBoxLayout,
                                QInputDialog, QLabel, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout)
 
-from engine.sampling import SamplingParams
+from engine.protocol.sampling import SamplingParams
 
 from . import theme
 from .chat_settings import DEFAULTS, SAMPLING_KEYS, SETTINGS, default_values, overrides, read

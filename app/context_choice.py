@@ -1,8 +1,8 @@
 """The context a model runs at, chosen by the user: when it opens (the model picker's Context box) and
 from the model bar (ContextButton), remembered per model (QSettings, keyed by the model as the recent
 list names it) and used the next time it opens. "Auto" is the engine's: the model's own context length
-as far as memory allows (engine/context_fit.py); an explicit length says what it costs in memory. A
-change of a loaded model's context is a SetContext (engine/commands.py): no reload of the weights.
+as far as memory allows (engine/control/context_fit.py); an explicit length says what it costs in memory. A
+change of a loaded model's context is a SetContext (engine/protocol/commands.py): no reload of the weights.
 
 Each option's memory comes from the model's context cost (engine/planning/kv_reservation.py): from the
 Loaded event for the model in use, from the model's header on disk for one not open yet (`cost_of`, on
@@ -79,9 +79,9 @@ def cost_of(spec: str, device: str | None, dtype: str):
     would take now and what each length costs; None where it is not on disk."""
     import torch
 
-    from engine.context_fit import choose
-    from engine.devices import detect
-    from engine.load import open_checkpoint
+    from engine.control.context_fit import choose
+    from engine.machine.devices import detect
+    from engine.runtime.load import open_checkpoint
     from engine.planning.inputs import default_budgets
 
     from .hub_search import local_path

@@ -68,7 +68,7 @@ class EngineController(QObject):
                 self.stats.emit(ev)
         elif isinstance(ev, PlacementChanged):
             self.placement_changed.emit(ev)
-            if ev.reason == "profile":  # planned from a profile measured just now (engine/placement/controller.py)
+            if ev.reason == "profile":  # planned from a profile measured just now (engine/control/controller.py)
                 self.calibration_finished.emit()
         elif isinstance(ev, MigrationProgress):
             self.migration_progress.emit(ev)

@@ -51,7 +51,7 @@ def _engine_runs_on_the_runtime(started) -> None:
     fails because of the runtime. Its native libraries are loaded by now, so this process cannot
     switch torch: a fresh one does."""
     try:
-        import engine.session  # noqa: F401  (the engine's whole import chain: transformers, the model, ...)
+        import engine.runtime.session  # noqa: F401  (the engine's whole import chain: transformers, the model, ...)
     except Exception as e:  # noqa: BLE001 - any failure here is the runtime's
         from engine.tools.runtime.activate import set_aside
 

@@ -6,7 +6,7 @@ transformers alone; 280-620 ms in the test process, on the GUI thread, in the mi
 reply). `gc.freeze()` as a reply starts moves every object alive then out of the collector's reach,
 so the collections during the reply walk only what was made since; a young collection first, so
 that recent cyclic garbage is freed, not frozen. When the reply ends, `gc.unfreeze()` hands them
-back: a model unloaded later (engine/session.py collects then) must not be kept by a freeze.
+back: a model unloaded later (engine/runtime/session.py collects then) must not be kept by a freeze.
 """
 from __future__ import annotations
 

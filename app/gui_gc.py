@@ -10,7 +10,7 @@ event loop. So, while a window's engine bridge is alive:
 - automatic collection is off (`gc.disable()`), and a timer on the GUI thread does its work, by the
   same thresholds (`gc.get_threshold()`), every CHECK_MS (the PyQt "collector on the GUI thread"
   recipe);
-- the engine's own collection (a model unloaded: engine/session.py) is asked of the GUI thread and
+- the engine's own collection (a model unloaded: engine/runtime/session.py) is asked of the GUI thread and
   waited for, at most WAIT_S: the GUI thread may be busy, and a model's memory is freed by reference
   counts anyway; a collection is what frees the rest (cycles) before the next model is read.
 

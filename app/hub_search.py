@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.errors import MixdeskError, ModelError
+from engine.protocol.errors import MixdeskError, ModelError
 from engine.planning import fit as fitting
 
 TIMEOUT_S = 10.0  # per request (model info, config.json); the search itself is bounded by the browser
@@ -166,7 +166,7 @@ def disk_bytes(path: Path) -> int:
 
 def recent_line(spec: str, hw, budgets) -> tuple[str, str]:
     """(one line: size on disk and the fit where known, tooltip) for a recent model."""
-    from engine.gguf import is_gguf
+    from engine.files.gguf import is_gguf
 
     path = local_path(spec)
     if path is None:

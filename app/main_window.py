@@ -1,6 +1,6 @@
 """The main window: conversations, chat, attachments, the slider and the live panel.
 
-A reply arrives read in the model's format (engine/formats): its content is the answer (what the
+A reply arrives read in the model's format (engine/prompts/formats): its content is the answer (what the
 store keeps as the message, and all that later turns send back), its reasoning and tool calls are
 kept in the message's meta and shown around the answer (app/reasoning_view.py).
 
@@ -44,7 +44,7 @@ class MainWindow(QMainWindow, WindowWiring):
     def __init__(self, store: Store, model: str = "demo", session_kwargs: dict | None = None,
                  device: str | None = None, dtype: str = "auto", ctx=None, kv_bits: int = 16):
         """ctx: the context to open the model at ("auto" or tokens; None: the one chosen for it last).
-        kv_bits: 16 or 8, the keys-and-values format models open with (engine/kv8.py)."""
+        kv_bits: 16 or 8, the keys-and-values format models open with (engine/kv/int8.py)."""
         super().__init__()
         self.setWindowTitle("Mixdesk")
         self.resize(1280, 800)

@@ -28,7 +28,7 @@ class Jobs(QObject):
             try:
                 result = fn(*args)
             except Exception as e:  # noqa: BLE001 - said in one line, never a traceback
-                from engine.errors import MixdeskError
+                from engine.protocol.errors import MixdeskError
 
                 self.failed.emit(tag, e.args[0] if isinstance(e, MixdeskError) and e.args else
                                  f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}")

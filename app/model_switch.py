@@ -1,5 +1,5 @@
 """Opening a model without losing the one in use: the new model is checked on the engine thread
-(the query check_model, engine/queries.py) while the chat goes on with the old one, then loaded; if
+(the query check_model, engine/runtime/queries.py) while the chat goes on with the old one, then loaded; if
 it fails after the old one was let go, the old one comes back (ModelSwitch, the window's File > Open
 model and the browser's choice)."""
 from __future__ import annotations
@@ -50,10 +50,10 @@ class SwitchParts:
 class ModelSwitch:
     """File > Open model (and the picker, a folder, a hub id, the demo), given the window's parts. The model
     in use stays loaded, and the chat usable (Send too), until the new one has been checked
-    (the engine's check_model query, engine/queries.py); only then is it loaded, and Send waits for
+    (the engine's check_model query, engine/runtime/queries.py); only then is it loaded, and Send waits for
     it. A reply sent meanwhile is the old model's: the load waits for it to end (a Load releases the model
     in use, which would cut the reply off). A new model that fails after that (the
-    engine lets the old one go before it loads: engine/session.py _load) brings the previous one
+    engine lets the old one go before it loads: engine/runtime/session.py _load) brings the previous one
     back, and the window says both: why the new one failed, and that the previous one is back.
     (The engine now validates the folder before it releases the model in use, too; the check here
     also reads the tokenizer and the chat template, which load reads only after the release.)"""

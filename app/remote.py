@@ -24,8 +24,8 @@ from urllib.parse import urlsplit
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.formats import Delta
-from engine.generate import SamplingParams
+from engine.prompts.formats import Delta
+from engine.runtime.generate import SamplingParams
 from engine.protocol import Done, ErrorEvent, Token
 
 from . import gui_threads

@@ -42,10 +42,10 @@ def run() -> int:
     t0 = time.perf_counter()
     import torch
 
-    from engine.devices import detect
-    from engine.generate import SamplingParams
+    from engine.machine.devices import detect
+    from engine.runtime.generate import SamplingParams
     from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded
-    from engine.session import Session
+    from engine.runtime.session import Session
     from engine.sources.tiny_model import write_tiny_mixtral
 
     from engine.tools.runtime import activate as runtime

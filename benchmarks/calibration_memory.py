@@ -19,8 +19,8 @@ from benchmarks.common import CACHE  # noqa: E402
 
 
 def main() -> None:
-    from engine.load import load
-    from engine.memory import rss_parts
+    from engine.runtime.load import load
+    from engine.machine.memory import rss_parts
     from engine.planning import profile as P
 
     ap = argparse.ArgumentParser()

@@ -41,9 +41,9 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32, help="prompt tokens per request (attention's length)")
     args = ap.parse_args()
     from engine import native
-    from engine.generate import SamplingParams
+    from engine.runtime.generate import SamplingParams
     from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded, Token
-    from engine.session import Session
+    from engine.runtime.session import Session
     from engine.sources.demo import demo_dir, ensure
     from engine.tools.bench_kernels import read_bandwidth
 

@@ -58,9 +58,9 @@ class Engine:
 
     def __init__(self, path: Path, tier: str, dense_blocks=None):
         from engine import native
-        from engine.kernels import auto_dtype
-        from engine.load import open_checkpoint
-        from engine.model import MoEModel
+        from engine.native.dense_linear import auto_dtype
+        from engine.runtime.load import open_checkpoint
+        from engine.model.forward import MoEModel
         from engine.placement import Placement, Tier
 
         ck = open_checkpoint(path)  # a safetensors folder or a GGUF file

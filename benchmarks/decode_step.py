@@ -30,9 +30,9 @@ import json, sys, time, statistics, torch
 from engine import native
 from engine.native import choice
 from engine.tools.bench_kernels import read_bandwidth
-from engine.load import open_checkpoint
-from engine.kernels import auto_dtype
-from engine.model import MoEModel
+from engine.runtime.load import open_checkpoint
+from engine.native.dense_linear import auto_dtype
+from engine.model.forward import MoEModel
 from engine.placement import Placement, Tier
 from engine.sources.demo import demo_dir
 tier, variant, folder = sys.argv[1], sys.argv[2], sys.argv[3] or str(demo_dir())

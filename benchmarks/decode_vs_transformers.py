@@ -4,7 +4,7 @@
 
 The checkpoint is bf16. Stock transformers runs it at bf16 (the issue's baseline) and, for an honest
 comparison, at fp16 too; the engine runs its cpu-16 tier in whichever 16-bit format it measures
-faster on this CPU (see engine/kernels.py), with its native kernels where built. Greedy, the same prompt, 128 new tokens. Stock transformers runs
+faster on this CPU (see engine/native/dense_linear.py), with its native kernels where built. Greedy, the same prompt, 128 new tokens. Stock transformers runs
 `MixtralForCausalLM.generate` with each of its expert implementations; the ratio is taken against
 the faster one. Read bandwidth is measured in the same run, and the engine's decode speed is
 reported as a fraction of the bandwidth bound: bytes a decode step must read / bandwidth.
@@ -41,8 +41,8 @@ def stock(path: Path, prompt: list[int], new: int, impl: str, dtype=torch.bfloat
 
 
 def engine_run(path: Path, prompt: list[int], new: int, reps: int):
-    from engine.generate import SamplingParams
-    from engine.load import load
+    from engine.runtime.generate import SamplingParams
+    from engine.runtime.load import load
 
     loaded = load(path, "cpu", device="cpu", dtype="auto", ctx=1024)
     gen = loaded.generator
@@ -75,7 +75,7 @@ def main() -> None:
     a = ap.parse_args()
     path = a.model or demo_shaped_model()
     torch.manual_seed(0)
-    from engine.checkpoint import Checkpoint
+    from engine.files.checkpoint import Checkpoint
 
     vocab = Checkpoint(path).dims.vocab
     prompt = torch.randint(100, vocab, (a.prompt_tokens,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -103,7 +103,7 @@ def main() -> None:
         "| run | decode tok/s |", "|---|---|",
         *[f"| stock transformers, experts_implementation={k} | {v:.2f} |" for k, v in stock_rates.items()],
         f"| stock transformers, fp16 weights, grouped_mm | {fp16_rate:.2f} |",
-        f"| Mixdesk engine, all experts cpu-16 ({our_dtype}, engine.kernels.auto_dtype) | {ours:.2f} |",
+        f"| Mixdesk engine, all experts cpu-16 ({our_dtype}, engine.native.dense_linear.auto_dtype) | {ours:.2f} |",
         "",
         f"- ratio engine / best stock at bf16 ({best_impl}): **{ratio:.2f}x**",
         f"- ratio engine / stock at fp16 (its faster format here): {ours / fp16_rate:.2f}x",
@@ -125,7 +125,7 @@ def main() -> None:
 
 
 def loaded_k(path: Path) -> int:
-    from engine.checkpoint import Checkpoint
+    from engine.files.checkpoint import Checkpoint
 
     return Checkpoint(path).dims.top_k
 

@@ -36,8 +36,8 @@ def read_bandwidth_gbs(mib: int = 1024) -> float:
 
 
 def main() -> None:
-    from engine.load import load
-    from engine.memory import rss_parts
+    from engine.runtime.load import load
+    from engine.machine.memory import rss_parts
     from engine.placement import Tier
     from engine.planning import profile as P
 

@@ -3,7 +3,7 @@
 loaded afresh at the fastest setting where the sweep did not run in this process).
 
 A decode step of B requests is one forward of B tokens, each at its own position in its own KV
-cache (engine/scheduler.py): the dense weights, and every expert any of the B tokens chose, are
+cache (engine/runtime/scheduler.py): the dense weights, and every expert any of the B tokens chose, are
 read once for all of them. The engine's Scheduler is driven here as the engine thread drives it
 (admit, then step), without the session around it, so no migration moves the placement measured.
 
@@ -25,7 +25,7 @@ GB = 10**9
 
 
 def one_round(sched, n: int, prompt_tokens: int, new_tokens: int, vocab: int, deadline) -> dict:
-    from engine.generate import Done, SamplingParams, Token
+    from engine.runtime.generate import Done, SamplingParams, Token
     from engine.protocol import ErrorEvent, Generate
 
     times = {i: [] for i in range(n)}
@@ -66,7 +66,7 @@ def one_round(sched, n: int, prompt_tokens: int, new_tokens: int, vocab: int, de
 def run(ctx, streams=(1, 4)) -> dict:
     from benchmarks import gpu_check_sweep as sweep
     from engine.planning.planner import decode_tok_s
-    from engine.scheduler import Scheduler
+    from engine.runtime.scheduler import Scheduler
 
     o = ctx.opts
     kept = ctx.keep.pop("qwen3", None)
@@ -79,7 +79,7 @@ def run(ctx, streams=(1, 4)) -> dict:
         raise Skip("the Qwen3 sweep of this run left no model (it did not end in this process)")
     if kept is None:
         from benchmarks import gpu_check_shapes as shapes
-        from engine.load import load
+        from engine.runtime.load import load
 
         budgets, _ = shapes.budgets("qwen3", o.card_gb, ctx.small)
         dev = None if torch.cuda.is_available() else "cpu"

@@ -1,5 +1,5 @@
 """The budget-drop stage: the VRAM budget falls from a 24 GB card's to a 12 GB card's in the middle
-of a reply, through the engine thread (engine/session.py: the path a game taking VRAM takes, there
+of a reply, through the engine thread (engine/runtime/session.py: the path a game taking VRAM takes, there
 through the monitor's readings, here through SetBudgets), on the Mixtral-8x7B shape at slider 1.
 
 Each Token event is heard on the engine thread, where the bytes the placement holds in the pool
@@ -29,7 +29,7 @@ GB = 10**9
 
 def ensure_profile(folder) -> str:
     """A profile with dense timings for this device, so loading does not stop to measure them."""
-    from engine.kernels import auto_dtype
+    from engine.native.dense_linear import auto_dtype
     from engine.planning.hardware import load_or_measure
     from engine.planning.inputs import dense_bytes_of
     from engine.planning.profile import (
@@ -83,9 +83,9 @@ class Listener:
 
 
 def run(ctx) -> dict:
-    from engine.generate import SamplingParams
+    from engine.runtime.generate import SamplingParams
     from engine.protocol import Done, ErrorEvent, Generate, Load, SetBudgets
-    from engine.session import Session
+    from engine.runtime.session import Session
 
     cuda = torch.cuda.is_available()
     o = ctx.opts

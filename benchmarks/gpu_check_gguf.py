@@ -2,9 +2,9 @@
 
 The file is written here: the Qwen3-30B-A3B shape cut to a few layers (gpu_check_shapes.GGUF_LAYERS;
 its published vocabulary, embeddings and experts) is read from its synthetic checkpoint into a
-safetensors folder, one shard per layer, and engine/gguf/writer.py converts that folder as
+safetensors folder, one shard per layer, and engine/files/gguf/writer.py converts that folder as
 llama.cpp's converter and llama-quantize would (Q4_K gate/up, Q6_K or Q4_K down per layer, Q6_K
-output). Then it is loaded with every GGUF tier at random over its experts (engine/gguf/tiers.py):
+output). Then it is loaded with every GGUF tier at random over its experts (engine/experts/gguf_tiers.py):
 gpu-16 the exact dequantisation on the GPU, gpu-4 NF4 of it, cpu-16 the file's own blocks in the
 native kernel, cpu-4 its 4-bit blocks as they are and the rest re-quantised, and decodes.
 
@@ -63,13 +63,13 @@ def expert_agreement(model, layer: int = 0, expert: int = 0) -> float:
 
 def prefill_copy(model, tokens: int = 256, rehearse: bool = False) -> dict:
     """A long prompt's CPU-resident GGUF experts copied to the GPU for the prompt (issue 45, item 6):
-    one such expert's copy (its file rows across, dequantised there: engine/gguf/torch_dequant.py) timed
+    one such expert's copy (its file rows across, dequantised there: engine/files/gguf/torch_dequant.py) timed
     and checked against the native kernels, the offload costs the model measured at load, and a
     `tokens`-token prefill with those costs (the copy taken where they say it wins) against one that
     keeps every CPU expert on the CPU. rehearse: on a CPU model too (the CPU rehearsal runs the code;
     its figures mean nothing)."""
-    from engine.devices import best_time
-    from engine.experts import QuantExpert
+    from engine.machine.devices import best_time
+    from engine.experts.expert import QuantExpert
 
     ex = next((e for b in model.moe for e in b.experts if isinstance(e, QuantExpert) and e.copyable
                and not e.tier.on_accelerator), None)
@@ -107,10 +107,10 @@ def prefill_copy(model, tokens: int = 256, rehearse: bool = False) -> dict:
 
 def run(ctx) -> dict:
     from benchmarks.gpu_check_sweep import release
-    from engine.generate import SamplingParams
-    from engine.gguf import open_gguf
-    from engine.gguf.writer import write_gguf
-    from engine.load import load
+    from engine.runtime.generate import SamplingParams
+    from engine.files.gguf import open_gguf
+    from engine.files.gguf.writer import write_gguf
+    from engine.runtime.load import load
     from engine.placement import ALL_TIERS, Placement
 
     o, cuda = ctx.opts, torch.cuda.is_available()

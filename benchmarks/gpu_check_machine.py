@@ -62,7 +62,7 @@ def gpu() -> dict:
 def nf4() -> dict:
     """bitsandbytes' NF4 on the accelerator, once: every gpu-4 expert needs it, and so does the
     hardware profile (it times that tier), so where it fails every load fails, and this says why."""
-    from engine.quant import NF4
+    from engine.experts.quant import NF4
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:

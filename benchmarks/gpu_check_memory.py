@@ -34,7 +34,7 @@ def emulate_card(card_gb: float | None) -> dict:
 
 
 def _nvml_handle():
-    """This process's GPU in NVML, matched to torch's device by PCI bus id (as engine/monitor.py)."""
+    """This process's GPU in NVML, matched to torch's device by PCI bus id (as engine/machine/monitor.py)."""
     import pynvml
 
     pynvml.nvmlInit()

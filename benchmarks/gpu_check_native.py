@@ -50,8 +50,8 @@ def _slots(model, records: list) -> dict:
 def run(ctx) -> dict:
     from benchmarks.gpu_check_sweep import release
     from engine import native
-    from engine.generate import Generator, SamplingParams
-    from engine.model import MoEModel
+    from engine.runtime.generate import Generator, SamplingParams
+    from engine.model.forward import MoEModel
     from engine.placement import Placement, Tier
     from engine.sources.synthetic import SyntheticCheckpoint
 

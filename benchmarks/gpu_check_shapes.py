@@ -72,7 +72,7 @@ def synthetic(work: Path, model: str, small: bool, layers: int | None = None) ->
 
 @functools.cache  # transformers' config class parses it: 0.2 s a time
 def dims(model: str, small: bool):
-    from engine.checkpoint import dims_from_config, hf_config
+    from engine.files.checkpoint import dims_from_config, hf_config
 
     return dims_from_config(hf_config(config(model, small), CONFIGS[model]), CONFIGS[model])
 
@@ -80,7 +80,7 @@ def dims(model: str, small: bool):
 def sizes(d) -> tuple[int, int, int]:
     """(dense bytes, all experts at 16 bits, all experts at cpu-4) of a model's shape, bf16."""
     from engine.planning.inputs import dense_bytes_of
-    from engine.tier_bytes import tier_bytes_of_dims
+    from engine.experts.tier_bytes import tier_bytes_of_dims
 
     n = d.layers * d.experts
     t = tier_bytes_of_dims(d, 2)

@@ -98,7 +98,7 @@ def measured_inputs(loaded, prompt: int, calib_tokens: int):
         measure_dense_s,
     )
     from engine.planning.profile import capture, save_dense_timings, uniform_profile
-    from engine.tier_bytes import tier_bytes
+    from engine.experts.tier_bytes import tier_bytes
 
     m, ck = loaded.model, loaded.ckpt
     d, dev = ck.dims, m.accel
@@ -134,7 +134,7 @@ def bound_s(inp, placement, bw: dict, cuda: bool) -> float:
 
 
 def setting(loaded, inp, plan, budgets, bw: dict, prompt_ids: list[int], new_tokens: int) -> dict:
-    from engine.generate import SamplingParams
+    from engine.runtime.generate import SamplingParams
     from engine.planning.planner import prefill_s
 
     m, gen = loaded.model, loaded.generator
@@ -161,7 +161,7 @@ def run(ctx, key: str, model: str, card_gb: float, settings: int, keep: bool = F
     """One sweep stage; with keep, the loaded model and its inputs stay in ctx.keep[model] for the
     stage after (batched decode), else they are freed."""
     from engine import native
-    from engine.load import load
+    from engine.runtime.load import load
     from engine.planning.planner import choose, frontier
 
     cuda = torch.cuda.is_available()

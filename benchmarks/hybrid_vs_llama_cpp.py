@@ -7,7 +7,7 @@ The model: Qwen3.5-35B-A3B's widths (hidden 2048; 16 key / 32 value DeltaNet hea
 attention heads of 256; 256 experts of 512, top-8, a shared expert of 512) and 4 layers, 3 Gated
 DeltaNet + 1 gated attention, random bf16 weights, a 2,048-token vocabulary (so the lm_head does not
 swamp four layers): benchmarks/hybrid_width.py, written once under .bench/ (6.7 GB). The GGUF: written
-F16 by engine/gguf/writer.py (as llama.cpp's converter writes qwen35moe; tests/test_gguf_hybrid.py
+F16 by engine/files/gguf/writer.py (as llama.cpp's converter writes qwen35moe; tests/test_gguf_hybrid.py
 checks that llama.cpp reads it), quantised to Q4_K_M by llama.cpp's own quantiser, and read by both.
 Contenders, all loaded at once and measured in interleaved rounds (best of each), each round beside
 its own read-bandwidth reading: engine on the Q4_K_M GGUF (its blocks, mapped), llama.cpp on it,
@@ -50,7 +50,7 @@ def q4_k_m(path: Path) -> Path | None:
         return out
     if not llama_peer.available():
         return None
-    from engine.gguf.writer import write_gguf
+    from engine.files.gguf.writer import write_gguf
 
     f16 = CACHE / "qwen35-width-4l-f16.gguf"
     if not f16.exists():
@@ -73,7 +73,7 @@ def deltanet_share(engine: Engine, prompt: list[int], new: int) -> dict:
             spent[0] += time.perf_counter() - t
     GatedDeltaNet.__call__ = timed
     try:
-        m = engine.model
+        m = engine.model.forward
         cache = m.new_cache(len(prompt) + new + 8)
         tok = int(m.forward(torch.tensor(prompt), cache, 0)[-1].argmax())
         spent[0] = 0.0

@@ -1,5 +1,5 @@
 """A model at a released model's widths and a few layers, random weights, written tensor by tensor
-from the engine's own list of what the config implies (engine/checkpoint.py dense_shapes and
+from the engine's own list of what the config implies (engine/files/checkpoint.py dense_shapes and
 expert_shapes), so it fits any family the engine runs: for benchmarks at real widths.
 
     write(path, config_dict, seed=0)
@@ -32,8 +32,8 @@ QWEN35_WIDTH = {
 def write(path: Path, config: dict, seed: int = 0) -> Path:
     from safetensors.torch import save_file
 
-    from engine.checkpoint import dense_shapes, expert_shapes
-    from engine.model_config import dims_from_config, hf_config
+    from engine.files.checkpoint import dense_shapes, expert_shapes
+    from engine.files.model_config import dims_from_config, hf_config
 
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config, indent=2))

@@ -29,8 +29,8 @@ def formats(threads: int, rounds: int = 12, copies: int = 3, n: int = 14336, k: 
     from gguf.constants import GGML_QUANT_SIZES
 
     from engine import native
-    from engine.blockquant import BlockQuant
-    from engine.quant import Q4Native
+    from engine.files.gguf.blockquant import BlockQuant
+    from engine.experts.quant import Q4Native
 
     native._threads = threads
     rng = np.random.default_rng(0)

@@ -35,7 +35,7 @@ from gguf.constants import GGML_QUANT_SIZES  # noqa: E402
 
 from benchmarks.common import read_bandwidth, record  # noqa: E402
 from engine import native  # noqa: E402
-from engine.blockquant import BlockQuant  # noqa: E402
+from engine.files.gguf.blockquant import BlockQuant  # noqa: E402
 
 D_AT = {GT.Q4_K: (0, 4), GT.Q5_K: (0, 4), GT.Q6_K: (208, 2), GT.Q8_0: (0, 2), GT.Q4_0: (0, 2), GT.Q4_1: (0, 4),
         GT.Q5_0: (0, 2), GT.Q5_1: (0, 4)}  # fp16 d (and dmin / m): offset, bytes

@@ -1,4 +1,4 @@
-"""What 8-bit keys and values (Load.kv_bits 8, engine/kv8.py) change against 16-bit ones, on one text
+"""What 8-bit keys and values (Load.kv_bits 8, engine/kv/int8.py) change against 16-bit ones, on one text
 read to 16K positions: perplexity, and the KL divergence of the 8-bit run's next-token distribution
 from the 16-bit run's (mean over positions, nats), over the first 4,096 and the first 16,384
 positions and the last 1,024 of those; the bytes a token at 16 and at 8 bits; and the native decode
@@ -57,7 +57,7 @@ def machine() -> str:
 def rounding_error(cache16, upto: int) -> dict:
     """The 16-bit cache's rows stored at 8 bits and widened again: the error's RMS over the rows' RMS,
     keys and values apart (what the 8-bit cache's attention reads instead)."""
-    from engine import kv8
+    from engine.kv import int8 as kv8
 
     out = {}
     for name, t in (("keys", cache16.k), ("values", cache16.v)):
@@ -90,9 +90,9 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
 
-    from engine.devices import detect
-    from engine.load import open_checkpoint, parse_placement
-    from engine.model import MoEModel
+    from engine.machine.devices import detect
+    from engine.runtime.load import open_checkpoint, parse_placement
+    from engine.model.forward import MoEModel
     from engine.native import choice
 
     if a.model is None:

@@ -27,9 +27,9 @@ from benchmarks.memory_real_width import SHAPE, write_checkpoint  # noqa: E402
 
 CHILD = r"""
 import json, sys, time, torch
-from engine.checkpoint import Checkpoint
-from engine.memory import PeakRSS, rss_parts
-from engine.model import MoEModel
+from engine.files.checkpoint import Checkpoint
+from engine.machine.memory import PeakRSS, rss_parts
+from engine.model.forward import MoEModel
 from engine.placement import Placement, Tier
 with PeakRSS(period=0.01) as peak:
     before = rss_parts()[0]

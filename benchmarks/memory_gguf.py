@@ -20,10 +20,10 @@ from benchmarks.common import CACHE, record  # noqa: E402
 
 CHILD = r"""
 import json, resource, sys, time, torch, psutil
-from engine.load import open_checkpoint
-from engine.model import MoEModel
+from engine.runtime.load import open_checkpoint
+from engine.model.forward import MoEModel
 from engine.placement import Placement, Tier
-from engine.kernels import auto_dtype
+from engine.native.dense_linear import auto_dtype
 cpu = torch.device("cpu")
 dtype = auto_dtype(cpu)
 base = psutil.Process().memory_info().rss

@@ -70,9 +70,9 @@ def write_checkpoint(path: Path, shape: dict | None = None) -> None:
 
 CHILD = r"""
 import json, sys, torch
-from engine.checkpoint import Checkpoint
-from engine.memory import lifetime_peak_rss
-from engine.model import MoEModel
+from engine.files.checkpoint import Checkpoint
+from engine.machine.memory import lifetime_peak_rss
+from engine.model.forward import MoEModel
 from engine.placement import Placement
 import psutil
 base = psutil.Process().memory_info().rss

@@ -35,11 +35,11 @@ def main() -> None:
     n_new = 120 if a.quick else a.tokens
 
     from engine.sources.demo import demo_dir
-    from engine.experts import materialise
-    from engine.generate import SamplingParams
+    from engine.experts.build import materialise
+    from engine.runtime.generate import SamplingParams
     from engine.placement import Tier
     from engine.protocol import Done, Generate, Load, Loaded, MigrationProgress, PlacementChanged, SetSlider, Token
-    from engine.session import Session
+    from engine.runtime.session import Session
 
     events, lock = [], threading.Lock()
     done = threading.Event()

@@ -121,14 +121,14 @@ def main() -> None:
 
     from dataclasses import replace
 
-    from engine.evaluate import compare, corpus_ids, logprobs
-    from engine.generate import SamplingParams
-    from engine.load import load
+    from engine.model.evaluate import compare, corpus_ids, logprobs
+    from engine.runtime.generate import SamplingParams
+    from engine.runtime.load import load
     from engine.placement import Placement, Tier
     from engine.planning.planner import Budgets, choose, frontier, prefill_s
     from engine.planning.profile import calibrated_tiers
     from engine.sources.demo import demo_dir
-    from engine.tier_bytes import mapped_bytes
+    from engine.experts.tier_bytes import mapped_bytes
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None, help="a GGUF file or model folder (default: the demo)")

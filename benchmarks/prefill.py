@@ -76,8 +76,8 @@ def child_llama(a, ids: list[int]) -> dict:
 
 
 def child_mixdesk(a, ids: list[int]) -> dict:
-    from engine.client import Client
-    from engine.sampling import SamplingParams
+    from engine.runtime.client import Client
+    from engine.protocol.sampling import SamplingParams
 
     _phase("load")
     client = Client()
@@ -123,7 +123,7 @@ def child_main(a) -> None:
 
 def prompt_flops(path: Path, n: int) -> tuple[float, float]:
     """(matrix FLOPs, attention FLOPs) of reading an n-token prompt of the GGUF file at `path`."""
-    from engine.gguf.reader import GGUFFile
+    from engine.files.gguf.reader import GGUFFile
 
     f = GGUFFile(path)
     arch = f.get("general.architecture")

@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from gguf import GGMLQuantizationType as GT  # noqa: E402
 
 from benchmarks.common import read_bandwidth, record  # noqa: E402
-from engine.blockquant import BlockQuant, quantize_raw  # noqa: E402
+from engine.files.gguf.blockquant import BlockQuant, quantize_raw  # noqa: E402
 
 SHAPES = ((8192, 2048), (2048, 4096), (1024, 2048))
 TOKENS = (16, 128, 512, 2048)

@@ -5,7 +5,7 @@
 For each weight kind (Gaussian; heavy-tailed: Student-t with 3 degrees of freedom; row-offset:
 Gaussian plus a per-row mean of 0.5 sigma * N(0, 1)) one matrix W [rows, cols] (by default a
 1024-row slice of a Mixtral-sized 4096 x 14336 down projection) is quantised to each grid and read
-back: the current cpu-4 grid (engine.quant.Q4Native: fp16 scale and minimum per 32, min/max, 5 bits
+back: the current cpu-4 grid (engine.experts.quant.Q4Native: fp16 scale and minimum per 32, min/max, 5 bits
 a weight), and GGUF's Q4_0, Q4_1, Q4_K and, for context, Q5_0, Q5_K, Q6_K, Q8_0 from our own
 quantisers (engine/native/kquantize.c), decoded by gguf.quants.dequantize (the reference, not our
 kernels). Reported: bits a weight; the relative output error |x Wq^T - x W^T| / |x W^T| over a batch
@@ -41,8 +41,8 @@ def quantise(w: torch.Tensor, grid: str, threads: int) -> tuple[torch.Tensor, fl
     import gguf
     from gguf import GGMLQuantizationType as GT
 
-    from engine.blockquant import bits_per_weight, quantize_raw
-    from engine.quant import Q4Native
+    from engine.files.gguf.blockquant import bits_per_weight, quantize_raw
+    from engine.experts.quant import Q4Native
 
     t0 = time.perf_counter()
     if grid == "Q4Native":

@@ -26,7 +26,7 @@ expert tensor, every other tensor, one embedding row) / read bandwidth.
 `--ballast-gb N`: a separate process holds N GB of anonymous memory, every page touched, for the
 whole run: other programs on a 24 GB machine.
 
-Mixdesk side: the engine's Python API (engine/client.Client, as `mixdesk bench` drives it) with
+Mixdesk side: the engine's Python API (engine/runtime/client.Client, as `mixdesk bench` drives it) with
 `--placement cpu` (every expert on the CPU, in the file's own blocks) and/or `auto`. llama.cpp side:
 llama-cpp-python (benchmarks/llama_peer.py), mmap on (its default), the same threads and context;
 `--llama repack` is llama.cpp as users run it: on an AVX2/AVX-512 CPU its CPU_REPACK buffer copies
@@ -111,9 +111,9 @@ def child_llama(a, prompt: list[int]) -> dict:
 
 
 def child_mixdesk(a, prompt: list[int]) -> dict:
-    from engine.client import Client
-    from engine.events import Token
-    from engine.sampling import SamplingParams
+    from engine.runtime.client import Client
+    from engine.protocol.events import Token
+    from engine.protocol.sampling import SamplingParams
 
     first = {}
 
@@ -320,7 +320,7 @@ def start_ballast(gb: float):
 def step_bytes_of(path: Path) -> tuple[int, int, int]:
     """(bytes one decode token reads, file bytes, vocab): top-k/E of each expert tensor, every other
     tensor, one row of the embedding when the lm_head is its own tensor."""
-    from engine.gguf.reader import GGUFFile
+    from engine.files.gguf.reader import GGUFFile
 
     f = GGUFFile(path)
     arch = f.get("general.architecture")

@@ -11,7 +11,7 @@
   layers of 16 experts and the full vocabulary (~0.6 GB), to rehearse the harness quickly.
 
 Tensor names, shapes and order as llama.cpp's converter writes them; each tensor's type is what
-llama-quantize's Q4_K_M mix gives it (engine/gguf/writer.py `_llama_quantize_types`, the one copy
+llama-quantize's Q4_K_M mix gives it (engine/files/gguf/writer.py `_llama_quantize_types`, the one copy
 of llama-quant.cpp's rules in the project: Q4_K by default; Q6_K for attn_v and ffn_down(_exps) on
 the use_more_bits layers and for output; for 8-expert models attn_v/attn_k Q8_0 and attn_output
 Q5_K), norms and the router F32. Blocks are random bytes with small fp16 scales (Q4_K d/dmin
@@ -120,9 +120,9 @@ SHAPES = {"qwen3": QWEN3, "mixtral": MIXTRAL, "qwen3-tiny": QWEN3_TINY}
 # --- the tensor plan --------------------------------------------------------------------------------
 
 def plan(s: Shape):
-    """The file's tensors in the converter's order: engine/gguf/writer.Planned (GGUF name, torch-order
+    """The file's tensors in the converter's order: engine/files/gguf/writer.Planned (GGUF name, torch-order
     shape [out, in] / [E, out, in], type), typed by llama-quantize's Q4_K_M rules."""
-    from engine.gguf.writer import Planned, _llama_quantize_types
+    from engine.files.gguf.writer import Planned, _llama_quantize_types
 
     D, E, I, hd = s.hidden, s.experts, s.expert_ffn, s.head_dim
     out = [Planned("token_embd.weight", (s.vocab, D), None)]

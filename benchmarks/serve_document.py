@@ -33,8 +33,8 @@ QUESTION = "\n\nIn one sentence: what is the document above about?"
 
 def document(path: Path, tokens: int) -> tuple[str, int]:
     """About `tokens` tokens of prose, counted by the GGUF file's tokenizer (with the question)."""
-    from engine.gguf.header import Header
-    from engine.gguf.tokenizer import tokenizer_from_metadata
+    from engine.files.gguf.header import Header
+    from engine.files.gguf.tokenizer import tokenizer_from_metadata
 
     tok = tokenizer_from_metadata(Header(path), path)
     paras = [p.strip() for p in (ROOT / "resources/corpus/eval.txt").read_text().split("\n\n") if p.strip()]

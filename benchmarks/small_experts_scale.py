@@ -54,11 +54,11 @@ def main() -> None:
     import torch
 
     from engine import native
-    from engine.experts import read_expert
-    from engine.model import MoEModel
+    from engine.experts.expert import read_expert
+    from engine.model.forward import MoEModel
     from engine.placement import Placement, Tier
     from engine.planning import profile as P
-    from engine.quant import cpu4_format
+    from engine.experts.quant import cpu4_format
     from engine.sources.synthetic import SyntheticCheckpoint, write_synthetic
 
     raw = json.loads((ROOT / "resources" / "qwen3-30b-a3b-config.json").read_text())

@@ -16,7 +16,7 @@
 #
 # What travels. The image has torch 2.11 (CUDA 13), transformers 5.17, safetensors, tokenizers, accelerate,
 # nvidia-ml-py, psutil, jinja2, packaging, numpy, pyyaml, requests, tqdm, pytest and matplotlib. Of
-# pyproject's dependencies it lacks bitsandbytes (gpu-4: NF4), gguf (the GGUF stage, and engine/gguf's
+# pyproject's dependencies it lacks bitsandbytes (gpu-4: NF4), gguf (the GGUF stage, and engine/files/gguf's
 # imports) and platformdirs (the profile caches); starlette and uvicorn serve the local API only, which no
 # stage starts. Those three travel as wheels in .whl/ (git-ignored), fetched here (PyPI is reachable here,
 # not there): 41.1 MiB bitsandbytes (its CUDA 13.0 library included), 0.1 MiB gguf, 0.1 MiB platformdirs:

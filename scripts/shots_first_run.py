@@ -51,7 +51,7 @@ def _window(theme_name: str, size: tuple[int, int]):
 
 
 def first_start(app, out: Path, theme_name: str, size: tuple[int, int]) -> list[Path]:
-    from engine.sampling import SamplingParams
+    from engine.protocol.sampling import SamplingParams
 
     os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="mixdesk-shots-cache-")  # nothing measured yet
     w, store, tag = _window(theme_name, size)
@@ -79,7 +79,7 @@ def first_start(app, out: Path, theme_name: str, size: tuple[int, int]) -> list[
 
 
 def versions_and_panel(app, out: Path, theme_name: str, size: tuple[int, int]) -> list[Path]:
-    from engine.sampling import SamplingParams
+    from engine.protocol.sampling import SamplingParams
     from window_helpers import menu_actions
 
     w, store, tag = _window(theme_name, size)

@@ -10,7 +10,7 @@ import torch  # noqa: E402
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# The engine's error log (engine/errorlog.py), the window's settings and the cache (the hardware profile,
+# The engine's error log (engine/runtime/errorlog.py), the window's settings and the cache (the hardware profile,
 # calibrations) stay out of $HOME, in folders of this test process: each of pyproject's parallel workers
 # makes its own (the controller's, which they inherit, would be shared: one worker's window remembered
 # another's slider). A folder set before the run is kept. Tests that need their own set one (window_cache
@@ -161,7 +161,7 @@ def cache_seed(tiny, tmp_path_factory):
     import threading
 
     from engine.protocol import ErrorEvent, Load, Loaded
-    from engine.session import Session
+    from engine.runtime.session import Session
 
     seed = tmp_path_factory.mktemp("cache-seed")
     before = os.environ.get("XDG_CACHE_HOME")

@@ -1,6 +1,6 @@
 """GGUF files for the tests, written with gguf.GGUFWriter from tiny transformers models, the way
 llama.cpp's convert_hf_to_gguf.py writes them (its names, metadata keys, fused experts, llama's
-q/k row permutation, GPT-OSS's MXFP4 blocks), so engine/gguf reads what users hold.
+q/k row permutation, GPT-OSS's MXFP4 blocks), so engine/files/gguf reads what users hold.
 
 `hf_to_gguf(folder, out, qtype=...)`: every matrix in qtype (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
 Q5_1 through gguf.quants; Q4_K, Q5_K, Q6_K as random blocks with sane scales, since gguf.quants

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as GT
 
-from engine.gguf import open_gguf
-from engine.model import MoEModel
+from engine.files.gguf import open_gguf
+from engine.model.forward import MoEModel
 from engine.placement import Placement, Tier
 from engine.sources.tiny_model import write_tiny_model, write_tokenizer
 

@@ -1,5 +1,5 @@
 """transformers' model on a GGUF file's own values (a helper module, not a test): gguf.quants.dequantize of
-each tensor, mapped to transformers' parameters here independently of engine/gguf's names, for the
+each tensor, mapped to transformers' parameters here independently of engine/files/gguf's names, for the
 tests that hold the engine's GGUF path against it (test_gguf_model, test_gguf_codes)."""
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ STYLES = {
     "harmony": ("gpt_oss", "gpt-oss-chat_template.jinja",
                 ["<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
                  "<|return|>", "<|call|>", "<|startoftext|>"], [], ["<|return|>", "<|call|>"]),
-    # a Gemma 4 whose generation_config names only <turn|> (engine/formats REPLY_ENDS adds <|tool_response>)
+    # a Gemma 4 whose generation_config names only <turn|> (engine/prompts/formats REPLY_ENDS adds <|tool_response>)
     "gemma4": ("gemma4", "gemma-4-chat_template.jinja",
                ["<|endoftext|>", "<bos>", "<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|tool_call>",
                 "<tool_call|>", "<|tool_response>", "<tool_response|>", "<|tool>", "<tool|>", '<|"|>'], [],

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QMessageBox  # noqa: E402
 from app import documents  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
 from app.store import Store  # noqa: E402
-from engine.generate import SamplingParams  # noqa: E402
+from engine.runtime.generate import SamplingParams  # noqa: E402
 
 
 def open_window(qtbot, tiny, tmp_path, calibrated=True, dtype="fp32", **session):
@@ -183,7 +183,7 @@ KILL_SCRIPT = textwrap.dedent("""
     from PySide6.QtWidgets import QApplication
     from app.main_window import MainWindow
     from app.store import Store
-    from engine.generate import SamplingParams
+    from engine.runtime.generate import SamplingParams
     from engine.protocol import Token
     app = QApplication([])
     w = MainWindow(Store(sys.argv[1]), model=sys.argv[2], device="cpu", dtype="fp32")
@@ -262,7 +262,7 @@ def test_errors_in_a_step_and_in_the_template_leave_generating_and_the_engine_se
     """Must show 2 (issue 14): a decode step raising a non-Mixdesk exception, then a chat template
     that raises: each reply ends with its error in the window, "generating" ends, and the next
     message gets a reply from the same engine thread."""
-    from engine.chat_template import ChatTemplate
+    from engine.prompts.chat_template import ChatTemplate
     from engine.protocol import ErrorEvent
 
     session = window.bridge.session
@@ -286,7 +286,7 @@ def test_errors_in_a_step_and_in_the_template_leave_generating_and_the_engine_se
     assert "injected failure" in window.statusBar().currentMessage()
     del gen.model.forward  # the method again
 
-    session.loaded.prompts.template = ChatTemplate(  # the engine's prompts (engine/prompt.py) render with it
+    session.loaded.prompts.template = ChatTemplate(  # the engine's prompts (engine/prompts/prompt.py) render with it
         "{% if 'boom' in messages[-1]['content'] %}{{ raise_exception('no booms here') }}"
         "{% endif %}{% for m in messages %}{{ m['content'] }}\n{% endfor %}", gen.tok,
         window.bridge.session.loaded.ckpt.folder)
@@ -304,7 +304,7 @@ def test_errors_in_a_step_and_in_the_template_leave_generating_and_the_engine_se
 
 def test_a_dead_engine_thread_is_said_and_can_be_restarted(qtbot, window, monkeypatch):
     """If the engine thread ever ends anyway, the window says so and offers a restart."""
-    from engine import queries
+    from engine.runtime import queries
     from engine.protocol import Query
 
     session = window.bridge.session

@@ -1,4 +1,4 @@
-"""Concurrent requests (engine/scheduler.py, MoEModel.forward of B sequences): a batched decode step gives
+"""Concurrent requests (engine/runtime/scheduler.py, MoEModel.forward of B sequences): a batched decode step gives
 each sequence the logits it gets alone; requests running together through the session produce the
 greedy tokens each produces alone; a long prompt is read in chunks while another request keeps
 streaming; Stop ends one request and not the other."""
@@ -8,12 +8,12 @@ import time
 import pytest
 import torch
 
-from engine.checkpoint import Checkpoint
-from engine.generate import SamplingParams
-from engine.model import MoEModel
+from engine.files.checkpoint import Checkpoint
+from engine.runtime.generate import SamplingParams
+from engine.model.forward import MoEModel
 from engine.placement import Placement, Tier
 from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded, Stop, Token
-from engine.session import Session
+from engine.runtime.session import Session
 from engine.sources.tiny_model import write_tiny_model
 
 CPU = torch.device("cpu")

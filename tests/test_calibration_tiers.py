@@ -15,8 +15,8 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 
 from engine import native
-from engine.gguf.writer import write_gguf
-from engine.load import load
+from engine.files.gguf.writer import write_gguf
+from engine.runtime.load import load
 from engine.placement import Tier
 from engine.planning import profile as P
 from engine.sources.tiny_model import write_tiny_model

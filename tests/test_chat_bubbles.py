@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QApplication, QToolTip  # noqa: E402
 
 from app.main_window import MainWindow  # noqa: E402
 from app.store import Store  # noqa: E402
-from engine.generate import SamplingParams  # noqa: E402
+from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.protocol import Generate  # noqa: E402
 from scripted_chat import script, write_chat_model  # noqa: E402
 from window_helpers import no_uncaught_exceptions  # noqa: E402

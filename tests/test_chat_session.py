@@ -76,7 +76,7 @@ def test_regenerating_keeps_every_version_and_switching_sends_the_one_shown(tmp_
 def engine_backend(tiny, events):
     from app.chat_backend import LocalBackend
     from engine.protocol import Load, Loaded
-    from engine.session import Session
+    from engine.runtime.session import Session
 
     session = Session(events.put).start()
     session.submit(Load(path=str(tiny), device="cpu", dtype="fp32", placement="cpu", ctx=256))
@@ -89,7 +89,7 @@ def engine_backend(tiny, events):
 
 
 def run_reply(chat, backend, events, history, **kw):
-    from engine.generate import SamplingParams
+    from engine.runtime.generate import SamplingParams
     from engine.protocol import Done, ErrorEvent, Token
 
     reply = chat.start_reply(backend, history, SamplingParams(max_new_tokens=8), None, now=0.0, **kw)
@@ -109,7 +109,7 @@ def run_reply(chat, backend, events, history, **kw):
 def test_a_reply_is_owned_by_the_chat_session_from_start_to_end(tiny, tmp_path, window_cache):
     import queue
 
-    from engine.client import end_session
+    from engine.runtime.client import end_session
 
     events = queue.Queue()
     session, backend = engine_backend(tiny, events)

@@ -18,7 +18,7 @@ from app import chat_settings as cs  # noqa: E402
 from app import chat_settings_dialog as csd  # noqa: E402
 from app import theme  # noqa: E402
 from app.store import Store  # noqa: E402
-from engine.generate import SamplingParams  # noqa: E402
+from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.protocol import Generate  # noqa: E402
 
 from test_app import open_window  # noqa: E402

@@ -123,9 +123,9 @@ CASES = {
 
 WORKER = textwrap.dedent("""
     import json, os, resource, sys, time
-    from engine.chat_template import ChatTemplate
-    from engine.errors import MixdeskError
-    from engine.load import open_checkpoint
+    from engine.prompts.chat_template import ChatTemplate
+    from engine.protocol.errors import MixdeskError
+    from engine.runtime.load import open_checkpoint
 
     open_checkpoint(sys.argv[1]).load_tokenizer()  # transformers imports what it needs on the first load
     for line in sys.stdin:
@@ -135,7 +135,7 @@ WORKER = textwrap.dedent("""
             before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             t0 = time.perf_counter()
             try:
-                ckpt = open_checkpoint(folder)  # what engine.load.load does first, before it builds anything
+                ckpt = open_checkpoint(folder)  # what engine.runtime.load.load does first, before it builds anything
                 ChatTemplate.of(ckpt.load_tokenizer(), ckpt.folder)
                 message = None
             except MixdeskError as e:
@@ -258,7 +258,7 @@ def tok(tiny):
 
 @pytest.mark.parametrize("name", [p.name for p in SHARED] + ["llama_style", "mixtral_style"])
 def test_templates_render_as_transformers(tok, name):
-    from engine.chat_template import ChatTemplate
+    from engine.prompts.chat_template import ChatTemplate
 
     src = {"llama_style": LLAMA_STYLE, "mixtral_style": MIXTRAL_STYLE}.get(name) or \
         (TEMPLATES / name).read_text()
@@ -269,9 +269,9 @@ def test_templates_render_as_transformers(tok, name):
 
 
 def test_load_refuses_the_model_before_building_anything(tiny, tmp_path):
-    """engine.load.load itself: the model is refused with the message, nothing built."""
-    from engine.errors import ModelError
-    from engine.load import load
+    """engine.runtime.load.load itself: the model is refused with the message, nothing built."""
+    from engine.protocol.errors import ModelError
+    from engine.runtime.load import load
 
     folder = tmp_path / "model"
     shutil.copytree(tiny, folder)
@@ -287,7 +287,7 @@ def test_two_threads_render_at_once_each_under_its_own_budget(tok):
     certain: the long one (1.5M characters, size limit 6M) joins its text while the short one (size
     limit 1M) is paused inside its own render; with one budget shared, the long join would be
     judged by the short render's limit."""
-    from engine.chat_template import ChatTemplate
+    from engine.prompts.chat_template import ChatTemplate
 
     src = ("{{ hold(messages[0].role) }}{% for m in messages %}"
            "{{ '<|' ~ m.role ~ '|>\\n' ~ m.content ~ '</s>\\n' }}{% endfor %}<|assistant|>\n")
@@ -333,7 +333,7 @@ def test_two_threads_render_at_once_each_under_its_own_budget(tok):
 def test_two_threads_tokenise_at_once(tok):
     """ids() from two threads at once (the server's pool and the engine thread) gives each the ids
     it gives alone."""
-    from engine.chat_template import ChatTemplate
+    from engine.prompts.chat_template import ChatTemplate
     from engine.sources.tiny_model import CHAT_TEMPLATE
 
     t = ChatTemplate(CHAT_TEMPLATE, tok, Path("x"))

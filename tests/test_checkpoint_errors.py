@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.checkpoint import Checkpoint
-from engine.errors import ModelError
+from engine.files.checkpoint import Checkpoint
+from engine.protocol.errors import ModelError
 
 
 @pytest.fixture

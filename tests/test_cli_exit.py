@@ -28,7 +28,7 @@ if slow:
     import torch
     import engine.planning.inputs as inputs
     import threading
-    import engine.client as client
+    import engine.runtime.client as client
     real = inputs.measure_dense_s
     begun = threading.Event()
     def measure_dense_s(*a, **k):

@@ -13,7 +13,7 @@ from PySide6.QtGui import (QDragEnterEvent, QDragLeaveEvent, QDragMoveEvent, QDr
 from PySide6.QtTest import QTest  # noqa: E402
 from PySide6.QtWidgets import QApplication, QFileDialog, QLineEdit  # noqa: E402
 
-from engine.generate import SamplingParams  # noqa: E402
+from engine.runtime.generate import SamplingParams  # noqa: E402
 
 from test_app import open_window, send, window  # noqa: E402,F401  (the same window fixture)
 from test_chat_bubbles import find, point_of  # noqa: E402

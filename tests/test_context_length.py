@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from engine.monitor import MemorySample, ScriptedSource
+from engine.machine.monitor import MemorySample, ScriptedSource
 from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded, QueryDone, SamplingParams, SetContext
-from engine.session import Session
+from engine.runtime.session import Session
 from engine.sources.tiny_model import write_tiny_mixtral
 
 MB = 10**6
@@ -190,7 +190,7 @@ def test_the_cli_refuses_a_context_memory_cannot_hold_before_building_anything(t
 
 # ---- the server ----
 def test_the_server_answers_a_prompt_past_the_context_with_openais_400(long_tiny, measured_machine):
-    from engine.client import Client
+    from engine.runtime.client import Client
     from engine.tools.serve import Server
     from rawhttp import send
 

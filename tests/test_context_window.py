@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QDialogButtonBox  # noqa: E402
 
 from app import context_choice, model_picker  # noqa: E402
 from app.attachments import context_for, room_of  # noqa: E402
-from engine.generate import SamplingParams  # noqa: E402
+from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.sources.tiny_model import write_tiny_mixtral  # noqa: E402
 
 from test_app import close_and_delete, open_window  # noqa: E402

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import torch
 
-from engine.monitor import MemorySample, ScriptedSource
+from engine.machine.monitor import MemorySample, ScriptedSource
 from engine.placement import Placement, Tier
-from engine.placement.controller import PlacementController
+from engine.control.controller import PlacementController
 from engine.planning.planner import PlanInputs
 from engine.protocol import Load, MigrationProgress, PlacementChanged, SetBudgets
 

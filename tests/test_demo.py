@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from engine.sources import demo
-from engine.checkpoint import Checkpoint
-from engine.model import MoEModel
+from engine.files.checkpoint import Checkpoint
+from engine.model.forward import MoEModel
 from engine.placement import Placement, Tier
 from engine.sources.tiny_model import write_tokenizer
 
@@ -112,7 +112,7 @@ def test_real_demo_matches_dense_smollm2(tmp_path):
     assert (got - want).abs().max().item() < 1e-3
     with torch.no_grad():
         ref = dense.generate(ids[None], max_new_tokens=20, do_sample=False)[0, len(prompt):].tolist()
-    from engine.generate import Generator, SamplingParams
+    from engine.runtime.generate import Generator, SamplingParams
 
     fin = list(Generator(m, tok, ck.eos_token_ids(tok), ctx=256).stream(prompt, SamplingParams(max_new_tokens=20)))[-1]
     assert fin.token_ids == ref[: len(fin.token_ids)]
@@ -140,8 +140,8 @@ REAL_WEIGHT_BOUND = 0.2
 def test_demo_4bit_error_and_perplexity_bounds():
     from pathlib import Path
 
-    from engine.evaluate import perplexity
-    from engine.load import load
+    from engine.model.evaluate import perplexity
+    from engine.runtime.load import load
     from engine.planning.profile import calibrate, calibration_text
 
     loaded = load(demo.ensure(log=print), "cpu", device="cpu")

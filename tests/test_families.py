@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from engine.checkpoint import Checkpoint
-from engine.errors import ModelError
-from engine.model import MoEModel
+from engine.files.checkpoint import Checkpoint
+from engine.protocol.errors import ModelError
+from engine.model.forward import MoEModel
 from engine.placement import Placement, Tier
 from engine.sources.tiny_model import write_tiny_model
 
@@ -115,7 +115,7 @@ def eval_matches_transformers(folder, tmp_path):
     ppl = float(re.search(r"perplexity ([0-9.]+), 96 tokens", r.stdout)[1])
     from transformers import AutoTokenizer
 
-    from engine.evaluate import corpus_ids
+    from engine.model.evaluate import corpus_ids
 
     ids = torch.tensor(corpus_ids(AutoTokenizer.from_pretrained(str(folder)), None, 96))
     with torch.no_grad():
@@ -161,7 +161,7 @@ def test_the_window_opens_a_tiny_qwen3_moe_and_chats(qtbot, folders, tmp_path, m
 
     from app.main_window import MainWindow
     from app.store import Store
-    from engine.generate import SamplingParams
+    from engine.runtime.generate import SamplingParams
 
     w = MainWindow(Store(tmp_path / "chats.sqlite3"), model=str(folders(family)), session_kwargs={"poll_s": 0.1},
                    device="cpu", dtype="fp32")

@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from engine.client import Client
-from engine.generate import SamplingParams
+from engine.runtime.client import Client
+from engine.runtime.generate import SamplingParams
 from engine.placement import Tier
 from engine.protocol import PlacementChanged
 

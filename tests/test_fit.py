@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import ModelError
+from engine.protocol.errors import ModelError
 from engine.planning import fit
 from engine.planning.hardware import HardwareProfile
 from engine.planning.inputs import from_dims
@@ -54,7 +54,7 @@ def test_a_dict_a_file_and_a_folder_give_the_same_fit(tmp_path):
 
 
 def test_the_inputs_are_the_planners_from_the_shape():
-    from engine.checkpoint import dims_from_config, hf_config
+    from engine.files.checkpoint import dims_from_config, hf_config
 
     raw = json.loads((RES / "qwen3-30b-a3b-config.json").read_text())
     inp, note = fit.inputs_of(raw, CPU)

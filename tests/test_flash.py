@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from engine import native
-from engine.checkpoint import Checkpoint
-from engine.model import MoEModel
+from engine.files.checkpoint import Checkpoint
+from engine.model.forward import MoEModel
 from engine.native import flash
 from engine.placement import Placement, Tier
 

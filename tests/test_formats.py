@@ -1,9 +1,9 @@
-"""engine/formats: each reply format's streaming parser, on realistic replies, under every split.
+"""engine/prompts/formats: each reply format's streaming parser, on realistic replies, under every split.
 
 Each example is a reply's generated text and what it must read as (reasoning, content, tool calls,
 notes); then the same text is fed in every two pieces, in pieces of 1..7 characters (every offset),
 token by token, at random cuts and with empty feeds between characters: the joined deltas and the
-final fields must be the whole-text result, and the invariants of engine/formats/__init__.py hold.
+final fields must be the whole-text result, and the invariants of engine/prompts/formats/__init__.py hold.
 No model: it runs in seconds.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.formats import FORMATS, Delta, Parser, ToolCall, format_of, parser_for
+from engine.prompts.formats import FORMATS, Delta, Parser, ToolCall, format_of, parser_for
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "resources" / "templates"  # the published Qwen3 and gpt-oss templates
 WEATHER = ("get_weather", "get_time")

@@ -1,4 +1,4 @@
-"""engine/formats, the formats that write tool calls as tags (TAGGED_FORMATS): Qwen3.5 / Qwen3-Coder's
+"""engine/prompts/formats, the formats that write tool calls as tags (TAGGED_FORMATS): Qwen3.5 / Qwen3-Coder's
 `<function=NAME><parameter=KEY>` ("qwen_xml") and GLM-4.5..4.7's `NAME<arg_key>K</arg_key><arg_value>V`
 ("glm"). Each example reply is read whole and under every split (tests/test_formats.py's splits and
 invariants); the argument values are typed by the offered tools' schemas; and a conversation rendered
@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.formats import (FORMATS, TAGGED_FORMATS, THINKING_FORMATS, Parser, format_of, parser_for,
+from engine.prompts.formats import (FORMATS, TAGGED_FORMATS, THINKING_FORMATS, Parser, format_of, parser_for,
                             schemas_of)
-from engine.formats.tagged_calls import typed, types_of
+from engine.prompts.formats.tagged_calls import typed, types_of
 from test_formats import call, check_invariants, merged, splits
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "resources" / "templates"
@@ -332,7 +332,7 @@ def test_format_of_the_families_template_lines():
 def render(name: str, messages: list[dict], **options) -> str:
     """The template's text for a conversation, through the engine's sandboxed ChatTemplate (the
     tokenizer is only asked for its special tokens: none of these templates writes them as variables)."""
-    from engine.chat_template import ChatTemplate
+    from engine.prompts.chat_template import ChatTemplate
 
     tok = SimpleNamespace(special_tokens_map={}, added_tokens_decoder={})
     t = ChatTemplate((TEMPLATES / name).read_text(encoding="utf-8"), tok, Path(name))

@@ -1,4 +1,4 @@
-"""engine/formats/gemma4.py: Gemma 4's replies, a `<|channel>thought` block for reasoning and
+"""engine/prompts/formats/gemma4.py: Gemma 4's replies, a `<|channel>thought` block for reasoning and
 `<|tool_call>call:NAME{key:value}<tool_call|>` calls in Gemma's own argument syntax. Each example reply is
 read whole and under every split (tests/test_formats.py's splits and invariants); a turn rendered by the
 published template (resources/templates/gemma-4-chat_template.jinja, as llama.cpp carries it; through the engine's sandboxed
@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.formats import (FORMATS, GEMMA_FORMATS, TAGGED_FORMATS, THINKING_FORMATS, Parser, format_of,
+from engine.prompts.formats import (FORMATS, GEMMA_FORMATS, TAGGED_FORMATS, THINKING_FORMATS, Parser, format_of,
                             parser_for)
-from engine.formats.gemma4 import Gemma4Parser, arguments
+from engine.prompts.formats.gemma4 import Gemma4Parser, arguments
 from engine.tools.serve.tool_fields import OPENINGS
 from test_formats import call, check_invariants, merged, splits
 
@@ -281,7 +281,7 @@ TOOLS = [
 def render(messages: list[dict], **options) -> str:
     """The template's text for a conversation, through the engine's sandboxed ChatTemplate (the
     tokenizer is only asked for its special tokens: the template writes none as variables but bos_token)."""
-    from engine.chat_template import ChatTemplate
+    from engine.prompts.chat_template import ChatTemplate
 
     tok = SimpleNamespace(special_tokens_map={}, added_tokens_decoder={})
     t = ChatTemplate(GEMMA.read_text(encoding="utf-8"), tok, GEMMA)

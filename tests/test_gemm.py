@@ -12,8 +12,8 @@ from gguf import GGMLQuantizationType as GT
 from gguf.constants import GGML_QUANT_SIZES
 
 from engine import native
-from engine.blockquant import BlockQuant
-from engine.experts import QuantExpert, run_jobs
+from engine.files.gguf.blockquant import BlockQuant
+from engine.experts.expert import QuantExpert, run_jobs
 from engine.placement import Tier
 
 from test_kernels_raw import FORMATS, rows_of
@@ -78,7 +78,7 @@ def test_stacked_parts_as_the_dense_projections_run(avx512):
     """q, k and v of one layer in one native call (mdk_matmul_parts): each part's columns of the output."""
     ms = [matrix(GT.Q4_K, 64, 512, 1), matrix(GT.Q6_K, 32, 512, 2), matrix(GT.Q8_0, 48, 512, 3)]
     x = torch.randn(20, 512, generator=torch.Generator().manual_seed(1))
-    rows, gemm = both(lambda: native.matmul_parts([m.desc for m in ms], x))
+    rows, gemm = both(lambda: native.dense_linear_parts([m.desc for m in ms], x))
     assert gemm.shape == (20, 144) and close(gemm, rows)
     assert close(gemm[:, 64:96], ms[1].matmul(x), 1e-5)
 

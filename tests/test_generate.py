@@ -4,9 +4,9 @@ import threading
 import pytest
 import torch
 
-from engine.errors import ContextOverflow
-from engine.generate import Done, SamplingParams, StopMatcher, TextStream, Token, sample
-from engine.load import load
+from engine.protocol.errors import ContextOverflow
+from engine.runtime.generate import Done, SamplingParams, StopMatcher, TextStream, Token, sample
+from engine.runtime.load import load
 
 
 @pytest.fixture(scope="module")
@@ -127,10 +127,10 @@ def test_generation_stops_at_context_end(loaded):
 
 
 def test_second_turn_reuses_cache_and_matches_cold_run(loaded):
-    """The chat's KV cache, kept between turns as the scheduler keeps it (engine/kv_cache.py),
+    """The chat's KV cache, kept between turns as the scheduler keeps it (engine/kv/cache.py),
     carries the first turn into the second; the reply is the one a cold prefill gives."""
-    from engine.generate import drive
-    from engine.kv_cache import KVCaches
+    from engine.runtime.generate import drive
+    from engine.kv.cache import KVCaches
 
     gen = loaded.generator
     caches = KVCaches(gen.new_cache, 1)
@@ -168,7 +168,7 @@ CHATML_TOJSON = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content 
 def test_sandboxed_template_gives_transformers_tokens(loaded, template):
     """The sandboxed renderer (time, loop and size limits) gives the same ids as transformers'
     apply_chat_template."""
-    from engine.chat_template import ChatTemplate
+    from engine.prompts.chat_template import ChatTemplate
 
     tok = loaded.tokenizer
     src = template or tok.chat_template
@@ -184,7 +184,7 @@ def test_sandboxed_template_gives_transformers_tokens(loaded, template):
 
 
 def test_template_errors_are_one_line_mixdesk_errors(loaded):
-    from engine.chat_template import ChatTemplate, TemplateProblem
+    from engine.prompts.chat_template import ChatTemplate, TemplateProblem
 
     t = ChatTemplate(MIXTRAL_STYLE, loaded.tokenizer, loaded.ckpt.folder)
     with pytest.raises(TemplateProblem, match="roles must alternate"):
@@ -195,7 +195,7 @@ def test_template_errors_are_one_line_mixdesk_errors(loaded):
                                          ("max_new_tokens", 0), ("top_k", -1), ("repetition_penalty", 0.0),
                                          ("temperature", float("inf")), ("seed", -3)])
 def test_sampling_values_are_checked(field, value):
-    from engine.errors import InputError
+    from engine.protocol.errors import InputError
 
     with pytest.raises(InputError, match=field):
         SamplingParams(**{field: value}).check()

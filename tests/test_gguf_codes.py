@@ -16,7 +16,7 @@ from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES
 
 from engine import native
-from engine.blockquant import BlockQuant
+from engine.files.gguf.blockquant import BlockQuant
 
 from gguf_blocks import CODES_TYPES, random_rows
 
@@ -83,7 +83,7 @@ ALL_ROLES = (GT.Q3_K, GT.Q2_K, GT.IQ4_XS, GT.IQ2_XXS)  # these also as every den
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
-    from engine.gguf.writer import write_gguf
+    from engine.files.gguf.writer import write_gguf
     from engine.sources.tiny_model import write_tiny_model
 
     root = tmp_path_factory.mktemp("codes-model")
@@ -113,8 +113,8 @@ def as_type(base, dst, qt: GT, names) -> object:
 
 
 def perplexities(path, ids) -> dict:
-    from engine.evaluate import perplexity
-    from engine.load import load
+    from engine.model.evaluate import perplexity
+    from engine.runtime.load import load
 
     got = {}
     for dtype in ("fp32", "bf16"):
@@ -130,8 +130,8 @@ def perplexities(path, ids) -> dict:
 def test_a_model_of_each_type_gives_the_reference_perplexity_and_answers(source, tmp_path, qt):
     """fp32: every expert the exact dequantisation (1e-3 of transformers on the same values); bf16: the
     file's own blocks in the native kernels (int8 activations: 5e-2). Then a greedy reply of 6 tokens."""
-    from engine.client import Client
-    from engine.sampling import SamplingParams
+    from engine.runtime.client import Client
+    from engine.protocol.sampling import SamplingParams
 
     from gguf_reference import ppl, reference
 
@@ -155,11 +155,11 @@ def test_a_model_of_each_type_gives_the_reference_perplexity_and_answers(source,
 # ---- bad input ------------------------------------------------------------------------------------------
 def test_a_scale_that_is_not_a_number_is_one_error_naming_the_tensor_and_block(source, tmp_path):
     """A Q3_K output matrix whose block 3 has a NaN scale: the reply ends with one error that names the
-    tensor and the block (engine/gguf/damage.py), not only "NaN scores"; the engine serves on."""
+    tensor and the block (engine/files/gguf/damage.py), not only "NaN scores"; the engine serves on."""
     from gguf import GGUFReader
 
-    from engine.client import Client, EngineError
-    from engine.sampling import SamplingParams
+    from engine.runtime.client import Client, EngineError
+    from engine.protocol.sampling import SamplingParams
 
     import gguf_files
 
@@ -196,8 +196,8 @@ def test_any_bytes_in_a_block_never_crash(qt):
 
 
 def test_rows_that_are_not_whole_blocks_are_refused_naming_the_tensor(source, tmp_path):
-    from engine.errors import ModelError
-    from engine.gguf import open_gguf
+    from engine.protocol.errors import ModelError
+    from engine.files.gguf import open_gguf
 
     import gguf_files
 

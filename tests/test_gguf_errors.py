@@ -1,4 +1,4 @@
-"""engine/gguf: every bad GGUF input is one ModelError, one line naming the file and the problem,
+"""engine/files/gguf: every bad GGUF input is one ModelError, one line naming the file and the problem,
 raised fast and without reading the file whole or writing anything."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from gguf import GGMLQuantizationType as GT
 
 import gguf_files
-from engine.errors import ModelError
-from engine.gguf import open_gguf
+from engine.protocol.errors import ModelError
+from engine.files.gguf import open_gguf
 from engine.sources.tiny_model import write_tiny_model
 
 
@@ -113,7 +113,7 @@ def test_duplicated_tensor_across_split_parts(src, tmp_path):
     gguf_files.hf_to_gguf(src, out, split_max_tensors=12)
     parts = sorted(out.parent.glob("*.gguf"))
     # a name in part 2 renamed to one that part 1 holds (same length)
-    from engine.gguf.header import Header
+    from engine.files.gguf.header import Header
 
     first = set(Header(parts[0]).tensors)
     second = [n for n in Header(parts[1]).tensors]

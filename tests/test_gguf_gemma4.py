@@ -1,6 +1,6 @@
 """Gemma 4 as GGUF (llama.cpp's `gemma4`): a tiny Gemma 4 MoE (engine/sources/tiny_model.py, 4 layers: sliding
-and global in turn, the global layers' keys their values, 4 experts) written by engine/gguf/writer.py as llama.cpp's
-converter writes its text model (engine/gguf/gemma4.py), and read back by the engine.
+and global in turn, the global layers' keys their values, 4 experts) written by engine/files/gguf/writer.py as llama.cpp's
+converter writes its text model (engine/files/gguf/gemma4.py), and read back by the engine.
 
 - Dims equal the safetensors' (family gemma4_text: the file is the text model); every tensor reads back as the
   source's; the file holds the converter's names (sandwich norms, router scale, per-expert scale as
@@ -27,10 +27,10 @@ import pytest
 import torch
 from gguf import GGUFReader
 
-from engine.checkpoint import Checkpoint
-from engine.errors import ModelError
-from engine.gguf import open_gguf
-from engine.gguf.writer import write_gguf
+from engine.files.checkpoint import Checkpoint
+from engine.protocol.errors import ModelError
+from engine.files.gguf import open_gguf
+from engine.files.gguf.writer import write_gguf
 from engine.sources.tiny_model import CHAT_TEMPLATE, CORPUS, write_tiny_model
 from gguf_checks import rewrite, same_types_as_llama_quantize
 from gguf_hybrid_files import engine_logits, llama_cpp_logits, reference
@@ -175,7 +175,7 @@ def test_eval_of_the_f16_file_gives_transformers_perplexity(source, files):
     """`mixdesk eval --dtype fp32 --placement cpu` on the F16 file against transformers on the source: within 1e-3."""
     from transformers import AutoTokenizer
 
-    from engine.evaluate import corpus_ids
+    from engine.model.evaluate import corpus_ids
 
     r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "eval", "--model", str(files["f16"]),
                         "--dtype", "fp32", "--placement", "cpu", "--tokens", "96", "--new-tokens", "4"],

@@ -1,6 +1,6 @@
 """GLM as GGUF: GLM-4.5 (`glm4_moe`, llama.cpp's `glm4moe`) and GLM-4.7-Flash (`glm4_moe_lite`, which llama.cpp
 converts as `deepseek2`): tiny models (3 layers: one dense, two with 4 experts in 2 groups; tests/gguf_glm_files.py)
-written by engine/gguf/writer.py as llama.cpp's converter writes them (--no-mtp), and read back by the engine.
+written by engine/files/gguf/writer.py as llama.cpp's converter writes them (--no-mtp), and read back by the engine.
 
 - Dims equal the safetensors' (dense first layer, groups, routed scale; GLM-4.7-Flash's MLA and interleaved
   rope); every tensor reads back as the source's (kv_b_proj joined from attn_k_b and attn_v_b); the file holds
@@ -27,11 +27,11 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as GT, GGUFReader
 
-from engine.checkpoint import Checkpoint
-from engine.errors import ModelError
-from engine.gguf import open_gguf
-from engine.gguf.values import dequantize_rows
-from engine.gguf.writer import write_gguf
+from engine.files.checkpoint import Checkpoint
+from engine.protocol.errors import ModelError
+from engine.files.gguf import open_gguf
+from engine.files.gguf.values import dequantize_rows
+from engine.files.gguf.writer import write_gguf
 from gguf_checks import rewrite
 from gguf_glm_files import ARCH, tiny, with_kv_b, with_mtp_block
 from gguf_hybrid_files import engine_logits, reference
@@ -139,12 +139,12 @@ def test_the_files_hold_what_the_converter_makes(sources, files):
 
 
 def test_names_agree_with_gguf_tensor_map(files):
-    """engine/gguf/names.py's name of every dense tensor is gguf's TensorNameMap's for the architecture (the
+    """engine/files/gguf/names.py's name of every dense tensor is gguf's TensorNameMap's for the architecture (the
     correction bias as filter_tensors renames it; kv_b_proj, which the converter splits, as the oldest files
     hold it)."""
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
 
-    from engine.gguf.names import gguf_name
+    from engine.files.gguf.names import gguf_name
 
     for family in FAMILIES:
         g = open_gguf(files[family, "f32"])
@@ -175,7 +175,7 @@ def test_eval_of_the_f16_file_gives_transformers_perplexity(sources, files, fami
     (full precision) over the same tokens: within 1e-3 (F16's rounding of the matrices)."""
     from transformers import AutoTokenizer
 
-    from engine.evaluate import corpus_ids
+    from engine.model.evaluate import corpus_ids
 
     r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "eval", "--model", str(files[family, "f16"]),
                         "--dtype", "fp32", "--placement", "cpu", "--tokens", "96", "--new-tokens", "4"],
@@ -258,8 +258,8 @@ def test_q8_0_matrices_stay_blocks(sources, q8_files, family):
 def test_q8_0_file_at_bf16_through_the_native_kernels(q8_files, family):
     """bf16 through the native kernels (the file's blocks, mapped) gives fp32's perplexity within 5%."""
     from engine import native
-    from engine.evaluate import perplexity
-    from engine.load import load
+    from engine.model.evaluate import perplexity
+    from engine.runtime.load import load
 
     if not native.available():
         pytest.skip("the native library is not built here")
@@ -318,8 +318,8 @@ def test_deepseek2_without_gating_key_at_glm_4_7_flash_shape(files, tmp_path):
     """llama.cpp's own rule for deepseek2 files without expert_gating_func (GLM-4.7-Flash's release has none):
     sigmoid for 47 (or 48) layers and a 154,880-token vocabulary, softmax (refused) otherwise. Only the
     metadata is read here (the tensors stay the tiny model's)."""
-    from engine.gguf.config import hf_config_dict
-    from engine.gguf.reader import GGUFFile
+    from engine.files.gguf.config import hf_config_dict
+    from engine.files.gguf.reader import GGUFFile
 
     shape = {"expert_gating_func": None, "vocab_size": 154880, "block_count": 48, "nextn_predict_layers": 1}
     for kv, ok in ((shape, True), ({**shape, "vocab_size": 151552}, False), ({**shape, "block_count": 47}, False)):

@@ -1,5 +1,5 @@
 """llama.cpp as the reference for GLM GGUF (`glm4moe`, and GLM-4.7-Flash as `deepseek2`): llama.cpp itself
-(llama-cpp-python 0.3.36, ggml-org/llama.cpp@0c1e57098) loads what engine/gguf/writer.py writes and gives the
+(llama-cpp-python 0.3.36, ggml-org/llama.cpp@0c1e57098) loads what engine/files/gguf/writer.py writes and gives the
 engine's logits on it; its converter (vendored in that release's sdist, where the sdist is here: $LLAMA_CPP_SDIST)
 writes the same bytes. The models: tests/gguf_glm_files.py."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.gguf.writer import write_gguf
+from engine.files.gguf.writer import write_gguf
 from gguf_checks import rewrite, same_types_as_llama_quantize
 from gguf_glm_files import tiny
 from gguf_hybrid_files import dequantised, engine_logits, llama_cpp_logits

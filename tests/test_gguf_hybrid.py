@@ -1,6 +1,6 @@
 """Qwen3.5-MoE as GGUF (llama.cpp's `qwen35moe`): a tiny model (4 layers: 3 Gated DeltaNet, 1 gated
 attention; 2 key heads serving 4 value heads, so the converter's grouped -> tiled value-head order
-matters) written by engine/gguf/writer.py as llama.cpp's converter writes it, and read back by the engine.
+matters) written by engine/files/gguf/writer.py as llama.cpp's converter writes it, and read back by the engine.
 
 - Dims equal the safetensors' (family qwen3_5_moe_text); every tensor reads back as the source's;
   the file holds the converter's transformations; fp32 logits within 1e-4 of transformers over a
@@ -26,11 +26,11 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as GT, GGUFReader
 
-from engine.checkpoint import Checkpoint
-from engine.errors import ModelError
-from engine.gguf import open_gguf
-from engine.gguf.values import dequantize_rows
-from engine.gguf.writer import write_gguf
+from engine.files.checkpoint import Checkpoint
+from engine.protocol.errors import ModelError
+from engine.files.gguf import open_gguf
+from engine.files.gguf.values import dequantize_rows
+from engine.files.gguf.writer import write_gguf
 from gguf_checks import rewrite
 from gguf_hybrid_files import ARCH, engine_logits, reference, tiny, with_mtp_block
 
@@ -53,7 +53,7 @@ def text_dims(d):
 
 def as_filed(name: str, t: torch.Tensor, d) -> torch.Tensor:
     """A source tensor in the order the engine reads it from the file: the DeltaNet's value heads tiled."""
-    from engine.gguf import qwen35
+    from engine.files.gguf import qwen35
 
     fix = qwen35.fixes(d, tiled=False).get(name)
     hk, dk, hv, dv, _ = d.linear
@@ -63,7 +63,7 @@ def as_filed(name: str, t: torch.Tensor, d) -> torch.Tensor:
         out[heads] = t
         return out
     if name.endswith("conv1d.weight"):
-        from engine.gguf.layout import head_rows
+        from engine.files.gguf.layout import head_rows
 
         rows = torch.cat([torch.arange(2 * hk * dk), head_rows(heads, dv, 2 * hk * dk)])
         out = torch.empty_like(t)
@@ -159,7 +159,7 @@ def test_eval_of_the_f16_file_gives_transformers_perplexity(source, files, windo
     (full precision) over the same tokens: within 1e-3 (F16's rounding of the matrices)."""
     from transformers import AutoTokenizer
 
-    from engine.evaluate import corpus_ids
+    from engine.model.evaluate import corpus_ids
 
     r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "eval", "--model", str(files["f16"]), "--dtype",
                         "fp32", "--placement", "cpu", "--tokens", "96", "--new-tokens", "4"],
@@ -189,9 +189,9 @@ def test_q8_0_matrices_stay_blocks(source, tmp_path, dv):
     the head width. Every block read is the exact dequantisation read() gives; the norms, conv1d and
     A_log are F32."""
     from engine import native
-    from engine.blockquant import BlockQuant
-    from engine.evaluate import perplexity
-    from engine.load import load
+    from engine.files.gguf.blockquant import BlockQuant
+    from engine.model.evaluate import perplexity
+    from engine.runtime.load import load
 
     src = source if dv == 24 else tiny(tmp_path / "hf", seed=2, linear_key_head_dim=32, linear_value_head_dim=32)
     path = write_gguf(src, tmp_path / "q8.gguf", "q8_0")[0]

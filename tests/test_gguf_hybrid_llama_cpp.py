@@ -1,5 +1,5 @@
 """llama.cpp as the reference for Qwen3.5-MoE GGUF (`qwen35moe`): llama.cpp itself (llama-cpp-python
-0.3.36, ggml-org/llama.cpp@0c1e57098) loads what engine/gguf/writer.py writes and gives the engine's
+0.3.36, ggml-org/llama.cpp@0c1e57098) loads what engine/files/gguf/writer.py writes and gives the engine's
 logits on it; its quantizer gives the types our K-quant plans give; its converter (vendored in that
 release's sdist, where the sdist is here) writes the same bytes. The model: tests/gguf_hybrid_files.py."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as GT
 
-from engine.gguf.writer import write_gguf
+from engine.files.gguf.writer import write_gguf
 from gguf_checks import rewrite, same_types_as_llama_quantize
 from gguf_hybrid_files import dequantised, engine_logits, llama_cpp_logits, tiny
 

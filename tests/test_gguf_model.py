@@ -1,8 +1,8 @@
 """A GGUF file as a model (issue 26): tiny Mixtral, Qwen3-MoE and GPT-OSS written in llama.cpp's layout
-(engine/gguf/writer.py, Q4_K_M-style types quantised by our own quantisers), run by the engine.
+(engine/files/gguf/writer.py, Q4_K_M-style types quantised by our own quantisers), run by the engine.
 
 - fp32 parity against transformers on the file's own dequantised weights (gguf.quants.dequantize of
-  each tensor, mapped to transformers' parameters here, independently of engine/gguf's names): max
+  each tensor, mapped to transformers' parameters here, independently of engine/files/gguf's names): max
   logit difference < 1e-4, identical greedy tokens; every expert on the CPU, on the accelerator
   tiers, and mixed; one file and split files.
 - GPT-OSS from MXFP4: the GGUF file and the safetensors release it came from give the same logits.
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from engine import native
-from engine.gguf.writer import write_gguf
-from engine.load import load
+from engine.files.gguf.writer import write_gguf
+from engine.runtime.load import load
 from engine.placement import Placement, Tier
 from engine.sources.tiny_model import write_tiny_model
 
@@ -102,7 +102,7 @@ def test_eval_at_the_accelerator_tiers_gives_the_reference_perplexity(fam, sourc
     weights, to 1e-3; `--dtype bf16 --placement cpu` runs the file's blocks natively (int8 activations,
     bf16 dense matmul inputs) and stays within a bound: on 2026-12-01, 3 token sets x 2 families gave
     fp32 within 1.5e-6 and bf16 within 0.14% of the reference; the bound allows 1%."""
-    from engine.evaluate import perplexity
+    from engine.model.evaluate import perplexity
 
     ids = torch.randint(3, SHAPE["vocab"], (96,), generator=torch.Generator().manual_seed(1))
     want = _ppl(reference(sources[fam], files[fam]), ids)
@@ -124,9 +124,9 @@ def test_tiers_of_a_q4_k_m_file(files):
     rounding, bounded). The planner's sizes follow."""
     from gguf import GGMLQuantizationType as GT
 
-    from engine.blockquant import BlockQuant
-    from engine.gguf.tiers import requantised_share
-    from engine.tier_bytes import tier_bytes
+    from engine.files.gguf.blockquant import BlockQuant
+    from engine.experts.gguf_tiers import requantised_share
+    from engine.experts.tier_bytes import tier_bytes
 
     ld = load(files["mixtral"], placement="cpu", device="cpu", dtype="bf16")
     try:
@@ -171,9 +171,9 @@ def test_a_16_bit_checkpoints_dense_matrices_in_q8_0_for_the_benchmark(sources):
     on the CPU run natively (one decode step equals the torch layer loop's logits closely)."""
     from gguf import GGMLQuantizationType as GT
 
-    from engine.blockquant import BlockQuant
-    from engine.load import open_checkpoint
-    from engine.model import MoEModel
+    from engine.files.gguf.blockquant import BlockQuant
+    from engine.runtime.load import open_checkpoint
+    from engine.model.forward import MoEModel
 
     ck = open_checkpoint(sources["mixtral"])
     try:
@@ -206,7 +206,7 @@ def test_gpt_oss_gguf_gives_the_releases_logits(gpt_oss):
     CPU runs the file's MXFP4 blocks in the native kernel."""
     from gguf import GGMLQuantizationType as GT
 
-    from engine.quant import MX4Native
+    from engine.experts.quant import MX4Native
 
     src, path = gpt_oss
     ids = torch.tensor([5, 17, 9, 200, 33, 7, 101, 64])

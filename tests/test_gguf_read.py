@@ -1,4 +1,4 @@
-"""engine/gguf: GGUF files written here from tiny transformers models (tests/gguf_files.py, in
+"""engine/files/gguf: GGUF files written here from tiny transformers models (tests/gguf_files.py, in
 llama.cpp's layout) open with the same Dims as the model's safetensors, read back exactly (F32:
 the source weights; quantised: gguf.quants.dequantize of the rows gguf's own reader finds), slice
 experts alone, join split sets, convert MXFP4 losslessly, write nothing, and open a Qwen3-30B-A3B
@@ -17,11 +17,11 @@ from gguf import GGMLQuantizationType as GT, GGUFReader
 from gguf.quants import dequantize
 
 import gguf_files
-from engine.checkpoint import Checkpoint
-from engine.families import fused
-from engine.gguf import is_gguf, open_gguf
-from engine.gguf.header import Header
-from engine.gguf.names import gguf_name
+from engine.files.checkpoint import Checkpoint
+from engine.files import fused_experts as fused
+from engine.files.gguf import is_gguf, open_gguf
+from engine.files.gguf.header import Header
+from engine.files.gguf.names import gguf_name
 from engine.sources.tiny_model import write_tiny_model
 
 FAMILIES = ["mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "gpt_oss"]
@@ -207,7 +207,7 @@ def test_qwen3_30b_header_opens_in_under_200ms(tmp_path):
     assert g.format_label() == "Q4_K_M GGUF, experts at 5.2 bits"  # gate, up Q4_K (4.5), down Q6_K (6.56)
     print(f"GGUFCheckpoint open of a Qwen3-30B-A3B header ({st.st_size / 1e9:.1f} GB sparse): "
           f"{min(times) * 1e3:.0f} ms (best of 5)")
-    # (gguf.GGUFReader took 22.9 s on the same file on 2026-12-01: why engine/gguf parses headers itself)
+    # (gguf.GGUFReader took 22.9 s on the same file on 2026-12-01: why engine/files/gguf parses headers itself)
     assert min(times) < 0.2, times
 
 

@@ -1,5 +1,5 @@
-"""engine/gguf/writer.py (a GGUF from a transformers folder, as llama.cpp writes one) and
-engine/gguf/tokenizer.py (the tokenizer from a GGUF's metadata, cached), on tiny models written by
+"""engine/files/gguf/writer.py (a GGUF from a transformers folder, as llama.cpp writes one) and
+engine/files/gguf/tokenizer.py (the tokenizer from a GGUF's metadata, cached), on tiny models written by
 transformers' own classes; and, where llama.cpp's converter is at hand, byte-for-byte against it."""
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from gguf import GGMLQuantizationType as GT, GGUFReader
 from gguf.quants import dequantize
 from safetensors.torch import load_file
 
-from engine.errors import ModelError
-from engine.gguf import tokenizer as gtok
-from engine.gguf.tokenizer import tokenizer_from_metadata
-from engine.gguf.writer import unpermute, write_gguf
+from engine.protocol.errors import ModelError
+from engine.files.gguf import tokenizer as gtok
+from engine.files.gguf.tokenizer import tokenizer_from_metadata
+from engine.files.gguf.writer import unpermute, write_gguf
 from engine.sources.tiny_model import write_tiny_model
 
 FAMILIES = ["mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "gpt_oss"]
@@ -120,7 +120,7 @@ def test_f32_values_are_the_source(folders, tmp_path, family):
             np.testing.assert_array_equal(up, gu[..., 1::2].transpose(1, 2).numpy())
             np.testing.assert_array_equal(down, src["model.layers.1.mlp.experts.down_proj"].transpose(1, 2).numpy())
         else:  # MXFP4 kept as is: the reference dequantiser gives the values the source's blocks hold
-            from engine.families.fused import mxfp4_to_float
+            from engine.files.fused_experts import mxfp4_to_float
 
             assert ts["blk.1.ffn_gate_exps.weight"].tensor_type == GT.MXFP4
             blocks, scales = src["model.layers.1.mlp.experts.down_proj_blocks"], src["model.layers.1.mlp.experts.down_proj_scales"]
@@ -209,7 +209,7 @@ def test_split_parts_as_gguf_split_names_them(folders, tmp_path):
     assert list(got) == list(ref)
     for name, t in ref.items():
         assert np.array_equal(np.asarray(got[name].data), np.asarray(t.data)), name
-    from engine.gguf.reader import GGUFFile  # the reader takes the set as one model
+    from engine.files.gguf.reader import GGUFFile  # the reader takes the set as one model
 
     f = GGUFFile(paths[0])
     assert set(f.tensors) == set(ref)
@@ -220,7 +220,7 @@ def test_split_parts_as_gguf_split_names_them(folders, tmp_path):
 def test_tokenizer_from_metadata_matches_source(folders, tmp_path, family):
     from transformers import AutoTokenizer
 
-    from engine.gguf.header import Header
+    from engine.files.gguf.header import Header
 
     out = tmp_path / "m.gguf"
     write_gguf(folders[family], out, "f16")
@@ -241,7 +241,7 @@ def _snapshot(root: Path) -> dict:
 
 
 def test_tokenizer_cache(folders, tmp_path, monkeypatch):
-    from engine.gguf.header import Header
+    from engine.files.gguf.header import Header
 
     out = tmp_path / "m.gguf"
     write_gguf(folders["mixtral"], out, "f16")
@@ -318,7 +318,7 @@ def llama_cpp(tmp_path_factory) -> Path:
 def known_tokenizer(tmp_path_factory) -> Path:
     """SmolLM2's tokenizer (from the GGUF the demo ships), whose pre-tokenizer hash llama.cpp's converter
     knows ('smollm'); through our own tokenizer_from_metadata, saved as a folder."""
-    from engine.gguf.header import Header
+    from engine.files.gguf.header import Header
     from engine.sources.demo import find_gguf
 
     try:
@@ -367,7 +367,7 @@ def test_same_file_as_llama_cpp_converter(llama_cpp, known_tokenizer, tmp_path, 
 @pytest.mark.slow
 def test_cache_pays_on_a_real_vocabulary(tmp_path):
     """SmolLM2's 49k-token vocabulary: the conversion takes seconds, the cached load a fraction of it."""
-    from engine.gguf.header import Header
+    from engine.files.gguf.header import Header
     from engine.sources.demo import find_gguf
 
     try:

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from engine import native
-from engine.checkpoint import Checkpoint
-from engine.errors import ModelError
-from engine.experts import Expert16, QuantExpert
-from engine.families.fused import float_to_mxfp4, mxfp4_to_float
-from engine.model import MoEModel
+from engine.files.checkpoint import Checkpoint
+from engine.protocol.errors import ModelError
+from engine.experts.expert import Expert16, QuantExpert
+from engine.files.fused_experts import float_to_mxfp4, mxfp4_to_float
+from engine.model.forward import MoEModel
 from engine.placement import Placement, Tier
 from engine.sources.tiny_model import write_tiny_model
 from test_families import eval_matches_transformers, greedy_matches_transformers, logit_error, run  # noqa: E402
@@ -96,7 +96,7 @@ def test_mxfp4_decodes_as_transformers_does_and_exactly_in_bf16():
 def test_cpu4_runs_the_released_mxfp4_blocks_exactly(folders):
     """cpu-4 of an MXFP4 expert is its released blocks in the Q4 kernel's tiles (no 16-bit detour,
     no second rounding): it stands for exactly the values the 16-bit tiers run, on every kernel path."""
-    from engine.quant import MX4Native, Q4Native
+    from engine.experts.quant import MX4Native, Q4Native
 
     ck = Checkpoint(folders("mxfp4"))
     d = ck.dims

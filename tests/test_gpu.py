@@ -2,13 +2,13 @@
 import pytest
 import torch
 
-from engine.checkpoint import Checkpoint
-from engine.offload import OffloadCosts, measure
-from engine.devices import detect
-from engine.experts import materialise
-from engine.generate import Generator, SamplingParams
-from engine.load import auto_placement
-from engine.model import MoEModel
+from engine.files.checkpoint import Checkpoint
+from engine.experts.offload import OffloadCosts, measure
+from engine.machine.devices import detect
+from engine.experts.build import materialise
+from engine.runtime.generate import Generator, SamplingParams
+from engine.runtime.load import auto_placement
+from engine.model.forward import MoEModel
 from engine.placement import Placement, Tier
 
 pytestmark = [pytest.mark.gpu,
@@ -56,7 +56,7 @@ def test_costs_are_measured_and_copy_path_matches(tiny, reference):
 
 
 def test_auto_placement_respects_budget(tiny):
-    from engine.errors import ModelError
+    from engine.protocol.errors import ModelError
     from engine.planning.hardware import load_or_measure
     from engine.planning.inputs import from_dims
     from engine.planning.planner import Budgets
@@ -78,8 +78,8 @@ def test_bf16_generation_on_cuda(tiny):
     tok = ck.load_tokenizer()
     pl = Placement.random(ck.dims.layers, ck.dims.experts, [Tier.GPU16, Tier.CPU16], 2)
     model = MoEModel(ck, pl, CUDA, torch.bfloat16)
-    from engine.chat_template import ChatTemplate
-    from engine.prompt import Prompts
+    from engine.prompts.chat_template import ChatTemplate
+    from engine.prompts.prompt import Prompts
 
     gen = Generator(model, tok, set(), ctx=128)
     prompt = Prompts(ChatTemplate.of(tok, ck.folder), tok, gen.ctx).chat([{"role": "user", "content": "hello"}])
@@ -96,7 +96,7 @@ def test_engine_shrinks_when_another_process_takes_vram(tmp_path, monkeypatch):
     import time as _time
 
     from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded, Stats
-    from engine.session import Session
+    from engine.runtime.session import Session
     from engine.sources.tiny_model import write_tiny_mixtral
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

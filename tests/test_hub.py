@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from engine.checkpoint import Checkpoint
-from engine.errors import ModelError
+from engine.files.checkpoint import Checkpoint
+from engine.protocol.errors import ModelError
 from engine.sources.hub import resolve
 from hub_server import HubServer
 

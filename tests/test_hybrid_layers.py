@@ -7,11 +7,11 @@ import logging
 import pytest
 import torch
 
-from engine.checkpoint import Checkpoint
-from engine.errors import ModelError
-from engine.generate import Done, SamplingParams, drive
-from engine.kv_cache import KVCaches
-from engine.load import load
+from engine.files.checkpoint import Checkpoint
+from engine.protocol.errors import ModelError
+from engine.runtime.generate import Done, SamplingParams, drive
+from engine.kv.cache import KVCaches
+from engine.runtime.load import load
 from engine.sources.tiny_model import write_tiny_model
 
 
@@ -137,13 +137,13 @@ def test_the_chunked_delta_rule_is_the_token_by_token_rule(n, heads, dk, dv):
 def test_experts_fused_per_layer_are_read_per_expert_from_the_file(hybrid, tmp_path):
     """A release that stores each layer's experts as 3-D gate_up_proj [E, 2I, D] and down_proj [E, D, I]
     (transformers' own layout) runs exactly as the per-expert checkpoint: each expert is a byte range
-    of the file, named per expert (engine/families/fused.py split_fused)."""
+    of the file, named per expert (engine/files/fused_experts.py split_fused)."""
     import re
     import shutil
 
     from safetensors.torch import load_file, save_file
 
-    from engine.model import MoEModel
+    from engine.model.forward import MoEModel
     from engine.placement import Placement, Tier
 
     folder = tmp_path / "fused"
@@ -168,7 +168,7 @@ def test_experts_fused_per_layer_are_read_per_expert_from_the_file(hybrid, tmp_p
 @pytest.mark.parametrize("template, fmt", [("qwen3.5", "qwen_xml"), ("glm-4.7-flash", "glm")])
 def test_a_2026_template_picks_its_reply_format_and_opens_the_reasoning(hybrid, tmp_path, template, fmt):
     """A model folder holding Qwen3.5's or GLM-4.7's published template replies in that family's format
-    (engine/formats/qwen_xml.py, glm.py); the prompt ends inside <think>, so the reply starts as reasoning."""
+    (engine/prompts/formats/qwen_xml.py, glm.py); the prompt ends inside <think>, so the reply starts as reasoning."""
     import shutil
     from pathlib import Path
 
@@ -208,7 +208,7 @@ def test_an_inconsistent_2026_config_is_one_error_naming_the_field(tmp_path, fam
 def test_prompt_chunks_and_batched_decode_give_the_one_sequence_logits(hybrid):
     """The DeltaNet state carries across a prompt read in chunks (token by token below 8, chunked above)
     and each sequence of a batched decode step reads its own state: the logits of one plain pass."""
-    from engine.model import MoEModel
+    from engine.model.forward import MoEModel
     from engine.placement import Placement, Tier
 
     ck = Checkpoint(hybrid)

@@ -1,5 +1,5 @@
 """What the install gives: every package of the source tree in the wheel's package list (the
-packaged installer builds from it; engine/formats, engine/gguf and engine/placement were missing),
+packaged installer builds from it; engine/prompts/formats, engine/files/gguf and engine/placement were missing),
 and a PySide6 that counts its references to None (6.12.0 did not: Python 3.11 aborted with
 "none_dealloc" after some ten thousand void Qt calls, which one streamed reply makes)."""
 from __future__ import annotations
@@ -12,7 +12,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_package_folder_is_in_the_wheel():
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    from setuptools import find_packages
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    listed = set(find_packages(where=str(ROOT), include=include))  # what setuptools puts in the wheel
     found = {".".join(p.parent.relative_to(ROOT).parts) for top in ("engine", "app")
              for p in (ROOT / top).rglob("__init__.py")}
     assert found - listed == set(), f"packages missing from pyproject.toml: {sorted(found - listed)}"

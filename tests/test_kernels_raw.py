@@ -18,8 +18,8 @@ from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES
 
 from engine import native
-from engine.blockquant import BlockQuant, row_bytes
-from engine.experts import QuantExpert, run_jobs, run_native
+from engine.files.gguf.blockquant import BlockQuant, row_bytes
+from engine.experts.expert import QuantExpert, run_jobs, run_native
 from engine.placement import Tier
 
 from test_kquant import random_raw as k_raw
@@ -209,10 +209,10 @@ def test_native_decode_step_with_raw_dense_weights(wide):
     """The dense matrices as the file's rows (qkv Q4_K, wo Q5_K, tied embedding and lm_head Q6_K): the
     one-call native decode step (decode.c's gemv) gives the torch layer loop's logits exactly (both
     multiply the same raw rows with the same kernels)."""
-    from engine.checkpoint import Checkpoint
-    from engine.model import MoEModel
+    from engine.files.checkpoint import Checkpoint
+    from engine.model.forward import MoEModel
     from engine.native import choice
-    from engine.native.step import DecodeStep
+    from engine.model.native_step import DecodeStep
     from engine.placement import Placement
 
     def raw_of(bq):

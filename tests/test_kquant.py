@@ -11,8 +11,8 @@ from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES
 
 from engine import native
-from engine.blockquant import BlockQuant
-from engine.experts import QuantExpert
+from engine.files.gguf.blockquant import BlockQuant
+from engine.experts.expert import QuantExpert
 from engine.placement import Tier
 
 from test_native import path, threads  # noqa: F401  (fixtures: every code path, 1 and 2 threads)
@@ -144,11 +144,11 @@ def test_native_decode_step_with_block_dense_weights(request, wide, fused_qkv):
     """The model's dense matrices swapped for block weights (q, k, v in Q4_K / Q5_K / Q6_K or one Q4_K
     matrix, wo Q4_K, the tied embedding and lm_head Q6_K, as a Q4_K_M file holds them): the one-call
     native step gives the torch layer loop's logits (same kernels, rounded at the same points)."""
-    from engine.checkpoint import Checkpoint
-    from engine.dense_forms import Stacked
-    from engine.model import MoEModel
+    from engine.files.checkpoint import Checkpoint
+    from engine.experts.dense_forms import Stacked
+    from engine.model.forward import MoEModel
     from engine.native import choice
-    from engine.native.step import DecodeStep
+    from engine.model.native_step import DecodeStep
     from engine.placement import Placement
 
     ck = Checkpoint(wide)

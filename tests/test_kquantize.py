@@ -23,7 +23,7 @@ from engine import native  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native library not built")
 
-from engine.blockquant import NATIVE, quantize_raw  # noqa: E402
+from engine.files.gguf.blockquant import NATIVE, quantize_raw  # noqa: E402
 
 BOUND = {GT.Q4_K: 0.075, GT.Q5_K: 0.0375, GT.Q6_K: 0.0186, GT.Q8_0: 0.0057,
          GT.Q4_0: 0.090, GT.Q4_1: 0.082, GT.Q5_0: 0.045, GT.Q5_1: 0.040}
@@ -109,7 +109,7 @@ def test_against_llama_cpp_reference(qt):
 
 
 def test_q4k_beats_q4_0_and_the_5_bit_grid():
-    from engine.quant import Q4Native
+    from engine.experts.quant import Q4Native
 
     g = torch.Generator().manual_seed(5)
     for w in (torch.randn(256, 4096, generator=g), torch.randn(256, 4096, generator=g) / (

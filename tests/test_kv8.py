@@ -1,4 +1,4 @@
-"""8-bit keys and values (Load.kv_bits = 8, engine/kv8.py): the rows' rounding, a model's logits
+"""8-bit keys and values (Load.kv_bits = 8, engine/kv/int8.py): the rows' rounding, a model's logits
 beside its 16-bit cache's, the native decode step against the torch forward on the same 8-bit cache
 (every kernel path), the bytes a token and the planner's count of them, a kept cache's file, and the
 --kv-bits option from the command line to the Loaded line."""
@@ -9,11 +9,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine import kv8, native
-from engine.checkpoint import Checkpoint
-from engine.context_fit import model_cost
-from engine.errors import InputError
-from engine.model import MoEModel
+from engine.kv import int8 as kv8
+from engine import native
+from engine.files.checkpoint import Checkpoint
+from engine.control.context_fit import model_cost
+from engine.protocol.errors import InputError
+from engine.model.forward import MoEModel
 from engine.placement import Placement, Tier
 from engine.planning.kv_reservation import choose_length, int8_element_bytes
 
@@ -141,7 +142,7 @@ def test_auto_opens_about_twice_the_context_at_8_bits_where_memory_bounds_it(hd6
 def test_a_kept_cache_is_saved_and_restored_at_8_bits_and_a_16_bit_file_is_not_read_into_it(hd64, tmp_path):
     from types import SimpleNamespace
 
-    from engine.kv_files import KVFiles, fingerprint
+    from engine.kv.files import KVFiles, fingerprint
 
     ids = torch.randint(0, 320, (300,), generator=torch.Generator().manual_seed(3))
     m8, m16 = model_of(hd64, 8, torch.bfloat16), model_of(hd64, 16, torch.bfloat16)
@@ -174,8 +175,8 @@ def test_a_kept_cache_is_saved_and_restored_at_8_bits_and_a_16_bit_file_is_not_r
 
 
 def test_the_option_from_the_command_line_to_the_loaded_line(hd64, tiny, window_cache, capsys):
-    from engine.client import Client
-    from engine.sampling import SamplingParams
+    from engine.runtime.client import Client
+    from engine.protocol.sampling import SamplingParams
     from engine.tools.cli import build_parser, main
 
     p = build_parser()

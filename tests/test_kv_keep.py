@@ -10,10 +10,10 @@ import os
 
 import torch
 
-from engine.kv_files import KVFiles, fingerprint
+from engine.kv.files import KVFiles, fingerprint
 from engine.protocol import PromptProgress, Token
-from engine.generate import Generator
-from engine.scheduler import Scheduler
+from engine.runtime.generate import Generator
+from engine.runtime.scheduler import Scheduler
 
 from test_scheduler import Letters, ScriptedModel, gen, run, submit
 
@@ -322,8 +322,8 @@ def test_the_fingerprint_changes_with_the_model_file_and_what_makes_keys_and_val
 def test_a_restart_restores_the_conversation_from_disk(tiny, window_cache, caplog):
     """Two sessions, one after the other, on the same user folders: the second reads from the file what
     the first read, and only the new tokens."""
-    from engine.client import Client
-    from engine.sampling import SamplingParams
+    from engine.runtime.client import Client
+    from engine.protocol.sampling import SamplingParams
 
     msgs = [{"role": "user", "content": "Tell me about this: " + " ".join(f"item {i} of the list" for i in range(20))}]
     first = Client()
@@ -353,8 +353,8 @@ def test_the_terminal_chat_draws_the_reading_and_ctrl_c_keeps_what_was_read(tiny
     import re
     import time
 
-    from engine import scheduler
-    from engine.generate import Generator
+    from engine.runtime import scheduler
+    from engine.runtime.generate import Generator
     from engine.tools.cli import build_parser, cmd_chat
     from engine.tools.cli_reply import ReadingBar
 
@@ -401,8 +401,8 @@ def test_the_model_stops_between_two_layers_and_a_later_read_is_exact(tiny):
 
     import pytest
 
-    from engine.errors import ForwardStopped
-    from engine.load import load
+    from engine.protocol.errors import ForwardStopped
+    from engine.runtime.load import load
 
     model = load(str(tiny), placement="cpu", device="cpu", dtype="fp32", ctx=256).model
     ids = torch.arange(3, 67)

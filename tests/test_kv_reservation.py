@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.checkpoint import dims_from_config, hf_config
+from engine.files.checkpoint import dims_from_config, hf_config
 from engine.planning.kv_reservation import (AUTO_SHARE, FLOOR, ContextCost, ContextTooLarge, choose_length, cost_of,
                                             int8_element_bytes, rounded)
-from engine.errors import InputError
+from engine.protocol.errors import InputError
 
 RESOURCES = Path(__file__).resolve().parents[1] / "resources"
 

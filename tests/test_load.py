@@ -2,8 +2,8 @@
 a model bigger than memory at 16 bits loads straight into 4-bit, and one that cannot fit is refused."""
 import pytest
 
-from engine.errors import ModelError
-from engine.load import load
+from engine.protocol.errors import ModelError
+from engine.runtime.load import load
 from engine.placement import Tier
 from engine.planning.planner import Budgets
 

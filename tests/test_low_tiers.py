@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as GT
 from gguf import quants
 
 from engine import native
-from engine.blockquant import BlockQuant, quantize_raw
+from engine.files.gguf.blockquant import BlockQuant, quantize_raw
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native library not built")
 f32 = np.float32
@@ -258,7 +258,7 @@ def wide(tmp_path_factory):
 def files(tmp_path_factory):
     """The same shape as Qwen3-MoE GGUF files: Q4_K_M (written by the project's writer as llama-quantize
     types it), and one whose experts are Q2_K (3 bits: cpu-3 and cpu-2 hold the file's blocks)."""
-    from engine.gguf.writer import write_gguf
+    from engine.files.gguf.writer import write_gguf
     from engine.sources.tiny_model import write_tiny_model
 
     root = tmp_path_factory.mktemp("low-gguf")
@@ -273,10 +273,10 @@ def _rel(a, b) -> float:
 
 
 def test_an_expert_in_each_cpu_tier_of_a_16_bit_model(wide):
-    from engine.experts import materialise
-    from engine.load import open_checkpoint
+    from engine.experts.build import materialise
+    from engine.runtime.load import open_checkpoint
     from engine.placement import Tier
-    from engine.tier_bytes import tier_bytes
+    from engine.experts.tier_bytes import tier_bytes
 
     ck = open_checkpoint(wide)
     cpu = torch.device("cpu")
@@ -294,10 +294,10 @@ def test_an_expert_in_each_cpu_tier_of_a_16_bit_model(wide):
 
 
 def test_a_model_whose_rows_are_not_whole_blocks_is_offered_no_low_tier(tiny):
-    from engine.load import open_checkpoint
+    from engine.runtime.load import open_checkpoint
     from engine.planning.profile import calibrated_tiers
     from engine.placement import Tier
-    from engine.tier_bytes import tier_bytes
+    from engine.experts.tier_bytes import tier_bytes
 
     ck = open_checkpoint(tiny)  # hidden 64
     sizes = tier_bytes(ck, 4)
@@ -306,8 +306,8 @@ def test_a_model_whose_rows_are_not_whole_blocks_is_offered_no_low_tier(tiny):
 
 
 def test_a_gguf_files_low_tiers_keep_its_blocks_where_they_are_that_small(files):
-    from engine.experts import materialise
-    from engine.gguf import open_gguf
+    from engine.experts.build import materialise
+    from engine.files.gguf import open_gguf
     from engine.planning.profile import calibrated_tiers
     from engine.placement import Tier
 
@@ -399,7 +399,7 @@ def test_the_lowest_precision_re_plans_the_running_model(wide, measured_machine)
     import time
 
     from engine.protocol import ErrorEvent, Load, Loaded, SetSlider
-    from engine.session import Session
+    from engine.runtime.session import Session
 
     errors, ready = [], threading.Event()
 

@@ -16,9 +16,9 @@ import torch
 from gguf import GGMLQuantizationType as GT
 
 from engine import native
-from engine.blockquant import BlockQuant
-from engine.gguf.writer import write_gguf
-from engine.load import load
+from engine.files.gguf.blockquant import BlockQuant
+from engine.files.gguf.writer import write_gguf
+from engine.runtime.load import load
 from engine.placement import Tier
 from engine.sources.tiny_model import write_tiny_model
 
@@ -100,12 +100,12 @@ def test_the_planner_counts_the_files_pages_apart_from_owned_memory(file):
     """A file's own blocks cost no RAM budget: under a budget smaller than the file, every expert stays
     at cpu-16 (the file's precision); the fit line says what is mapped; a file larger than the memory
     left pages, with its predicted speed said."""
-    from engine.gguf import open_gguf
+    from engine.files.gguf import open_gguf
     from engine.planning.fit import fit_of
     from engine.planning.hardware import HardwareProfile
     from engine.planning.inputs import from_dims, with_mapping
     from engine.planning.planner import Budgets, plan
-    from engine.tier_bytes import tier_bytes
+    from engine.experts.tier_bytes import tier_bytes
 
     ck = open_gguf(file)
     try:
@@ -129,8 +129,8 @@ def test_the_planner_counts_the_files_pages_apart_from_owned_memory(file):
 TRUNCATE = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, sys.argv[3])
-    from engine.client import Client, EngineError
-    from engine.sampling import SamplingParams
+    from engine.runtime.client import Client, EngineError
+    from engine.protocol.sampling import SamplingParams
     path, whole = sys.argv[1], sys.argv[2]
     c = Client()
     c.load(path, placement="cpu", device="cpu", dtype="bf16")
@@ -195,7 +195,7 @@ def test_a_file_truncated_under_the_window_is_said_and_the_window_stays(qtbot, f
     from PySide6.QtCore import Qt
 
     from test_app import open_window
-    from engine.sampling import SamplingParams
+    from engine.protocol.sampling import SamplingParams
 
     victim = tmp_path / "victim.gguf"
     shutil.copy(file, victim)
@@ -221,7 +221,7 @@ def test_a_16_bit_checkpoints_cpu_experts_are_its_mapped_tensors(tmp_path, monke
     """A bf16 safetensors checkpoint at cpu-16 (its own precision): each expert's w1, w3 and w2 are
     the file's tensors where it is mapped (gate's and up's rows in two places, one matrix to the
     kernel), no copy; the logits are exactly those of the copied experts."""
-    from engine.experts import MappedExpert16
+    from engine.experts.expert import MappedExpert16
     from engine.sources.tiny_model import write_tiny_mixtral
 
     src = write_tiny_mixtral(tmp_path / "bf16", hidden=256, ffn=512, experts=4, dtype="bfloat16")
@@ -254,7 +254,7 @@ def test_the_model_browser_says_mapped_and_warns_of_paging(qtbot, file, window_c
 
     from app import theme
     from app.model_picker import ModelPicker
-    from engine.gguf import open_gguf
+    from engine.files.gguf import open_gguf
     from engine.planning import fit
     from engine.planning.inputs import RAM_MARGIN
     from engine.planning.planner import Budgets
@@ -291,7 +291,7 @@ def test_what_the_planner_counts_as_mapped_is_what_the_model_maps(file, tmp_path
     and a bf16 checkpoint; a source that cannot be mapped (a synthetic checkpoint) counts none."""
     from engine.sources.synthetic import write_synthetic
     from engine.sources.tiny_model import write_tiny_mixtral
-    from engine.tier_bytes import mapped_bytes
+    from engine.experts.tier_bytes import mapped_bytes
 
     bf16 = write_tiny_mixtral(tmp_path / "bf16", hidden=256, ffn=512, experts=4, dtype="bfloat16")
     for src in (file, bf16):
@@ -303,7 +303,7 @@ def test_what_the_planner_counts_as_mapped_is_what_the_model_maps(file, tmp_path
             assert dense == m.dense_mapped_bytes(), src
         finally:
             ld.ckpt.close()
-    from engine.load import open_checkpoint
+    from engine.runtime.load import open_checkpoint
 
     config = ROOT / "resources" / "mixtral-8x7b-config.json"
     syn = open_checkpoint(write_synthetic(tmp_path / "syn", config))

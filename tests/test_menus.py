@@ -19,7 +19,7 @@ from PySide6.QtGui import QContextMenuEvent  # noqa: E402
 from PySide6.QtWidgets import (QAbstractButton, QApplication, QDialogButtonBox, QFileDialog, QInputDialog,  # noqa: E402
                                QLineEdit, QMessageBox)
 
-from engine.generate import SamplingParams  # noqa: E402
+from engine.runtime.generate import SamplingParams  # noqa: E402
 
 from test_app import open_window  # noqa: E402
 from test_window_flows import fill_connect, second_server  # noqa: E402,F401  (the server fixture)
@@ -103,7 +103,7 @@ def open_folder(k: Walk):
 def open_gguf(k: Walk):
     """A GGUF file (written from the tiny model in llama.cpp's layout), picked in the file dialog: it
     loads and chats, and the model bar says what the file holds."""
-    from engine.gguf.writer import write_gguf
+    from engine.files.gguf.writer import write_gguf
 
     path = write_gguf(k.tiny, k.tmp / "tiny-q8_0.gguf", "q8_0")[0]
     def start():

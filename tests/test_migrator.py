@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from engine.load import load
-from engine.migrator import Migrator
+from engine.runtime.load import load
+from engine.control.migrator import Migrator
 from engine.placement import Placement, Tier
 
 
@@ -97,7 +97,7 @@ def test_a_failed_build_on_the_worker_is_reported_on_the_engine_thread(loaded):
 
 
 def test_monitor_reads_held_bytes_and_the_sample_under_the_migrators_lock(loaded):
-    from engine.monitor import MemorySample, Monitor, ScriptedSource
+    from engine.machine.monitor import MemorySample, Monitor, ScriptedSource
 
     m = Migrator(loaded.model, background=False)
     inside = []
@@ -111,9 +111,9 @@ def test_monitor_reads_held_bytes_and_the_sample_under_the_migrators_lock(loaded
 def test_a_cached_profile_start_builds_each_expert_once(tiny, monkeypatch, window_cache):
     """The second start of a model plans from its cached profile before building anything: each
     expert is built exactly once and no move follows. (window_cache: the cache a first start left.)"""
-    import engine.experts as experts
+    import engine.experts.expert as experts
     from engine.protocol import ErrorEvent, Load, Loaded, PlacementChanged
-    from engine.session import Session
+    from engine.runtime.session import Session
 
     def start(events):
         done = threading.Event()

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.checkpoint import Checkpoint
-from engine.errors import ModelError
-from engine.load import open_checkpoint
+from engine.files.checkpoint import Checkpoint
+from engine.protocol.errors import ModelError
+from engine.runtime.load import open_checkpoint
 
 
 @pytest.fixture
@@ -111,7 +111,7 @@ def test_a_hub_cache_snapshot_still_loads(model, tmp_path):
         os.symlink(os.path.join("..", "..", "blobs", blob.name), snap / p.name)
     ck = open_checkpoint(snap)
     tok = ck.load_tokenizer()
-    from engine.chat_template import ChatTemplate
+    from engine.prompts.chat_template import ChatTemplate
 
     assert ChatTemplate.of(tok, ck.folder).ids([{"role": "user", "content": "hi"}])
     # a snapshot's link that leaves the repository is refused all the same

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from engine import native
-from engine.experts import Expert16, QuantExpert
+from engine.experts.expert import Expert16, QuantExpert
 from engine.placement import Tier
-from engine.quant import Q4Native
+from engine.experts.quant import Q4Native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native library not built")
 
@@ -68,8 +68,8 @@ def test_q4_matmul_matches_reference(path, threads, shape, batch):
 def test_mx4_matmul_matches_reference(path, threads, shape, batch):
     """MXFP4 blocks (gpt-oss's release format) in the Q4 tiles: dequantised exactly, and the integer
     kernel's product equals the reference's on every path (the table lookup of each nibble)."""
-    from engine.families.fused import mxfp4_to_float
-    from engine.quant import MX4Native
+    from engine.files.fused_experts import mxfp4_to_float
+    from engine.experts.quant import MX4Native
 
     n, k = shape
     g = torch.Generator().manual_seed(n * k + batch)
@@ -151,11 +151,11 @@ def test_status_names_the_kernel():
 FALLBACK = r"""
 import torch, sys
 from engine import native
-from engine.checkpoint import Checkpoint
-from engine.generate import Generator, SamplingParams
-from engine.model import MoEModel
+from engine.files.checkpoint import Checkpoint
+from engine.runtime.generate import Generator, SamplingParams
+from engine.model.forward import MoEModel
 from engine.placement import Placement, Tier
-from engine.quant import cpu4_format, Int4CPU
+from engine.experts.quant import cpu4_format, Int4CPU
 assert not native.available(), native.status()
 print(native.status())
 assert cpu4_format() is Int4CPU
@@ -236,8 +236,8 @@ def test_native_decode_step_on_every_kernel_path(request, path, which):
 
 
 def native_step_equals_layer_loop(request, which, dtype, tier):
-    from engine.checkpoint import Checkpoint
-    from engine.model import MoEModel
+    from engine.files.checkpoint import Checkpoint
+    from engine.model.forward import MoEModel
     from engine.native import choice
     from engine.placement import Placement
 
@@ -270,7 +270,7 @@ def test_bad_routing_arguments_are_refused_not_crashed():
     import ctypes
 
     from engine.layers.router import SoftmaxTopK
-    from engine.moe import MoEBlock
+    from engine.model.moe import MoEBlock
 
     g = torch.Generator().manual_seed(0)
     experts = [Expert16(Tier.CPU16, torch.randn(64, 32, generator=g), torch.randn(32, 32, generator=g))

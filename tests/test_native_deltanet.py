@@ -178,7 +178,7 @@ def test_native_refuses_sizes_it_cannot_hold():
 def test_tiled_value_heads_are_the_grouped_heads_reordered(path, size):
     """tiled=True (value head h uses key head h % Hk: a GGUF's order) on inputs whose value heads are
     tiled gives the grouped step's results in that order: native and reference alike."""
-    from engine.gguf.qwen35 import tiled_heads
+    from engine.files.gguf.qwen35 import tiled_heads
 
     Hk, Dk, Hv, Dv, K = size
     layer, start, tokens = make(size, seed=3)

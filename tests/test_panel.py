@@ -186,9 +186,9 @@ def test_a_replan_mid_migration_continues_the_same_progress(qtbot, window):
 def test_the_engine_counts_one_migration_across_a_replan(tiny):
     """Engine side: MigrationProgress done never restarts while moves are pending; PlacementChanged
     says how many of the migration in flight are made (moved)."""
-    from engine.migrator import Migrator
+    from engine.control.migrator import Migrator
     from engine.placement import Placement, Tier
-    from engine.load import load
+    from engine.runtime.load import load
 
     loaded = load(tiny, "cpu", "cpu", "fp32")
     m = Migrator(loaded.model, background=False)

@@ -3,10 +3,10 @@ over a prefill plus 20 decode steps; greedy generations are identical token for 
 import pytest
 import torch
 
-from engine.checkpoint import Checkpoint
-from engine.offload import OffloadCosts
-from engine.generate import Generator, SamplingParams
-from engine.model import MoEModel
+from engine.files.checkpoint import Checkpoint
+from engine.experts.offload import OffloadCosts
+from engine.runtime.generate import Generator, SamplingParams
+from engine.model.forward import MoEModel
 from engine.placement import Placement, Tier
 
 CPU = torch.device("cpu")

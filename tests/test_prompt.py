@@ -1,10 +1,10 @@
-"""The one prompt pipeline (engine/prompt.py): a chat rendered once, through the model's template;
+"""The one prompt pipeline (engine/prompts/prompt.py): a chat rendered once, through the model's template;
 each length check before the costlier step (messages, characters, then tokens); the reply's parser;
 a request prepared as ids for the scheduler, which renders nothing itself."""
 import pytest
 
-from engine.errors import ContextOverflow
-from engine.prompt import Prepared, Prompts
+from engine.protocol.errors import ContextOverflow
+from engine.prompts.prompt import Prepared, Prompts
 from engine.protocol import Generate
 
 

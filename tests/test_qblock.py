@@ -13,8 +13,8 @@ from gguf import quants as gq
 from gguf.constants import GGML_QUANT_SIZES
 
 from engine import native
-from engine.blockquant import NATIVE, BlockQuant, row_bytes
-from engine.experts import QuantExpert, run_native
+from engine.files.gguf.blockquant import NATIVE, BlockQuant, row_bytes
+from engine.experts.expert import QuantExpert, run_native
 from engine.placement import Tier
 
 from test_native import path, q8_reference, rel, threads  # noqa: F401  (fixtures)
@@ -113,7 +113,7 @@ def test_results_do_not_depend_on_threads(monkeypatch):
 
 @pytest.mark.parametrize("batch", [1, 4, 7, 64])
 def test_fused_expert_q5_0_gate_up_q8_0_down(path, threads, batch):  # noqa: F811
-    """engine.experts' one native call (route weight 1) against a torch SwiGLU of the dequantised
+    """engine.experts.expert' one native call (route weight 1) against a torch SwiGLU of the dequantised
     weights, with the activations quantised as the kernel does, both times."""
     d, i = 576, 256
     raw13, raw2 = random_raw(GT.Q5_0, 2 * i, d, seed=13), random_raw(GT.Q8_0, d, i, seed=2)

@@ -4,16 +4,16 @@ import threading
 import pytest
 import torch
 
-from engine.checkpoint import Checkpoint
-from engine.evaluate import perplexity
-from engine.model import MoEModel
+from engine.files.checkpoint import Checkpoint
+from engine.model.evaluate import perplexity
+from engine.model.forward import MoEModel
 from engine.placement import ALL_TIERS, Placement, Tier
 from engine.planning.profile import Cancelled, ModelProfile, calibrate
-from engine.quant import NF4, Int4CPU, Q4Native, cpu4_format
+from engine.experts.quant import NF4, Int4CPU, Q4Native, cpu4_format
 
 CPU = torch.device("cpu")
 # Stated bounds: relative output error of one 4-bit matrix against 16-bit, on Gaussian weights
-# and activations (4 bits with groups/blocks of 64 give ~9-10%; see docs in engine/quant.py).
+# and activations (4 bits with groups/blocks of 64 give ~9-10%; see docs in engine/experts/quant.py).
 MATRIX_BOUND = 0.12
 # Whole tiny model, all experts 4-bit: relative error of the logits.
 MODEL_BOUND = 0.15

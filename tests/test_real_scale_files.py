@@ -70,7 +70,7 @@ SMALL = replace(rsf.QWEN3, name="small", layers=2, hidden=256, experts=4, expert
 
 
 def test_small_file_opens_in_the_engine(tmp_path):
-    from engine.gguf import open_gguf
+    from engine.files.gguf import open_gguf
 
     out = rsf.write(SMALL, tmp_path / "small.gguf", log=lambda m: None)
     assert out.stat().st_size == rsf.expected_size(SMALL)

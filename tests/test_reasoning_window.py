@@ -18,7 +18,7 @@ from app.chat_view import ChatView  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
 from app.reasoning_view import NOT_RUN  # noqa: E402
 from app.store import Store  # noqa: E402
-from engine.generate import SamplingParams  # noqa: E402
+from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.protocol import Generate  # noqa: E402
 from scripted_chat import script, write_chat_model  # noqa: E402
 from window_helpers import no_uncaught_exceptions  # noqa: E402
@@ -196,7 +196,7 @@ def test_the_stored_chat_reopens_with_its_block_folded_and_later_turns_send_no_r
 
 def test_the_think_switch_off_asks_for_no_reasoning_and_the_chat_remembers_it(qtbot, qwen):
     gen = generator(qwen)
-    prompts, pipeline = [], qwen.bridge.session.loaded.prompts  # the engine's one prompt pipeline (engine/prompt.py)
+    prompts, pipeline = [], qwen.bridge.session.loaded.prompts  # the engine's one prompt pipeline (engine/prompts/prompt.py)
     inner = pipeline.chat
 
     def recorded(messages, **kw):

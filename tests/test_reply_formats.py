@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from engine.client import Client
-from engine.generate import SamplingParams
+from engine.runtime.client import Client
+from engine.runtime.generate import SamplingParams
 from engine.protocol import Done, ErrorEvent, Generate, Token
 from scripted_chat import script, write_chat_model
 
@@ -136,7 +136,7 @@ def test_a_stop_string_ends_the_answer_not_the_reasoning(chat):
 
 def test_a_gemma_4_reply_ends_at_its_tool_response_even_where_the_checkpoint_does_not_say_so(tmp_path):
     """A Gemma 4 checkpoint whose generation_config names only `<turn|>`: after a tool call the model
-    writes `<|tool_response>` and waits for the tool; generation stops there (engine/formats
+    writes `<|tool_response>` and waits for the tool; generation stops there (engine/prompts/formats
     REPLY_ENDS) instead of running on into a made-up result (hidden by the parser, paid for in time)."""
     folder = write_chat_model(tmp_path / "gemma4", "gemma4")
     c = Client()

@@ -3,11 +3,11 @@ reuse, chunked prompts and failures, against a scripted forward (each token's su
 next id) and a real KV cache. The scheduler is driven step by step, as the engine thread does."""
 import torch
 
-from engine.generate import Done, Generator, SamplingParams, Token
-from engine.errors import ForwardStopped
-from engine.kv_tensors import KVCache
+from engine.runtime.generate import Done, Generator, SamplingParams, Token
+from engine.protocol.errors import ForwardStopped
+from engine.kv.tensors import KVCache
 from engine.protocol import ErrorEvent, Generate, Query
-from engine.scheduler import Scheduler
+from engine.runtime.scheduler import Scheduler
 
 V = 50
 
@@ -266,7 +266,7 @@ def test_every_decode_step_is_reported_with_its_width_and_time():
 
 
 def test_the_scheduler_takes_ids_only():
-    """It renders nothing: a request's messages or text are prepared before it (engine/prompt.py,
+    """It renders nothing: a request's messages or text are prepared before it (engine/prompts/prompt.py,
     by the session); one that was not ends with a word, not a render."""
     s, model = scheduler()
     _, r1 = submit(s, Generate(messages=[{"role": "user", "content": "hi"}]))

@@ -14,7 +14,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from engine.client import Client  # noqa: E402
+from engine.runtime.client import Client  # noqa: E402
 from engine.protocol import Done  # noqa: E402
 from engine.tools.serve import Server  # noqa: E402
 from replies import watch_replies  # noqa: E402

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from engine.client import Client
+from engine.runtime.client import Client
 from engine.protocol import Done, ErrorEvent, Generate
 from engine.tools.serve import Server
 

@@ -9,7 +9,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from engine.client import Client  # noqa: E402
+from engine.runtime.client import Client  # noqa: E402
 from engine.tools.serve import Server  # noqa: E402
 from rawhttp import is_openai_error, send  # noqa: E402
 from scripted_chat import script, write_chat_model  # noqa: E402

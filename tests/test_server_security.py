@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from engine.client import Client
+from engine.runtime.client import Client
 from engine.protocol import Generate
 from engine.tools.serve import Server
 

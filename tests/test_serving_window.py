@@ -7,8 +7,8 @@ import pytest
 pytest.importorskip("PySide6")
 from PySide6.QtCore import Qt  # noqa: E402
 
-from engine.client import Client  # noqa: E402
-from engine.generate import SamplingParams  # noqa: E402
+from engine.runtime.client import Client  # noqa: E402
+from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.tools.serve import Server  # noqa: E402
 
 from test_app import window  # noqa: E402,F401  (the same window fixture)

@@ -6,13 +6,13 @@ import weakref
 
 import pytest
 
-from engine.generate import SamplingParams
-from engine.monitor import MemorySample, ScriptedSource
+from engine.runtime.generate import SamplingParams
+from engine.machine.monitor import MemorySample, ScriptedSource
 from engine.placement import Tier
 from engine.planning.planner import plan
 from engine.protocol import (Done, ErrorEvent, Generate, Load, Loaded, PlacementChanged, Reprofile, SetSlider,
                              Shutdown, Stats, Stop, Token)
-from engine.session import Session
+from engine.runtime.session import Session
 
 GB = 10**9
 
@@ -68,7 +68,7 @@ def tokens_of(rec, rid):
 
 def greedy_reference(tiny, prompt, n):
     """A greedy run with a fixed all-16-bit placement (the same precision as every 16-bit tier)."""
-    from engine.load import load
+    from engine.runtime.load import load
 
     loaded = load(tiny, "cpu", device="cpu", dtype="fp32", ctx=512)
     loaded.generator.eos_ids.clear()
@@ -223,7 +223,7 @@ def test_errors_anywhere_become_events_and_the_thread_serves_on(tiny, monkeypatc
     answers the next request."""
     from pathlib import Path
 
-    from engine import queries
+    from engine.runtime import queries
     from engine.protocol import Query, QueryDone
 
     monkeypatch.setitem(queries.HANDLERS, "broken", lambda session: {}["missing"])  # a handler with a bug
@@ -287,7 +287,7 @@ def test_the_check_model_query_opens_a_model_without_releasing_the_one_in_use(ti
     rec = Recorder()
     s = start(tiny, rec)
     try:
-        assert s.last_loaded.prompt_ids == s.loaded.prompts.chat  # engine/prompt.py, off the engine thread too
+        assert s.last_loaded.prompt_ids == s.loaded.prompts.chat  # engine/prompts/prompt.py, off the engine thread too
         rid = s.submit(Query(name="check_model", args={"spec": str(tiny)}))
         assert rec.wait(lambda e: isinstance(e, QueryDone) and e.request_id == rid).value == str(tiny)
         (tmp_path / "notes").mkdir()

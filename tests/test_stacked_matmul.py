@@ -1,13 +1,13 @@
-"""Stacked matrices of one input (engine/dense_forms.py Stacked: [q; k; v] or DeltaNet's [qkv; z; b; a]
+"""Stacked matrices of one input (engine/experts/dense_forms.py Stacked: [q; k; v] or DeltaNet's [qkv; z; b; a]
 in different formats) multiply in one native call (moe.c mdk_matmul_parts) exactly as part by part."""
 import pytest
 import torch
 from gguf import GGMLQuantizationType as GT
 
 from engine import native
-from engine.blockquant import BlockQuant
-from engine.dense_forms import Stacked
-from engine.kernels import linear
+from engine.files.gguf.blockquant import BlockQuant
+from engine.experts.dense_forms import Stacked
+from engine.native.dense_linear import linear
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native library is not built")
 

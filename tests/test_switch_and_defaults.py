@@ -21,8 +21,8 @@ from PySide6.QtCore import Qt  # noqa: E402
 from app import chat_settings  # noqa: E402
 from app.chat_settings_dialog import ChatSettingsDialog  # noqa: E402
 from app import theme  # noqa: E402
-from engine import queries  # noqa: E402
-from engine.generate import SamplingParams  # noqa: E402
+from engine.runtime import queries  # noqa: E402
+from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.protocol import Load  # noqa: E402
 
 from test_app import open_window  # noqa: E402

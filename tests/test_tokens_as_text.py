@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.chat_template import ChatTemplate
-from engine.control_tokens import END, START
+from engine.prompts.chat_template import ChatTemplate
+from engine.prompts.control_tokens import END, START
 from two_threads import ids_from_two_threads
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -64,7 +64,7 @@ def sentencepiece_style():
 
 @pytest.fixture(scope="module")
 def tiny_tok(tiny):
-    from engine.checkpoint import Checkpoint
+    from engine.files.checkpoint import Checkpoint
 
     return Checkpoint(tiny).load_tokenizer()
 
@@ -198,7 +198,7 @@ def test_two_threads_tokenise_typed_tokens_at_once(chatml):
 
 def test_demo_model_typed_tokens_are_text():
     """On the demo model's tokenizer (SmolLM2: ChatML), where its source package is installed."""
-    from engine.errors import MixdeskError
+    from engine.protocol.errors import MixdeskError
     from engine.sources import demo
 
     try:

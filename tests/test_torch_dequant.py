@@ -1,5 +1,5 @@
 """A long prompt's CPU-resident GGUF experts copied to the GPU for the prompt (issue 45, item 6): the
-file's own rows cross as they are and are dequantised there by torch ops (engine/gguf/torch_dequant.py).
+file's own rows cross as they are and are dequantised there by torch ops (engine/files/gguf/torch_dequant.py).
 Checked on the CPU: every block format equals gguf's reference dequantiser bit for bit; a GGUF expert
 is copyable, its 16-bit copy equals the file's values exactly and answers as the native kernels do;
 the prefill's copy path (MoE._prefill with copy_wins) gives the logits the CPU path gives. The same on
@@ -12,12 +12,12 @@ import torch
 from gguf import GGMLQuantizationType as GT, quants
 
 from engine import native
-from engine.blockquant import BlockQuant, quantize_raw
-from engine.experts import Expert16, QuantExpert
-from engine.gguf import torch_dequant
-from engine.gguf.writer import write_gguf
-from engine.load import load
-from engine.offload import OffloadCosts
+from engine.files.gguf.blockquant import BlockQuant, quantize_raw
+from engine.experts.expert import Expert16, QuantExpert
+from engine.files.gguf import torch_dequant
+from engine.files.gguf.writer import write_gguf
+from engine.runtime.load import load
+from engine.experts.offload import OffloadCosts
 from engine.sources.tiny_model import write_tiny_model
 
 from gguf_blocks import CODES_TYPES, random_rows

@@ -9,8 +9,8 @@ pytest.importorskip("PySide6")
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QFileDialog  # noqa: E402
 
-from engine.client import Client  # noqa: E402
-from engine.generate import SamplingParams  # noqa: E402
+from engine.runtime.client import Client  # noqa: E402
+from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.tools.serve import Server  # noqa: E402
 
 from test_app import open_window, window  # noqa: E402,F401  (the same window fixture)
@@ -117,22 +117,22 @@ def test_a_failed_open_of_a_folder_that_is_not_a_model_keeps_the_old_model_chatt
 def test_a_failed_open_after_the_old_model_was_let_go_brings_it_back(qtbot, window, tmp_path, tiny,
                                                                                  monkeypatch):
     """Defect 2, the other half: a model that passes the check but fails while it is built (the
-    engine unloads the model in use first: engine/session.py _load, e.g. out of memory). The
+    engine unloads the model in use first: engine/runtime/session.py _load, e.g. out of memory). The
     window reopens the previous model and says both things."""
     import shutil
 
-    import engine.load
-    from engine.errors import ModelError
+    import engine.runtime.load
+    from engine.protocol.errors import ModelError
 
     broken = tmp_path / "broken-copy"
     shutil.copytree(tiny, broken)
-    real = engine.load.load
+    real = engine.runtime.load.load
 
     def load(folder, *a, **k):
         if str(folder) == str(broken):
             raise ModelError(broken, "ran out of memory while building its experts (injected)")
         return real(folder, *a, **k)
-    monkeypatch.setattr(engine.load, "load", load)
+    monkeypatch.setattr(engine.runtime.load, "load", load)
     old = window.model_info.name
     with no_uncaught_exceptions():
         on_modal(lambda d: (d.setTextValue(str(broken)), d.accept()))

@@ -187,7 +187,7 @@ def test_each_chat_keeps_its_own_draft_and_staged_documents(qtbot, window, tmp_p
 def test_regenerate_keeps_the_earlier_answers_as_versions_to_switch_between(qtbot, window):
     from PySide6.QtCore import Qt
 
-    from engine.generate import SamplingParams
+    from engine.runtime.generate import SamplingParams
 
     send(qtbot, window, "tell me something", 6)
     qtbot.waitUntil(lambda: not window.generating, timeout=60_000)

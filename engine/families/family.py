@@ -20,7 +20,7 @@ class Family:
     clip_qkv: bool = False              # q, k, v clamped to +-config.clip_qkv (after the q/k norms)
     runs: bool = True                   # False: planned from its config, its weights not run yet
     # GPT-OSS and what only it has so far:
-    fused_experts: bool = False         # one tensor per layer and weight holds every expert (engine/families/fused.py)
+    fused_experts: bool = False         # one tensor per layer and weight holds every expert (engine/files/fused_experts.py)
     router: str = "gate"                # the router's module name inside the MoE block
     router_kind: str = "softmax_topk"   # or "topk_softmax": top-k of the logits, softmax over those k
     router_bias: bool = False

@@ -1,6 +1,6 @@
 """Gemma 4's Mixture-of-Experts models (Gemma 4 26B-A4B; `gemma4`, text-only `gemma4_text`): every layer
 has a dense GELU-tanh MLP (`mlp.`) beside 128 routed experts (`experts.gate_up_proj` [E, 2I, D] and
-`experts.down_proj` [E, D, I], read per expert: engine/families/fused.py), and Gemma's sandwich of
+`experts.down_proj` [E, D, I], read per expert: engine/files/fused_experts.py), and Gemma's sandwich of
 norms (engine/layers/sandwich.py): the attention's output normed before it joins the stream; the
 MLP's and the experts' outputs each normed, summed and normed again; each layer's output scaled by a
 learned scalar. The router reads the stream itself (RMS-normalised without a weight, times a learned

@@ -1,7 +1,7 @@
 """GPT-OSS (gpt-oss-20b, gpt-oss-120b). Departures from the other families, each data read by the
-one forward (engine/model.py), MoE block (engine/moe.py) and expert (engine/experts.py):
+one forward (engine/model/forward.py), MoE block (engine/model/moe.py) and expert (engine/experts/expert.py):
 - experts fused per layer (`mlp.experts.gate_up_proj` [E, D, 2I] with gate and up interleaved,
-  `down_proj` [E, I, D]) with biases, shipped as MXFP4 blocks and scales: engine/families/fused.py
+  `down_proj` [E, I, D]) with biases, shipped as MXFP4 blocks and scales: engine/files/fused_experts.py
   reads one expert at a time, exactly (MXFP4 values are exact in bf16);
 - a router (`mlp.router`) with a bias: top-k of the logits first, then a softmax over the k chosen;
 - a clamped SwiGLU: (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 g), g = min(gate, 7) (experts.Glu);

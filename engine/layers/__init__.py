@@ -1,6 +1,6 @@
 """A decoder layer is parts: a mixer (attention of a kind: engine/layers/attention.py; or Gated
 DeltaNet linear attention: engine/layers/deltanet.py) and a feed-forward (the MoE block: routed
-experts with a router, optionally a shared expert: engine/moe.py), each behind an RMSNorm, each
+experts with a router, optionally a shared expert: engine/model/moe.py), each behind an RMSNorm, each
 adding to the residual stream. A family (engine/families) is the recipe: its config says which mixer
 each layer has (`Dims.mixers`) and the parts read their own tensors and fields. Placement, tiers,
 planner and migration see only the experts."""
@@ -13,7 +13,7 @@ MIXERS = {"attention": attention, "deltanet": deltanet, "mla": mla}
 
 class Layer:
     """One decoder layer: x += mixer(ln1(x)); x += ffn(ln2(x)). The feed-forward is the layer's MoE
-    block (also in model.moe, by MoE layer) or a dense MLP (engine/layers/feed_forward.py)."""
+    block (also in model.moe, by MoE layer) or a dense MLP (engine/model/feed_forward.py)."""
 
     def __init__(self, ln1, mixer, ln2, ffn):
         self.ln1, self.mixer, self.ln2, self.ffn = ln1, mixer, ln2, ffn

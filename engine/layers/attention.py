@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernels import linear
+from ..native.dense_linear import linear
 from ..native import flash
 from .norms import rms
 
@@ -36,7 +36,7 @@ def shapes(d, p: str, layer: int = 0) -> dict[str, tuple[int, ...]]:
 
 
 def build(w, p: str, layer: int, slot: int) -> "Attention":
-    """Decoder layer `layer`'s attention from its tensors (w: the model's readers, engine/model.py)."""
+    """Decoder layer `layer`'s attention from its tensors (w: the model's readers, engine/model/forward.py)."""
     d = w.dims
     g, hd, k_is_v, rope = d.attn_of(layer)
     wqkv = w.stack([w.matrix(p + f"self_attn.{n}_proj.weight") for n in ("qk" if k_is_v else "qkv")])  # [(H(2)+2G)Hd, D]

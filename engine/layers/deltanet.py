@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernels import linear
+from ..native.dense_linear import linear
 from ..native import choice, deltanet as native_deltanet
 from .norms import rms
 from .delta_rule import run as run_delta_rule
@@ -40,7 +40,7 @@ def shapes(d, p: str, layer: int = 0) -> dict[str, tuple[int, ...]]:
 
 
 def input_names(d) -> tuple[str, ...]:
-    """The input projections as stored, in the order they stack (engine/model.py)."""
+    """The input projections as stored, in the order they stack (engine/model/forward.py)."""
     return ("in_proj_qkvz", "in_proj_ba") if d.deltanet_inputs == "grouped" else NAMES
 
 
@@ -71,7 +71,7 @@ def check_config(raw: dict, field, error, pre: str) -> None:
 
 
 def build(w, p: str, layer: int, slot: int) -> "GatedDeltaNet":
-    """Decoder layer `layer`'s DeltaNet from its tensors (w: the model's readers, engine/model.py)."""
+    """Decoder layer `layer`'s DeltaNet from its tensors (w: the model's readers, engine/model/forward.py)."""
     d, q = w.dims, p + "linear_attn."
     if d.deltanet_inputs == "grouped":  # Qwen3-Next: its rows regrouped into Qwen3.5's order (a copy)
         w_in = torch.cat([w.dense(q + n + ".weight") for n in input_names(d)])[grouped_rows(d)]

@@ -20,7 +20,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..kernels import linear
+from ..native.dense_linear import linear
 
 
 def shapes(d, p: str, layer: int = 0) -> dict[str, tuple[int, ...]]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import linear
+from ..native.dense_linear import linear
 from .norms import rms
 
 

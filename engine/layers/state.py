@@ -52,7 +52,7 @@ class LinearState:
         for t in [t for t in self.snapshots if t > tokens]:
             del self.snapshots[t]
 
-    # ---- by name, as the KV cache keeps it on disk (engine/model.py KVCache.tensors) ----
+    # ---- by name, as the KV cache keeps it on disk (engine/model/forward.py KVCache.tensors) ----
     def tensors(self) -> dict[str, torch.Tensor]:
         """The live state and each turn boundary's copy: state.conv, state.rec, state.at.T.conv, ..."""
         out = {"state.conv": self.conv, "state.rec": self.rec}

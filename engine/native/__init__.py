@@ -33,7 +33,7 @@ ERRORS = {-1: "out of memory for its scratch buffers", -2: "a selected expert is
           -3: "top-k outside 1..experts, or more than 1024 experts"}
 PATHS = ("portable C", "AVX2", "AVX-512 VNNI")
 FMT = {torch.float32: F32, torch.float16: F16, torch.bfloat16: BF16}
-KV8 = 13  # an 8-bit KV cache's rows (engine/kv8.py), stored as uint8
+KV8 = 13  # an 8-bit KV cache's rows (engine/kv/int8.py), stored as uint8
 KV_FMT = {**FMT, torch.uint8: KV8}  # a KV cache's format in the decode step (mdk_model.kv_fmt), by its dtype
 
 

@@ -11,7 +11,7 @@
  * (benchmarks/results/concurrent_streams-prompt896-2026-12-01.md); the blocks (2026-12-04, the
  * 4-layer full-width Qwen3-30B-A3B, best decode step): after 4,096 positions 11.2-11.6 -> 8.3 ms,
  * after 16,384 14.7-18.2 -> 13.3-13.6 ms.
- * An 8-bit cache (MDK_KV8, engine/kv8.py) is read as it is stored: each 16 codes widened and times
+ * An 8-bit cache (MDK_KV8, engine/kv/int8.py) is read as it is stored: each 16 codes widened and times
  * their block's fp16 scale (the exact values torch's dequantisation gives), so a long context's
  * rows cross the memory bus at 1.0625 bytes a value instead of 2.
  */
@@ -38,7 +38,7 @@ static float dot8(const float *a, const float *b, int n) {  /* eight partial sum
 
 /* One 8-bit row (Hd codes, then Hd/32 fp16 scales) from fp32 values: scale = absmax/127 rounded to
  * fp16, code = the nearest integer (ties to even, as torch.round) to value / scale, within +-127;
- * exactly engine/kv8.py pack's arithmetic, so the native step and the torch forward write the same
+ * exactly engine/kv/int8.py pack's arithmetic, so the native step and the torch forward write the same
  * bytes. Other formats: mdk_store_row. */
 void mdk_kv_store(int fmt, const float *src, void *dst, int Hd) {
     if (fmt != MDK_KV8) {

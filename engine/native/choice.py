@@ -88,7 +88,7 @@ def file_blocks(ckpt, accel: torch.device, dtype: torch.dtype) -> bool:
 
 
 def whole_step(model) -> bool:
-    """The model's whole decode step can be one native call (engine/native/step.py, decode.c): its
+    """The model's whole decode step can be one native call (engine/model/native_step.py, decode.c): its
     family computes what decode.c computes (q/k norms and clip_qkv included; no biases, shared
     experts, sinks, per-layer windows, output gates, partial rope or mixers other than attention), it lives on the CPU in native formats with fp32 attention,
     and its shapes fit decode.c's arrays."""

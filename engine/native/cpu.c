@@ -209,7 +209,7 @@ static double now_s(void) {
  * operand (measured: a 512-token prompt's delta rule 30x slower in torch, the native step several
  * times). Values that small (< 1.2e-38) change no result a model gives. Set for good in the pool's own
  * threads, and in a caller of mdk_parallel only for the call (its thread may be the GUI's: Qt's own
- * float code must keep IEEE behaviour); torch's ops in the forward likewise (engine/model.py). */
+ * float code must keep IEEE behaviour); torch's ops in the forward likewise (engine/model/forward.py). */
 static unsigned flush_denormals(void) {
 #if MDK_X86
     unsigned was = _mm_getcsr();

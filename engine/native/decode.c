@@ -1,7 +1,7 @@
 /* One decode step (one token) of a Mixtral-style model on the CPU, all layers in one call.
  *
  * Shapes: D hidden, H query heads, G kv heads, Hd head dim, P cached positions (pos + 1 after the
- * write), E experts, K top-k. Per layer, as engine/model.py does it in torch:
+ * write), E experts, K top-k. Per layer, as engine/model/forward.py does it in torch:
  *   h = rms(x) * ln1 (rounded to the model dtype);  qkv = Wqkv . h (one matrix, or q, k and v as up
  *   to three stacked parts of different formats);  q/k norms and clip where the
  *   family has them (Qwen3-MoE, OLMoE);  rope on q and k;

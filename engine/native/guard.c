@@ -1,6 +1,6 @@
 /* A file mapped read-only and truncated (or a network drive gone) while the engine reads it: the
  * next touch of a page past the new end raises SIGBUS, which by default kills the process, the
- * window with it. The guard keeps a table of the mapped ranges (engine/mapped.py registers each
+ * window with it. The guard keeps a table of the mapped ranges (engine/files/mapped.py registers each
  * mapping); its SIGBUS handler, for a fault inside one of them, maps a page of zeros over the
  * faulting page (so the instruction that faulted reads zeros and the step ends, with a wrong result)
  * and counts the fault against the range; the engine reads the count after each step and reports

@@ -48,7 +48,7 @@ enum { MDK_F32 = 0, MDK_F16 = 1, MDK_BF16 = 2, MDK_Q4 = 3, MDK_MX4 = 4,
         * qblock.c: 32-weight blocks). Their values are exactly gguf.quants.dequantize's. */
        MDK_Q4K = 5, MDK_Q5K = 6, MDK_Q6K = 7,
        MDK_Q8_0 = 8, MDK_Q4_0 = 9, MDK_Q4_1 = 10, MDK_Q5_0 = 11, MDK_Q5_1 = 12,
-       /* a KV cache's 8-bit rows (engine/kv8.py): Hd int8 codes, then Hd/32 fp16 scales (one a block of 32) */
+       /* a KV cache's 8-bit rows (engine/kv/int8.py): Hd int8 codes, then Hd/32 fp16 scales (one a block of 32) */
        MDK_KV8 = 13,
        /* GGUF's formats read as codes and group scales (codes.c), on the file's own rows only */
        MDK_Q2K = 14, MDK_Q3K = 15, MDK_IQ4NL = 16, MDK_IQ4XS = 17, MDK_IQ2XXS = 18, MDK_IQ2XS = 19,

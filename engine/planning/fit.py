@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from ..errors import ModelError
+from ..protocol.errors import ModelError
 from .hardware import HardwareProfile
 from .kv_reservation import size_text  # noqa: F401 - the words for bytes, imported from here too
 from .planner import Budgets, PlanInputs, frontier
@@ -148,7 +148,7 @@ def _raw_config(config: dict | str | Path) -> tuple[dict, Path]:
 def inputs_of(config: dict | str | Path, hw: HardwareProfile) -> tuple[PlanInputs, str]:
     """Planner inputs from a config (a dict, a config.json, or a folder holding one) for this
     machine: its measured CPU tiers, and its measured GPU tiers if it has a GPU."""
-    from ..checkpoint import check_config, dims_from_config, hf_config
+    from ..files.checkpoint import check_config, dims_from_config, hf_config
     from ..families import FAMILIES
     from .inputs import from_dims
     from .profile import ASSUMED_SENSITIVITY
@@ -175,9 +175,9 @@ def predict(config: dict | str | Path, hw: HardwareProfile, budgets: Budgets | N
 
 def predict_gguf(path: str | Path, hw: HardwareProfile, budgets: Budgets | None = None) -> Fit:
     """The same for a GGUF file on disk, from its header (its tensors' real sizes; none read)."""
-    from ..gguf import open_gguf
-    from ..gguf.tiers import requantised_share
-    from ..tier_bytes import tier_bytes
+    from ..files.gguf import open_gguf
+    from ..experts.gguf_tiers import requantised_share
+    from ..experts.tier_bytes import tier_bytes
     from .inputs import from_dims, with_mapping
 
     ck = open_gguf(path)

@@ -16,9 +16,9 @@ from pathlib import Path
 import psutil
 import torch
 
-from ..devices import best_time
-from ..experts import Expert16, quantise, run_jobs
-from ..kernels import auto_dtype
+from ..machine.devices import best_time
+from ..experts.expert import Expert16, quantise, run_jobs
+from ..native.dense_linear import auto_dtype
 from ..placement import Tier
 
 FORMAT = 8  # 5: the native CPU kernels (tier costs changed); 6: batch 2 measured (batched decode); 7: cpu-3, cpu-2;

@@ -10,10 +10,10 @@ from pathlib import Path
 import psutil
 import torch
 
-from ..checkpoint import dims_from_config, dense_shapes
-from ..errors import ModelError
+from ..files.checkpoint import dims_from_config, dense_shapes
+from ..protocol.errors import ModelError
 from .hardware import HardwareProfile
-from ..model import MoEModel
+from ..model.forward import MoEModel
 from .planner import Budgets, PlanInputs
 from .profile import ASSUMED_SENSITIVITY, ModelProfile, assumed_sensitivity
 
@@ -114,11 +114,11 @@ def from_dims(d, hw: HardwareProfile, itemsize: int = 2, sensitivity: float = AS
     """Planner inputs from a model's shape alone (no weights read): uniform popularity, one assumed
     sensitivity for every 4-bit expert, this machine's measured tier costs. GPU tiers: gpu_costs
     when given, else the measured ones when this machine has a GPU, else none (CPU-only).
-    sizes: bytes of one expert per tier (engine/tier_bytes.py; default: from the shape);
+    sizes: bytes of one expert per tier (engine/experts/tier_bytes.py; default: from the shape);
     cpu4_share: the share of an expert's weights cpu-4 re-quantises (a GGUF file's 4-bit matrices stay
-    as they are: engine/gguf/tiers.py), which scales its assumed sensitivity; low_shares likewise for
+    as they are: engine/experts/gguf_tiers.py), which scales its assumed sensitivity; low_shares likewise for
     cpu-3 and cpu-2 (default 1)."""
-    from ..tier_bytes import tier_bytes_of_dims
+    from ..experts.tier_bytes import tier_bytes_of_dims
 
     sizes = sizes or tier_bytes_of_dims(d, itemsize)
     if dense_bytes is None:
@@ -137,11 +137,11 @@ def from_dims(d, hw: HardwareProfile, itemsize: int = 2, sensitivity: float = AS
 
 
 def with_mapping(inp: PlanInputs, ckpt) -> PlanInputs:
-    """inp with what ckpt serves from its mapped file (engine/tier_bytes.py mapped_bytes; bf16), and
+    """inp with what ckpt serves from its mapped file (engine/experts/tier_bytes.py mapped_bytes; bf16), and
     the costs of its blocks (with_file_costs; the dense part's too: from a header, it is estimated)."""
     from dataclasses import replace
 
-    from ..tier_bytes import mapped_bytes
+    from ..experts.tier_bytes import mapped_bytes
 
     experts, dense = mapped_bytes(ckpt, None, inp.cpu_only)
     return with_file_costs(replace(inp, mapped_bytes=experts, dense_mapped=dense), ckpt, dense=True)
@@ -159,12 +159,12 @@ def with_file_costs(inp: PlanInputs, ckpt, dtype: torch.dtype | None = None, den
     from gguf import GGMLQuantizationType as GT
 
     from .. import native
-    from ..blockquant import NATIVE
+    from ..files.gguf.blockquant import NATIVE
 
     if (not getattr(ckpt, "is_gguf", False) or "cpu-4" not in inp.tier_costs or "cpu-16" not in inp.tier_costs
             or dtype == torch.float32 or not native.available()):
         return inp
-    from ..gguf.tiers import expert_qtypes
+    from ..experts.gguf_tiers import expert_qtypes
 
     if not all(GT(t) in NATIVE for t in expert_qtypes(ckpt)):
         return inp
@@ -178,7 +178,7 @@ def with_file_costs(inp: PlanInputs, ckpt, dtype: torch.dtype | None = None, den
 def from_config(config_path: Path, hw: HardwareProfile, sensitivity: float = ASSUMED_SENSITIVITY) -> tuple[PlanInputs, str]:
     """Plan a model from its config.json alone: uniform popularity, one assumed sensitivity for
     every 4-bit expert, this machine's measured CPU tiers and the reference GPU above."""
-    from ..checkpoint import check_config, hf_config
+    from ..files.checkpoint import check_config, hf_config
     from ..families import FAMILIES
 
     try:
@@ -213,9 +213,9 @@ def from_gguf(path: Path, hw: HardwareProfile, sensitivity: float = ASSUMED_SENS
     """Plan a GGUF file from its header alone (no tensor read): its metadata gives the shape, its
     tensor infos each expert's real bytes; otherwise as from_config. assume_gpu False: for this
     machine's CPU alone (its measured GPU tiers if it has them), the dense part in the file's blocks."""
-    from ..gguf import open_gguf
-    from ..gguf.tiers import requantised_share
-    from ..tier_bytes import tier_bytes
+    from ..files.gguf import open_gguf
+    from ..experts.gguf_tiers import requantised_share
+    from ..experts.tier_bytes import tier_bytes
 
     ck = open_gguf(path)
     try:

@@ -1,7 +1,7 @@
 """How much memory a context costs, and the longest context that fits: the arithmetic behind "auto".
-A leaf (no torch): the engine (engine/context_fit.py), the events (Loaded.context) and the window use it.
+A leaf (no torch): the engine (engine/control/context_fit.py), the events (Loaded.context) and the window use it.
 
-One sequence's cache beside the weights (engine/model.py KVCache):
+One sequence's cache beside the weights (engine/model/forward.py KVCache):
     bytes(ctx) = sum over attending layers l of  per_token[l] * positions_l(ctx)  +  fixed
     per_token[l] = kv heads x (key width + value width) x bytes a stored value   (MLA: one latent row)
     positions_l(ctx) = ctx, or min(ctx, window_l) where a sliding-window layer keeps only its window
@@ -9,7 +9,7 @@ One sequence's cache beside the weights (engine/model.py KVCache):
 Today's cache gives every attending layer a row for every position, windowed or not (attention writes
 position p at row p), so `bounded_windows` is False where it is built; a ring-buffer cache sets it.
 Bytes a stored value: 2 for bf16/fp16 keys and values, 4 for fp32; an 8-bit cache (Load.kv_bits 8)
-stores 1 byte and an fp16 scale per block of 32 (int8_element_bytes: 1.0625, engine/kv8.py), which the
+stores 1 byte and an fp16 scale per block of 32 (int8_element_bytes: 1.0625, engine/kv/int8.py), which the
 planner counts the same way, so "auto" opens nearly twice the context where memory bounds it.
 
 "auto" (choose_length): the model's own context length, capped by the memory free beside its weights
@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import InputError, MixdeskError
+from ..protocol.errors import InputError, MixdeskError
 
 AUTO_SHARE = 0.25  # auto takes at most this share of the memory the model may use for its keys and values
 FLOOR = 2048  # auto never opens below this (or the model's own length): below it the model does not fit
 MIN_CTX = 16  # the shortest context anyone may ask for (the CLI's bound)
-MAX_CTX = 1 << 24  # the longest (engine/model_config.py bounds max_position_embeddings the same)
+MAX_CTX = 1 << 24  # the longest (engine/files/model_config.py bounds max_position_embeddings the same)
 GB = 10**9
 
 
@@ -93,7 +93,7 @@ class ContextCost:
 
 def cost_of(dims, elem_bytes: float, state_copies: int, bounded_windows: bool = False,
             kv_bits: int = 16) -> ContextCost:
-    """A model's ContextCost from its Dims (engine/model_config.py), at elem_bytes a stored value,
+    """A model's ContextCost from its Dims (engine/files/model_config.py), at elem_bytes a stored value,
     with state_copies of its linear-attention state (the live one and a cache's turn-boundary copies).
     The layers are counted as the cache is built: one row set per layer_attn entry where layers differ
     in width (both keys and values stored, even where a layer's keys are its values), else every

@@ -4,7 +4,7 @@ Cost model (per decoded token, one stream):
     time = dense_s + sum over layers l, experts e of share[l][e] * top_k * t(tier(l, e))
     t(tier) = fixed_s[tier] + s_per_byte[tier] * expert_bytes[tier]
 where share[l][e] is the fraction of layer l's routing slots that went to expert e on the
-calibration text. With S streams decoding together (a batched step, engine/scheduler.py), each of the
+calibration text. With S streams decoding together (a batched step, engine/runtime/scheduler.py), each of the
 S tokens picks expert e with probability p = top_k * share, the n ~ Binomial(S, p) that do are
 run at once (its weights read once), and the step costs
     dense_s * r16(S) + sum over l, e of t(tier) * E[r_tier(n)]
@@ -62,8 +62,8 @@ class PlanInputs:
     streams: int = 1  # sequences decoding together (the cost model's batch > 1, see above)
     provisional: bool = False  # sensitivities ASSUMED until calibrated: `choose` trades no quality
     # of expert_bytes, per CPU tier, the bytes served from the mapped model file (its own blocks:
-    # page cache, not RAM the process owns; engine/gguf/reader.py): they cost no RAM budget. A file
-    # larger than free memory pages, as llama.cpp's does (engine/tier_bytes.py paging)
+    # page cache, not RAM the process owns; engine/files/gguf/reader.py): they cost no RAM budget. A file
+    # larger than free memory pages, as llama.cpp's does (engine/experts/tier_bytes.py paging)
     mapped_bytes: dict = field(default_factory=dict)
     dense_mapped: int = 0  # of dense_bytes, likewise (a CPU-only plan's dense part)
     lowest_bits: int = DEFAULT_LOWEST_BITS  # the user's "lowest precision for experts" (4, 3 or 2)

@@ -26,7 +26,6 @@ the user's cache folder (never in the model folder).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from dataclasses import asdict, dataclass, field
@@ -35,9 +34,10 @@ from typing import Callable
 
 import torch
 
-from ..experts import build_steps
-from ..quant import run_to_end
-from ..model import MoEModel
+from ..experts.build import build_steps
+from ..experts.quant import run_to_end
+from ..files.model_files import model_key
+from ..model.forward import MoEModel
 from ..placement import LOW_TIERS, Tier
 
 CORPUS = Path(__file__).resolve().parents[2] / "resources" / "corpus"
@@ -93,21 +93,6 @@ class ModelProfile:
             return None
 
 
-def model_key(folder: Path) -> str:
-    """Identifies a checkpoint by its path, config and weight files' sizes and times (a GGUF
-    checkpoint's `folder` is its file: two quantisations of one model in one folder differ)."""
-    h = hashlib.sha256(str(folder.resolve()).encode())
-    if folder.is_file():
-        st = folder.stat()
-        h.update(f"{folder.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-        return h.hexdigest()[:16]
-    for f in sorted(folder.iterdir()):
-        if f.suffix in (".json", ".safetensors"):
-            st = f.stat()
-            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:16]
-
-
 def profile_path(folder: Path) -> Path:
     from platformdirs import user_cache_path
 
@@ -148,8 +133,8 @@ def calibrate_steps(model: MoEModel, ids: list[int], tiers: tuple[Tier, ...] = (
     """calibrate as a generator: it yields after each step (one expert's errors, one layer's KL
     pass) with the model as it found it (recording off, every block's experts its own), so the
     engine thread can answer requests, and move experts, between steps. Returns the profile.
-    Its large transients are mapped buffers while it runs (engine/memory.py large_buffers_mapped)."""
-    from ..memory import large_buffers_mapped
+    Its large transients are mapped buffers while it runs (engine/machine/memory.py large_buffers_mapped)."""
+    from ..machine.memory import large_buffers_mapped
 
     with large_buffers_mapped():
         return (yield from _calibrate_steps(model, ids, tiers, progress, cancel))
@@ -168,7 +153,7 @@ def calibrated_tiers(cpu_only: bool, ckpt=None) -> tuple[Tier, ...]:
 
 def low_tiers_of(ckpt) -> tuple[Tier, ...]:
     """cpu-3 and cpu-2 where they hold fewer bytes of an expert than the CPU tier above them."""
-    from ..tier_bytes import tier_bytes
+    from ..experts.tier_bytes import tier_bytes
 
     sizes, out = tier_bytes(ckpt, 2), []
     above = sizes["cpu-4"]
@@ -181,11 +166,11 @@ def low_tiers_of(ckpt) -> tuple[Tier, ...]:
 
 def _same_as_reference(ckpt, layer: int, tier: Tier, dtype: torch.dtype) -> bool:
     """Whether the layer's experts hold the same numbers at `tier` as at cpu-16: a GGUF layer whose
-    matrices are 4-bit (3-, 2-bit) already keeps the file's blocks at cpu-4 (cpu-3, cpu-2) (engine/gguf/tiers.py), so there is
+    matrices are 4-bit (3-, 2-bit) already keeps the file's blocks at cpu-4 (cpu-3, cpu-2) (engine/experts/gguf_tiers.py), so there is
     no error to measure and no form to build."""
     if tier.on_accelerator or tier.bits == 16 or not getattr(ckpt, "is_gguf", False):
         return False
-    from ..gguf.tiers import keeps_file_form
+    from ..experts.gguf_tiers import keeps_file_form
 
     return keeps_file_form(ckpt, layer, dtype, tier.bits)
 
@@ -193,7 +178,7 @@ def _same_as_reference(ckpt, layer: int, tier: Tier, dtype: torch.dtype) -> bool
 @torch.inference_mode()
 def _calibrate_steps(model: MoEModel, ids: list[int], tiers: tuple[Tier, ...], progress: ProgressFn | None,
                      cancel: threading.Event | None):
-    from ..tier_bytes import tier_bytes
+    from ..experts.tier_bytes import tier_bytes
 
     d, ckpt = model.dims, model.ckpt
     records = capture(model, ids)
@@ -290,8 +275,8 @@ def _calibrate_steps(model: MoEModel, ids: list[int], tiers: tuple[Tier, ...], p
             worst = max(sum(s * v for s, v in zip(share, energy[u.value][l])) for u in tiers)
             scale = layer_kl[l] / worst if worst > 0 else 0.0
             sens[t.value].append([scale * v for v in energy[t.value][l]])
-    if getattr(ckpt, "is_gguf", False):  # its CPU tiers hold the file's own blocks (engine/gguf/tiers.py),
-        from ..gguf.tiers import tier_nbytes  # not the 16-bit and re-quantised forms measured above
+    if getattr(ckpt, "is_gguf", False):  # its CPU tiers hold the file's own blocks (engine/experts/gguf_tiers.py),
+        from ..experts.gguf_tiers import tier_nbytes  # not the 16-bit and re-quantised forms measured above
 
         sizes.update(tier_nbytes(ckpt))
     return ModelProfile(key=model_key(ckpt.folder), layers=d.layers, experts=d.experts,
@@ -320,7 +305,7 @@ def assumed_sensitivity(layers: int, experts: int, sensitivity: float = ASSUMED_
 
 def uniform_profile(model: MoEModel, sensitivity: float = ASSUMED_SENSITIVITY) -> ModelProfile:
     """A stand-in when calibration is cancelled: every expert equally popular and sensitive."""
-    from ..tier_bytes import tier_bytes
+    from ..experts.tier_bytes import tier_bytes
 
     d = model.dims
     sizes = tier_bytes(model.ckpt, torch.empty((), dtype=model.dtype).element_size())

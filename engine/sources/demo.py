@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..errors import MixdeskError, ModelError
+from ..protocol.errors import MixdeskError, ModelError
 
 LABEL = ("Demo: SmolLM2-135M-Instruct upcycled to 8 experts "
          "(identical copies: routing does not change its answers)")
@@ -145,7 +145,7 @@ def is_valid(path: Path) -> bool:
         if not f.is_file() or f.stat().st_size != size:
             return False
     try:
-        from ..checkpoint import Checkpoint
+        from ..files.checkpoint import Checkpoint
 
         Checkpoint(path).close()
     except MixdeskError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..errors import MixdeskError, ModelError
+from ..protocol.errors import MixdeskError, ModelError
 
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+")
 # One GGUF file of a repo, "owner/name/file.gguf" (the model browser's choice in a GGUF repo)

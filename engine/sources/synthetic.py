@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import Checkpoint, dims_from_config, dense_shapes, expert_shapes
-from ..errors import ModelError
-from ..model_files import check_links
+from ..files.checkpoint import Checkpoint, dims_from_config, dense_shapes, expert_shapes
+from ..protocol.errors import ModelError
+from ..files.model_files import check_links
 
 MARKER = "mixdesk-synthetic.json"
 
@@ -51,10 +51,10 @@ class _Where:  # what error messages need from a tensor's location
 
 
 class SyntheticCheckpoint:
-    """Duck-types engine.checkpoint.Checkpoint for the engine's reads."""
+    """Duck-types engine.files.checkpoint.Checkpoint for the engine's reads."""
 
     def __init__(self, folder: str | Path):
-        from ..checkpoint import hf_config
+        from ..files.checkpoint import hf_config
 
         self.folder = Path(folder).expanduser()
         self.config_path = self.folder / "config.json"

@@ -175,12 +175,12 @@ def write_tiny_model(folder: str | Path, family: str = "mixtral", *, layers: int
 
 def to_mxfp4(folder: Path) -> None:
     """Rewrite a GPT-OSS folder's expert weights as MXFP4 blocks and scales, the layout and config
-    entry gpt-oss is released with (engine/families/fused.py), in place."""
+    entry gpt-oss is released with (engine/files/fused_experts.py), in place."""
     import json
 
     from safetensors.torch import load_file, save_file
 
-    from ..families.fused import float_to_mxfp4
+    from ..files.fused_experts import float_to_mxfp4
 
     files = sorted(folder.glob("*.safetensors"))
     renamed = {}

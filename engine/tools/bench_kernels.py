@@ -9,9 +9,9 @@ import time
 import torch
 
 from .. import native
-from ..devices import best_time
-from ..experts import Expert16, quantise
-from ..kernels import auto_dtype
+from ..machine.devices import best_time
+from ..experts.expert import Expert16, quantise
+from ..native.dense_linear import auto_dtype
 from ..placement import Tier
 
 BATCHES = (1, 4, 16, 128)

@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from ..client import for_terminal, progress_bar
+from ..runtime.client import for_terminal, progress_bar
 from .cli_reply import ReadingBar, Reply
-from ..errors import MixdeskError
+from ..protocol.errors import MixdeskError
 
 
 def _int(lo: int, hi: int = 10**9):
@@ -100,7 +100,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _params(a):
-    from ..sampling import SamplingParams
+    from ..protocol.sampling import SamplingParams
 
     return SamplingParams(max_new_tokens=a.max_new_tokens, temperature=a.temperature, top_p=a.top_p,
                           top_k=a.top_k, repetition_penalty=a.repetition_penalty, seed=a.seed,
@@ -129,7 +129,7 @@ def chat_command(line: str) -> str | None:
 
 def cmd_chat(a, on_event=None) -> int:
     """The terminal chat: a client of the engine thread, like the window."""
-    from ..client import EngineError
+    from ..runtime.client import EngineError
 
     params = _params(a)
     client = for_terminal(a.quiet, on_event=on_event)
@@ -218,8 +218,8 @@ def cmd_bench(a) -> int:
     import psutil
     import torch
 
-    from ..sampling import SamplingParams
-    from ..memory import PeakRSS
+    from ..protocol.sampling import SamplingParams
+    from ..machine.memory import PeakRSS
 
     a.quiet = True
     with PeakRSS() as peak:

@@ -20,7 +20,7 @@ def prepare(a):
     """An engine thread with the model loaded and both profiles (measured anew with --remeasure;
     on a model's first start, the background calibration is waited for); returns the client (the
     caller closes it)."""
-    from ..client import for_terminal
+    from ..runtime.client import for_terminal
 
     client = for_terminal(False)
     try:
@@ -93,7 +93,7 @@ def cmd_plan(a) -> int:
 
     t_start = time.perf_counter()
     if a.config_only:
-        from ..gguf import is_gguf
+        from ..files.gguf import is_gguf
         from ..planning.inputs import from_gguf
 
         cfg = Path(a.model or "")
@@ -139,7 +139,7 @@ def cmd_plan(a) -> int:
 
 def cmd_eval(a) -> int:
     """Perplexity all 16-bit, then at the slider's plan, and decode speed (measured on the engine
-    thread: the query "evaluate", engine/queries.py)."""
+    thread: the query "evaluate", engine/runtime/queries.py)."""
     if a.placement != "auto":
         return _eval_pinned(a)
     client = prepare(a)
@@ -163,7 +163,7 @@ def _bytes(gb: float | None) -> int | None:
 
 def _eval_pinned(a) -> int:
     """`eval --placement P` (anything but auto): the perplexity of the model kept at that placement."""
-    from ..client import for_terminal
+    from ..runtime.client import for_terminal
 
     client = for_terminal(False)
     try:

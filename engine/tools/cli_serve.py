@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ..errors import MixdeskError
+from ..protocol.errors import MixdeskError
 
 
 def add_parser(sub, add_model_args, int_type) -> None:
@@ -36,7 +36,7 @@ class ServeError(MixdeskError):
 
 
 def cmd_serve(a) -> int:
-    from ..client import for_terminal
+    from ..runtime.client import for_terminal
     from .serve import Server, is_loopback
 
     if not 0.1 <= a.read_timeout <= 3600:

@@ -28,7 +28,7 @@ from packaging.tags import sys_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from ...errors import MixdeskError
+from ...protocol.errors import MixdeskError
 
 TIMEOUT_S = 30
 ACCEPT = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"

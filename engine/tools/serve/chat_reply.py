@@ -1,5 +1,5 @@
 """A chat reply in OpenAI's shape, from what the engine read of it in the model's format
-(engine/formats: each Token's deltas, the Done's reasoning, content and tool calls):
+(engine/prompts/formats: each Token's deltas, the Done's reasoning, content and tool calls):
 
 - the whole message: `content` (null when there are tool calls and no content),
   `reasoning_content` (when there is reasoning: llama.cpp's and vLLM's field), `tool_calls`

@@ -24,7 +24,7 @@ import json
 import logging
 import socket
 
-from ...errorlog import one_line, record
+from ...runtime.errorlog import one_line, record
 
 BODY_METHODS = ("POST", "PUT", "PATCH")
 ALLOWED_HEADERS = "authorization, content-type"  # what a browser client may send in a preflighted request

@@ -30,7 +30,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ...sampling import SamplingParams
+from ...protocol.sampling import SamplingParams
 from ...protocol import EngineStopped, ErrorEvent, Generate, Loaded, Stop
 
 STOP_CHARS = 1000  # a stop string longer than this is a mistake (each step scans for it)
@@ -230,7 +230,7 @@ def error_of(ev: ErrorEvent) -> ApiError:
 
 def usage_of(fin) -> dict:
     """A reply's usage in OpenAI's shape; cached_tokens: the prompt tokens whose keys and values were
-    cached already (read only once; engine/kv_cache.py)."""
+    cached already (read only once; engine/kv/cache.py)."""
     n = len(fin.token_ids)
     return {"prompt_tokens": fin.prompt_tokens, "completion_tokens": n, "total_tokens": fin.prompt_tokens + n,
             "prompt_tokens_details": {"cached_tokens": fin.reused_tokens}}

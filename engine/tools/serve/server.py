@@ -23,7 +23,7 @@ from .guard import Guard, protocol_with_header_deadline
 from .openai_api import (FINISH, ApiError, ClientGone, Departure, EngineLink, RequestLog, chunk_id, error_of, now,
                          parse_body, prompt_of, sampling, sse, stream_fields, usage_of)
 from .tool_fields import refuse_unsupported, tool_request
-from ...errors import ContextOverflow, MixdeskError
+from ...protocol.errors import ContextOverflow, MixdeskError
 from ...protocol import Done, ErrorEvent, PromptProgress, Token
 
 LOG_LINES = 200  # the request log the window shows keeps this many
@@ -205,12 +205,12 @@ class Server:
             messages = messages_of(body, ld.reply_format)
             tr = tool_request(body, ld)
             options = {"tools": tr.rendered, "reasoning_effort": tr.reasoning_effort, "thinking": tr.thinking}
-            # the engine's one prompt pipeline (engine/prompt.py: its length checks, the template, the
+            # the engine's one prompt pipeline (engine/prompts/prompt.py: its length checks, the template, the
             # tokenizer), off the engine thread; Generate.tools then only says which functions may be called
             ids = await self._prompt_ids(ld, messages, options)
             kw = {"prompt_ids": ids, "tools": tr.offered, "reply_prefix": tr.prefix}
             reply = ChatReply(hashlib.sha256(repr(ids).encode()).hexdigest(), tr.parallel)
-        else:  # a plain text: the engine tokenises it, with the same checks (engine/prompt.py)
+        else:  # a plain text: the engine tokenises it, with the same checks (engine/prompts/prompt.py)
             kw = {"prompt_text": prompt_of(body)}
         departure = Departure(request)  # a client that leaves stops its request, streamed or not
         try:
