@@ -82,7 +82,7 @@ def cost_of(spec: str, device: str | None, dtype: str):
     from engine.control.context_fit import choose
     from engine.machine.devices import detect
     from engine.runtime.load import open_checkpoint
-    from engine.planning.inputs import default_budgets
+    from engine.measures.inputs import default_budgets
 
     from .hub_search import local_path
 

@@ -1,6 +1,6 @@
 """The model browser's work, without Qt (run on worker threads): search the Hugging Face hub,
 read one candidate's files with their sizes and its config.json (that one file, never weights),
-and say what the planner predicts for it on this machine (engine/planning/fit.py); the same for
+and say what the planner predicts for it on this machine (engine/measures/fit.py); the same for
 the recent models on disk. Every failure comes back as one line (MixdeskError), never a traceback.
 
 The hub's address is engine/sources/hub.py's (HF_ENDPOINT, read when called), so the browser and
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.protocol.errors import MixdeskError, ModelError
-from engine.planning import fit as fitting
+from engine.measures import fit as fitting
 
 TIMEOUT_S = 10.0  # per request (model info, config.json); the search itself is bounded by the browser
 LIMIT = 20  # candidates per search, most downloaded first

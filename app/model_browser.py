@@ -1,6 +1,6 @@
 """The model browser's hub search (inside File > Open model…): type a name, and the hub's models
 that match are listed with their files and sizes and what Mixdesk's planner predicts for each on
-this machine, before any download (app/hub_search.py does the work, engine/planning/fit.py the
+this machine, before any download (app/hub_search.py does the work, engine/measures/fit.py the
 prediction).
 
 The work runs on daemon threads (Jobs) that post results back through a queued signal: typing is
@@ -40,7 +40,7 @@ class Jobs(QObject):
 def machine_profile():
     """This machine's hardware profile: the cached one (measured by the engine), else measured now
     (this runs on a worker thread; the browser says "measuring this machine…" meanwhile)."""
-    from engine.planning import hardware
+    from engine.measures import hardware
 
     prof = hardware.cached()
     if prof is None:
@@ -61,14 +61,14 @@ class Machine(QObject):
         self.error: str | None = None  # why the profile could not be had
         jobs.done.connect(self._done)
         jobs.failed.connect(self._failed)
-        from engine.planning import hardware
+        from engine.measures import hardware
 
         self.measuring = not hardware.profile_path().is_file()  # a cheap look: no profile, it will be measured
         jobs.run(("hardware",), self._get)
 
     @staticmethod
     def _get():
-        from engine.planning import fit
+        from engine.measures import fit
 
         hw = machine_profile()
         return hw, fit.machine_budgets(hw)

@@ -3,7 +3,7 @@
     python benchmarks/calibration_memory.py [MODEL] [--steps 260]
 
 MODEL defaults to the full-size Qwen3-30B-A3B-shaped Q4_K_M of benchmarks/real_scale_files.py. Every
-expert at cpu-16 (the file's own blocks, mapped); the calibration (engine/planning/profile.py) run
+expert at cpu-16 (the file's own blocks, mapped); the calibration (engine/measures/profile.py) run
 step by step in this process, printing the process's own memory (RssAnon) after the capture, after
 each KL pass and at steps through the first two layers (128 experts + 1 KL step a layer).
 """
@@ -21,7 +21,7 @@ from benchmarks.common import CACHE  # noqa: E402
 def main() -> None:
     from engine.runtime.load import load
     from engine.machine.memory import rss_parts
-    from engine.planning import profile as P
+    from engine.measures import profile as P
 
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?", default=str(CACHE / "qwen3-30b-a3b-q4_k_m.gguf"))

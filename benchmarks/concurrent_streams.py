@@ -161,7 +161,7 @@ def routed_experts(model, gen, n: int, steps: int = 16) -> float:
 def planner_inputs(s):
     """The planner's inputs for the loaded demo from its cached profiles (a pinned placement is not
     planned, so the session has none of its own), or None before the app has profiled it."""
-    from engine.planning.profile import cached_profile, dense_timings
+    from engine.measures.profile import cached_profile, dense_timings
 
     ld = s.loaded
     mp = cached_profile(ld.ckpt)

@@ -41,7 +41,7 @@ def wide_checkpoint() -> Path:
         import sentencepiece as spm
 
         from benchmarks.memory_real_width import write_checkpoint
-        from engine.planning.profile import calibration_text
+        from engine.measures.profile import calibration_text
 
         print(f"writing {path} (5.9 GB, once) ...", flush=True)
         write_checkpoint(path, WIDE)

@@ -4,7 +4,7 @@
 
 MODEL defaults to the full-size Qwen3-30B-A3B-shaped Q4_K_M of benchmarks/real_scale_files.py. The
 model is opened as a first start opens it (every expert at cpu-16: the file's own blocks, mapped),
-then the calibration (engine/planning/profile.py calibrate_steps) runs step by step in this process
+then the calibration (engine/measures/profile.py calibrate_steps) runs step by step in this process
 with the 4-bit tiers given (default: those the engine measures on this machine, calibrated_tiers),
 to its end or for N steps. Printed: seconds and the process's own memory (RssAnon) at each layer's
 end, the peaks of RssAnon and RssFile (sampled every 0.1 s by a thread), the steps that built or
@@ -39,7 +39,7 @@ def main() -> None:
     from engine.runtime.load import load
     from engine.machine.memory import rss_parts
     from engine.placement import Tier
-    from engine.planning import profile as P
+    from engine.measures import profile as P
 
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?", default=str(CACHE / "qwen3-30b-a3b-q4_k_m.gguf"))

@@ -4,7 +4,7 @@ long the planner takes, and what the slider picks. Any family of engine/families
     python benchmarks/frontier_from_config.py resources/qwen3-30b-a3b-config.json
 
 CPU tiers use this machine's measured hardware profile; the GPU tiers are the ASSUMED reference GPU
-of engine/planning/inputs.py (no GPU here). Popularity is uniform and every 4-bit expert is given
+of engine/measures/inputs.py (no GPU here). Popularity is uniform and every 4-bit expert is given
 an ASSUMED sensitivity (the config carries no weights to measure). Above 512 experts the planner
 works on 256 groups of alike experts (engine/planning/planner.reduced); the time reported is the
 whole frontier() call, median of 5 after a first call.
@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import record  # noqa: E402
 from engine.tools.cli_plan import table  # noqa: E402
-from engine.planning.hardware import load_or_measure  # noqa: E402
-from engine.planning.inputs import from_config  # noqa: E402
+from engine.measures.hardware import load_or_measure  # noqa: E402
+from engine.measures.inputs import from_config  # noqa: E402
 from engine.planning.planner import Budgets, frontier, plan  # noqa: E402
 
 

@@ -90,7 +90,7 @@ class Stage:
 # pageable copies GPU<->host ~15 GB/s; the native cpu-4 quantiser ~0.4 s per Mixtral expert on 16
 # threads (3.2 s measured on 2 cores: 55 M parameters/s); synthetic weights made on the GPU at well
 # under 1 ms a matrix; the placements the planner chose here for each shape and card with the
-# reference GPU's assumed costs (engine/planning/inputs.py REFERENCE_GPU). They add up to ~600 s, past
+# reference GPU's assumed costs (engine/measures/inputs.py REFERENCE_GPU). They add up to ~600 s, past
 # the run's 510: the 12 GB stages, last, are the ones a first run leaves out (scripts/device_check.sh
 # says how to run them after).
 STAGES = [

@@ -30,9 +30,9 @@ GB = 10**9
 def ensure_profile(folder) -> str:
     """A profile with dense timings for this device, so loading does not stop to measure them."""
     from engine.native.dense_linear import auto_dtype
-    from engine.planning.hardware import load_or_measure
-    from engine.planning.inputs import dense_bytes_of
-    from engine.planning.profile import (
+    from engine.measures.hardware import load_or_measure
+    from engine.measures.inputs import dense_bytes_of
+    from engine.measures.profile import (
         cached_profile,
         dense_timings,
         save_dense_timings,

@@ -101,7 +101,7 @@ def bandwidths(mib: int = 1024) -> dict:
 
 
 def hardware_profile() -> dict:
-    from engine.planning.hardware import load_or_measure
+    from engine.measures.hardware import load_or_measure
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     t0 = time.perf_counter()

@@ -79,7 +79,7 @@ def dims(model: str, small: bool):
 
 def sizes(d) -> tuple[int, int, int]:
     """(dense bytes, all experts at 16 bits, all experts at cpu-4) of a model's shape, bf16."""
-    from engine.planning.inputs import dense_bytes_of
+    from engine.measures.inputs import dense_bytes_of
     from engine.experts.tier_bytes import tier_bytes_of_dims
 
     n = d.layers * d.experts
@@ -97,7 +97,7 @@ def rehearsal_cap(model: str, card_gb: float, small: bool = True) -> int:
 
 def budgets(model: str, card_gb: float, small: bool) -> tuple[object, str]:
     """The planner's budgets for `model` on a card of card_gb, and how they were made."""
-    from engine.planning.inputs import VRAM_MARGIN, default_budgets
+    from engine.measures.inputs import VRAM_MARGIN, default_budgets
     from engine.planning.planner import Budgets
 
     if torch.cuda.is_available():
@@ -113,7 +113,7 @@ def budgets(model: str, card_gb: float, small: bool) -> tuple[object, str]:
 def drop_budgets(model: str, small: bool, before_gb: float, after_gb: float) -> tuple[str, int, int]:
     """(pool, budget before, budget after) of the live budget drop: VRAM on the device (each card's
     size less the monitor's margin), RAM in the rehearsal (the caps above)."""
-    from engine.planning.inputs import VRAM_MARGIN
+    from engine.measures.inputs import VRAM_MARGIN
 
     if torch.cuda.is_available():
         return "vram", int(before_gb * GB * (1 - VRAM_MARGIN)), int(after_gb * GB * (1 - VRAM_MARGIN))

@@ -91,13 +91,13 @@ class LoadProgress:
 def measured_inputs(loaded, prompt: int, calib_tokens: int):
     """The planner's inputs for the loaded model, measured on it (see the docstring), and their
     timings; saved as the model's profile."""
-    from engine.planning.hardware import load_or_measure
-    from engine.planning.inputs import (
+    from engine.measures.hardware import load_or_measure
+    from engine.measures.inputs import (
         from_dims,
         measure_dense_prefill_s,
         measure_dense_s,
     )
-    from engine.planning.profile import capture, save_dense_timings, uniform_profile
+    from engine.measures.profile import capture, save_dense_timings, uniform_profile
     from engine.experts.tier_bytes import tier_bytes
 
     m, ck = loaded.model, loaded.ckpt

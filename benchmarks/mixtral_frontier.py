@@ -4,7 +4,7 @@
 
 CPU tiers use this machine's measured hardware profile; the GPU tiers are the ASSUMED reference
 GPU of engine/plan_inputs.py (no GPU here). Popularity is uniform and every 4-bit expert is given
-an ASSUMED sensitivity (engine.planning.profile.ASSUMED_SENSITIVITY; the config carries no weights to measure).
+an ASSUMED sensitivity (engine.measures.profile.ASSUMED_SENSITIVITY; the config carries no weights to measure).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import RESULTS, record  # noqa: E402
 from engine.tools.cli_plan import plot, table  # noqa: E402
-from engine.planning.hardware import load_or_measure  # noqa: E402
-from engine.planning.inputs import from_config  # noqa: E402
+from engine.measures.hardware import load_or_measure  # noqa: E402
+from engine.measures.inputs import from_config  # noqa: E402
 from engine.planning.planner import Budgets, frontier, plan  # noqa: E402
 
 

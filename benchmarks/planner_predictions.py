@@ -126,7 +126,7 @@ def main() -> None:
     from engine.runtime.load import load
     from engine.placement import Placement, Tier
     from engine.planning.planner import Budgets, choose, frontier, prefill_s
-    from engine.planning.profile import calibrated_tiers
+    from engine.measures.profile import calibrated_tiers
     from engine.sources.demo import demo_dir
     from engine.experts.tier_bytes import mapped_bytes
 
@@ -140,17 +140,17 @@ def main() -> None:
     ids = corpus_ids(loaded.tokenizer, None, a.tokens)
     m.apply(Placement.uniform(d.layers, d.experts, Tier.CPU16))
     ref = logprobs(m, ids)
-    from engine.planning.inputs import default_budgets
+    from engine.measures.inputs import default_budgets
 
     budgets = default_budgets(True, torch.device("cpu"))  # this machine's free memory, as the app plans
     # This machine's read bandwidth drifts 2x over minutes (other tenants): the hardware profile and
     # the dense-part timings are measured anew here, just before the speed rounds, so predictions
     # and measurements see the same machine (a profile from minutes earlier was seen 32-66% off).
-    from engine.planning.hardware import load_or_measure
-    from engine.planning.inputs import from_profiles, measure_dense_prefill_s, measure_dense_s
-    from engine.planning.profile import load_or_calibrate
+    from engine.measures.hardware import load_or_measure
+    from engine.measures.inputs import from_profiles, measure_dense_prefill_s, measure_dense_s
+    from engine.measures.profile import load_or_calibrate
 
-    from engine.planning.inputs import with_file_costs
+    from engine.measures.inputs import with_file_costs
 
     hw = load_or_measure(torch.device("cpu"), remeasure=True)
     mp = load_or_calibrate(m, loaded.tokenizer, tiers=calibrated_tiers(True, loaded.ckpt))  # cached: the app's

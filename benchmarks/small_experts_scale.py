@@ -57,7 +57,7 @@ def main() -> None:
     from engine.experts.expert import read_expert
     from engine.model.forward import MoEModel
     from engine.placement import Placement, Tier
-    from engine.planning import profile as P
+    from engine.measures import profile as P
     from engine.experts.quant import cpu4_format
     from engine.sources.synthetic import SyntheticCheckpoint, write_synthetic
 

@@ -6,11 +6,12 @@ contracts, checked by `lint-imports` in the default test run), from the top:
     tools/                  the command line and the local server
     runtime/                the engine thread: session, scheduler, generation, load, queries
     control/                live placement: the controller, migration, first-start profiling, context fit
-    planning/               the planner, its inputs, this machine's and this model's measures
+    measures/               this machine's and this model's measures, made into the planner's inputs
     model/ | sources/       the forward (MoE blocks, dense layers) | the demo, the Hub, test models
     kv/ | experts/          keys and values | one expert in one tier: forms, builds, costs
     files/                  checkpoints: safetensors, GGUF, config.json, mappings
     layers/ | families/ | prompts/      a layer's parts | each family's adapter | templates, reply formats
+    planning/               the planner: pure numpy over the measured inputs
     machine/ | placement/ | native/     devices, memory | the Tier and Placement values | C kernels
     protocol/               the commands, events and errors every client speaks (no torch)
 

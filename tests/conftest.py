@@ -50,7 +50,7 @@ _MEASURING = threading.Lock()
 
 @pytest.fixture(autouse=True)
 def _machine_measured_once(request, monkeypatch):
-    """The machine's hardware profile (engine/planning/hardware.py: 10-20 s on 2 cores) is measured once a
+    """The machine's hardware profile (engine/measures/hardware.py: 10-20 s on 2 cores) is measured once a
     run: a later test's first start, re-measure or damaged profile gets a copy of that measure at once,
     through the same path (the window's "Measuring this machine", the file written). Tests of the
     measuring itself are marked `measures_machine`. Subprocesses (the CLI tests) share the run's cache
@@ -60,7 +60,7 @@ def _machine_measured_once(request, monkeypatch):
         return
     import copy
 
-    import engine.planning.hardware as hardware
+    import engine.measures.hardware as hardware
 
     real = hardware.measure
 
@@ -78,7 +78,7 @@ def _profile_of_the_run(real, accel):
     """The controller's measure (pytest_configure below) where the run is split across workers, else real's."""
     from pathlib import Path
 
-    import engine.planning.hardware as hardware
+    import engine.measures.hardware as hardware
 
     path = os.environ.get("MIXDESK_TEST_HARDWARE")
     prof = hardware.cached(Path(path)) if accel.type == "cpu" and path else None
@@ -94,7 +94,7 @@ def pytest_configure(config):
     import tempfile
     from pathlib import Path
 
-    import engine.planning.hardware as hardware
+    import engine.measures.hardware as hardware
 
     path = Path(tempfile.mkdtemp(prefix="mixdesk-test-hardware-")) / "hardware.json"
     hardware.save(hardware.measure(torch.device("cpu")), path)
@@ -229,7 +229,7 @@ def pinned_machine(tmp_path, monkeypatch):
     import json
     from pathlib import Path
 
-    import engine.planning.hardware as hardware
+    import engine.measures.hardware as hardware
 
     data = json.loads((Path(__file__).parent / "machines" / "amd-epyc-avx2-2-cores.json").read_text())
     data["machine"] = hardware.machine_id()

@@ -328,7 +328,7 @@ def test_a_never_calibrated_model_chats_before_its_calibration_ends(qtbot, tiny,
     """Issue 15, must show 2: the first start of a model plans from its shape and lets the user
     chat; the calibration runs in the background between requests (slowed down here so that it
     cannot end first), and the planner switches to the measured profile when it is ready."""
-    import engine.planning.profile as profile
+    import engine.measures.profile as profile
     from engine.protocol import Loaded, PlacementChanged
 
     real = profile.build_steps

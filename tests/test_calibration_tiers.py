@@ -1,4 +1,4 @@
-"""What a calibration measures (engine/planning/profile.py): the 4-bit forms the model would really
+"""What a calibration measures (engine/measures/profile.py): the 4-bit forms the model would really
 hold, and only where a choice depends on them.
 
 - A CPU-only machine measures cpu-4 alone (NF4's error is of no use there, and building it on a CPU
@@ -18,7 +18,7 @@ from engine import native
 from engine.files.gguf.writer import write_gguf
 from engine.runtime.load import load
 from engine.placement import Tier
-from engine.planning import profile as P
+from engine.measures import profile as P
 from engine.sources.tiny_model import write_tiny_model
 
 SHAPE = dict(layers=2, hidden=256, ffn=256, experts=4, top_k=2, heads=4, kv_heads=2, vocab=320)

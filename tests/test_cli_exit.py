@@ -26,7 +26,7 @@ import os, sys, time
 slow = float(os.environ.get("MIXDESK_TEST_SLOW_STEP", "0"))
 if slow:
     import torch
-    import engine.planning.inputs as inputs
+    import engine.measures.inputs as inputs
     import threading
     import engine.runtime.client as client
     real = inputs.measure_dense_s

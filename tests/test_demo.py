@@ -142,7 +142,7 @@ def test_demo_4bit_error_and_perplexity_bounds():
 
     from engine.model.evaluate import perplexity
     from engine.runtime.load import load
-    from engine.planning.profile import calibrate, calibration_text
+    from engine.measures.profile import calibrate, calibration_text
 
     loaded = load(demo.ensure(log=print), "cpu", device="cpu")
     tok, m = loaded.tokenizer, loaded.model

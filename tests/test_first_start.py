@@ -51,7 +51,7 @@ def reference(wide, tmp_path_factory):
 def fresh(measured_machine, monkeypatch):
     """A cache where the model has nothing measured (the machine has: conftest.measured_machine), and a
     calibration that takes at least ~10 s."""
-    import engine.planning.profile as profile
+    import engine.measures.profile as profile
 
     real = profile.build_steps
 

@@ -1,4 +1,4 @@
-"""engine/planning/fit.py: what the model browser says of a model before any download — the
+"""engine/measures/fit.py: what the model browser says of a model before any download — the
 planner's prediction from a config.json alone, on a given machine, in one line of plain words."""
 import json
 from pathlib import Path
@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from engine.protocol.errors import ModelError
-from engine.planning import fit
-from engine.planning.hardware import HardwareProfile
-from engine.planning.inputs import from_dims
+from engine.measures import fit
+from engine.measures.hardware import HardwareProfile
+from engine.measures.inputs import from_dims
 from engine.planning.planner import Budgets, frontier
 
 RES = Path(__file__).resolve().parents[1] / "resources"
@@ -70,7 +70,7 @@ def test_a_model_mixdesk_does_not_run_is_one_clear_error():
 
 
 def test_budgets_of_the_machine_leave_the_engines_margins():
-    from engine.planning.inputs import RAM_MARGIN, VRAM_MARGIN
+    from engine.measures.inputs import RAM_MARGIN, VRAM_MARGIN
 
     assert fit.machine_budgets(CPU, ram_available=10 * GB) == Budgets(0, int(10 * GB * (1 - RAM_MARGIN)))
     b = fit.machine_budgets(GPU, ram_available=10 * GB, vram_free=20 * GB)

@@ -57,8 +57,8 @@ def test_costs_are_measured_and_copy_path_matches(tiny, reference):
 
 def test_auto_placement_respects_budget(tiny):
     from engine.protocol.errors import ModelError
-    from engine.planning.hardware import load_or_measure
-    from engine.planning.inputs import from_dims
+    from engine.measures.hardware import load_or_measure
+    from engine.measures.inputs import from_dims
     from engine.planning.planner import Budgets
 
     ck = Checkpoint(tiny)

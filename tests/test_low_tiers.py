@@ -295,7 +295,7 @@ def test_an_expert_in_each_cpu_tier_of_a_16_bit_model(wide):
 
 def test_a_model_whose_rows_are_not_whole_blocks_is_offered_no_low_tier(tiny):
     from engine.runtime.load import open_checkpoint
-    from engine.planning.profile import calibrated_tiers
+    from engine.measures.profile import calibrated_tiers
     from engine.placement import Tier
     from engine.experts.tier_bytes import tier_bytes
 
@@ -308,7 +308,7 @@ def test_a_model_whose_rows_are_not_whole_blocks_is_offered_no_low_tier(tiny):
 def test_a_gguf_files_low_tiers_keep_its_blocks_where_they_are_that_small(files):
     from engine.experts.build import materialise
     from engine.files.gguf import open_gguf
-    from engine.planning.profile import calibrated_tiers
+    from engine.measures.profile import calibrated_tiers
     from engine.placement import Tier
 
     _, q4, q2 = files

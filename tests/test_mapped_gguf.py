@@ -101,9 +101,9 @@ def test_the_planner_counts_the_files_pages_apart_from_owned_memory(file):
     at cpu-16 (the file's precision); the fit line says what is mapped; a file larger than the memory
     left pages, with its predicted speed said."""
     from engine.files.gguf import open_gguf
-    from engine.planning.fit import fit_of
-    from engine.planning.hardware import HardwareProfile
-    from engine.planning.inputs import from_dims, with_mapping
+    from engine.measures.fit import fit_of
+    from engine.measures.hardware import HardwareProfile
+    from engine.measures.inputs import from_dims, with_mapping
     from engine.planning.planner import Budgets, plan
     from engine.experts.tier_bytes import tier_bytes
 
@@ -255,8 +255,8 @@ def test_the_model_browser_says_mapped_and_warns_of_paging(qtbot, file, window_c
     from app import theme
     from app.model_picker import ModelPicker
     from engine.files.gguf import open_gguf
-    from engine.planning import fit
-    from engine.planning.inputs import RAM_MARGIN
+    from engine.measures import fit
+    from engine.measures.inputs import RAM_MARGIN
     from engine.planning.planner import Budgets
 
     ck = open_gguf(file)

@@ -563,7 +563,7 @@ def window_buttons(w) -> set[str]:
 
 def test_every_menu_action_and_button_does_what_it_says(qtbot, tiny, tmp_path, monkeypatch, second_server,
                                                       measured_machine):  # a model's first start: it calibrates
-    import engine.planning.profile as profile
+    import engine.measures.profile as profile
 
     real, slowed = profile.build_steps, [True]
 

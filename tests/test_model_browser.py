@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt  # noqa: E402
 
 from app.main_window import MainWindow  # noqa: E402
 from app.store import Store  # noqa: E402
-from engine.planning import fit  # noqa: E402
+from engine.measures import fit  # noqa: E402
 from engine.planning.planner import Budgets  # noqa: E402
 from hub_server import Declared, HubServer  # noqa: E402
 from window_helpers import menu_actions, no_uncaught_exceptions  # noqa: E402
@@ -78,7 +78,7 @@ def search(qtbot, picker, text):
 
 
 def test_a_search_lists_files_sizes_and_the_planners_fit_without_fetching_weights(qtbot, env):
-    from engine.planning import hardware
+    from engine.measures import hardware
 
     hub, w = env()
     with no_uncaught_exceptions():
@@ -167,7 +167,7 @@ def test_a_hub_that_does_not_answer_is_said_in_one_line(qtbot, env):
 
 
 def test_recent_models_show_their_size_on_disk_and_fit(qtbot, env, tiny):
-    from engine.planning import hardware
+    from engine.measures import hardware
 
     hub, w = env()
     picker = open_browser(qtbot, w)

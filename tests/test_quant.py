@@ -8,7 +8,7 @@ from engine.files.checkpoint import Checkpoint
 from engine.model.evaluate import perplexity
 from engine.model.forward import MoEModel
 from engine.placement import ALL_TIERS, Placement, Tier
-from engine.planning.profile import Cancelled, ModelProfile, calibrate
+from engine.measures.profile import Cancelled, ModelProfile, calibrate
 from engine.experts.quant import NF4, Int4CPU, Q4Native, cpu4_format
 
 CPU = torch.device("cpu")

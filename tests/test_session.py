@@ -200,7 +200,7 @@ def test_shutdown_leaves_no_thread_and_frees_the_model(tiny, when):
 
 @pytest.mark.slow  # 8 s; Tools > Re-measure through the window (test_app.py) takes the same path in the default run
 def test_reprofile_measures_both_profiles_anew_and_replans(tiny, tmp_path):
-    from engine.planning.hardware import profile_path as hw_path
+    from engine.measures.hardware import profile_path as hw_path
 
     rec = Recorder()
     s = start(tiny, rec)

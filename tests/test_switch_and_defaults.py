@@ -143,7 +143,7 @@ def test_a_q8_0_gguf_keeps_its_precision_and_a_re_quantisation_is_said(qtbot, ti
                                                                       window_cache):
     from gguf import GGMLQuantizationType as GT
 
-    import engine.planning.inputs as inputs
+    import engine.measures.inputs as inputs
     from gguf_files import hf_to_gguf
 
     path = hf_to_gguf(tiny, tmp_path / "tiny-Q8_0.gguf", qtype=GT.Q8_0, extra_kv={"general.file_type": 7})  # MOSTLY_Q8_0

@@ -149,7 +149,7 @@ def test_a_reply_held_back_by_a_calibration_step_says_what_it_waits_for(qtbot, t
                                                                        measured_machine):
     """Defect 3: on a model's first start, a reply sent while a calibration step runs waited
     17-21 s with no word. The status line now says so while it waits, and the stats say how long."""
-    import engine.planning.inputs as inputs
+    import engine.measures.inputs as inputs
 
     real = inputs.measure_dense_s
 

@@ -63,7 +63,7 @@ def test_a_theme_change_while_a_reply_streams_applies_when_it_ends(qtbot, window
 def test_a_first_start_says_it_measures_the_machine_and_names_the_model(qtbot, tiny, tmp_path, monkeypatch):
     """The first start's measuring (about 20 s on a machine of this kind) is said in words, in the
     model bar and the progress row, and the model is named, not shown as its folder's path."""
-    import engine.planning.hardware as hardware
+    import engine.measures.hardware as hardware
     from app.main_window import MainWindow
     from app.store import Store
 

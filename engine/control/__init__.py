@@ -6,5 +6,5 @@ thread and swapped in with a bounded stall), profiling.py (the model's and the m
 plan needs, taken on first start and cached), context_fit.py (the context a model opens at, against
 the memory free).
 
-May import: planning and everything below it. Imported by runtime (the session owns a controller).
+May import: measures, planning and everything below them. Imported by runtime (the session owns a controller).
 """

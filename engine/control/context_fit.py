@@ -26,7 +26,7 @@ def model_need(ckpt, accel, dtype: torch.dtype, placement=None) -> tuple[int, in
     """(VRAM, RAM) bytes of its own memory the model's weights take at least: the dense part where it
     runs, and every expert at its smallest form (or, given a placement, at its tier there). Bytes
     served from the mapped file are page cache, not counted (engine/experts/tier_bytes.py)."""
-    from ..planning.inputs import dense_bytes_of
+    from ..measures.inputs import dense_bytes_of
     from ..experts.tier_bytes import mapped_bytes, tier_bytes
 
     d = ckpt.dims

@@ -101,7 +101,7 @@ class PlacementController:
 
     def _capped(self, cpu_only: bool, accel) -> Budgets:
         """Free memory (as the planner counts it for cpu_only) within the user's caps."""
-        from ..planning.inputs import default_budgets
+        from ..measures.inputs import default_budgets
 
         free = default_budgets(cpu_only, accel.device)
         return Budgets(vram=free.vram if self.cap.vram is None else min(free.vram, self.cap.vram),

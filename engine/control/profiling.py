@@ -16,7 +16,7 @@ import torch
 
 from ..placement import DEFAULT_LOWEST_BITS, Placement, Tier
 from ..planning.planner import PlanInputs
-from ..planning.profile import Cancelled, uniform_profile
+from ..measures.profile import Cancelled, uniform_profile
 from ..protocol import ErrorEvent, Load, Progress
 
 
@@ -44,7 +44,7 @@ class Profiling:
     def measured_tiers(self, accel, ckpt=None) -> tuple:
         """The tiers below 16 bits this machine's calibration measures for ckpt (the seams: GPU tiers
         planned on the CPU; the planner kept to some tiers, which leaves at least cpu-4)."""
-        from ..planning.profile import calibrated_tiers
+        from ..measures.profile import calibrated_tiers
 
         tiers = calibrated_tiers(accel.cpu_only and not self.seam, ckpt if self.low_tiers_run() else None)
         if self.tiers is not None:
@@ -58,8 +58,8 @@ class Profiling:
                mapped: tuple[dict, int] = ({}, 0), ckpt=None, dtype=None) -> PlanInputs:
         """mapped: of the bytes, those served from the mapped file (engine/experts/tier_bytes.py mapped_bytes);
         ckpt, dtype: a GGUF file's blocks cost what its kernels do (planning/inputs.py with_file_costs)."""
-        from ..planning.hardware import load_or_measure, tier_costs
-        from ..planning.inputs import from_profiles, with_file_costs
+        from ..measures.hardware import load_or_measure, tier_costs
+        from ..measures.inputs import from_profiles, with_file_costs
 
         hw = load_or_measure(accel.device)
         inp = from_profiles(mp, hw, dims.top_k, dense_bytes, timings[0], dense_prefill_s=timings[1])
@@ -84,9 +84,9 @@ class Profiling:
         dense) -> the budgets to plan under."""
         from ..machine.devices import detect
         from ..native.dense_linear import compute_dtype
-        from ..planning.inputs import dense_bytes_of
+        from ..measures.inputs import dense_bytes_of
         from ..planning.planner import plan
-        from ..planning.profile import cached_profile, dense_timings
+        from ..measures.profile import cached_profile, dense_timings
 
         if self.tiers is not None or self.tier_costs is not None or self.seam:
             return None  # test seams change the inputs after the profile: plan after loading
@@ -110,9 +110,9 @@ class Profiling:
         uniform popularity and an assumed 4-bit sensitivity now, and its measurements start in the
         background (`step`); remeasure calibrates now. None: a re-measure was cancelled and the
         inputs held before stay (have_inputs)."""
-        from ..planning.hardware import load_or_measure
-        from ..planning.inputs import measure_dense_prefill_s, measure_dense_s
-        from ..planning.profile import (cached_profile, calibrate_steps, calibration_ids, dense_timings,
+        from ..measures.hardware import load_or_measure
+        from ..measures.inputs import measure_dense_prefill_s, measure_dense_s
+        from ..measures.profile import (cached_profile, calibrate_steps, calibration_ids, dense_timings,
                                         load_or_calibrate, save_dense_timings)
 
         self.background = None
@@ -153,7 +153,7 @@ class Profiling:
     def _measure(self, model, hw, calibration):
         """The first start's measurements, a step at a time: the dense decode and prefill timings,
         then the calibration. Returns the model profile."""
-        from ..planning.inputs import measure_dense_prefill_s, measure_dense_s
+        from ..measures.inputs import measure_dense_prefill_s, measure_dense_s
 
         self.emit(Progress(stage="calibrate", done=0, total=1, what="timing the dense layers"))
         decode = measure_dense_s(model, hw)
@@ -167,7 +167,7 @@ class Profiling:
         profile when they end (saved with the model), else None. When they end, `calibrating` stays
         true until the caller sets `background` to None, once it has planned from the profile: a
         client waiting for the calibration to end sees the re-plan done."""
-        from ..planning.profile import profile_path, save_dense_timings
+        from ..measures.profile import profile_path, save_dense_timings
 
         t0 = time.perf_counter()
         try:

@@ -13,7 +13,7 @@ already quantised, and quantising them again would round twice. So the tiers mea
 - cpu-3, cpu-2: likewise at 3 and 2 bits: the file's blocks where they hold that many bits or fewer
   (a Q3_K_M file's Q3_K matrices at cpu-3; IQ2_XXS at both), and the exact dequantisation re-quantised
   to Q3_K / Q2_K (engine/experts/quant.py cpu_tier_quantize) where it holds more. A tier that holds no fewer
-  bytes than the one above it offers nothing and is not planned (engine/planning/inputs.py).
+  bytes than the one above it offers nothing and is not planned (engine/measures/inputs.py).
 - gpu-16: the exact dequantisation in the model's dtype (no K-quant kernel runs on the GPU).
 - gpu-4: NF4 of the exact dequantisation: a second rounding on top of the file's, bounded in
   tests/test_gguf_model.py.

@@ -1,5 +1,5 @@
 """How an expert's time grows with the tokens run through it at once: the measured batch scaling
-of the hardware profile (engine/planning/hardware.py), read as the planner's cost model needs it
+of the hardware profile (engine/measures/hardware.py), read as the planner's cost model needs it
 (engine/planning/planner.py: a batched decode step, a prefill)."""
 from __future__ import annotations
 

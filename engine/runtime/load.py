@@ -117,8 +117,8 @@ def auto_placement(ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype, bud
     until the calibration has measured which experts 4 bits would hurt. A model bigger than RAM + VRAM at 16 bits therefore loads
     straight into 4-bit where it must, instead of materialising every expert at 16 bits first; one
     that cannot fit even at 4 bits is refused with the figures, before anything is read."""
-    from ..planning.hardware import load_or_measure
-    from ..planning.inputs import default_budgets, from_dims
+    from ..measures.hardware import load_or_measure
+    from ..measures.inputs import default_budgets, from_dims
     from ..planning.planner import plan
 
     from ..experts.tier_bytes import tier_bytes
@@ -157,7 +157,7 @@ def load(folder: str | Path, placement: str | Placement = "auto", device: str | 
     is planned under them less the context's keys and values. kv_bits: 16 or 8 (engine/kv/int8.py); None:
     the ContextChoice's, else 16."""
     from ..control import context_fit
-    from ..planning.inputs import default_budgets
+    from ..measures.inputs import default_budgets
 
     ckpt = open_checkpoint(folder)
     try:

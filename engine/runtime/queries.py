@@ -78,8 +78,8 @@ def peak_vram(session) -> int | None:
 
 @handler("plan_inputs")
 def plan_inputs(session) -> dict:
-    from ..planning.inputs import default_budgets
-    from ..planning.profile import cached_profile
+    from ..measures.inputs import default_budgets
+    from ..measures.profile import cached_profile
 
     ld = _loaded(session)
     held, acc = ld.model.expert_bytes(), ld.accel
@@ -104,7 +104,7 @@ def evaluate(session, slider: float, text: str | None = None, tokens: int = 1024
 
     from ..model.evaluate import compare, corpus_ids, logprobs
     from ..placement import Placement, Tier
-    from ..planning.inputs import default_budgets
+    from ..measures.inputs import default_budgets
     from ..planning.planner import Budgets, plan
 
     ld = _loaded(session)

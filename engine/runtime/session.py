@@ -229,7 +229,7 @@ class Session:
             placement = ctl.plan_before_load(probe, cmd)
         finally:
             probe.close()
-        from ..planning.hardware import cached
+        from ..measures.hardware import cached
 
         if placement == "auto" and cached() is None:  # a first start measures this machine before it plans (load_or_measure)
             self.publish(Progress(stage="machine", done=0, total=0, what="Measuring this machine once (about 20 s)"))

@@ -41,7 +41,7 @@ def table(points, note: str = "", inp=None) -> str:
     """The frontier as a Markdown table; with the planner's inputs, a predicted prefill column too."""
     from ..planning.planner import prefill_s
 
-    from ..planning.fit import mapped_total
+    from ..measures.fit import mapped_total
 
     pre = f" prefill {PREFILL_TOKENS} tok, s (pred.) |" if inp is not None else ""
     maps = inp is not None and (inp.mapped_bytes or inp.dense_mapped)
@@ -87,14 +87,14 @@ def plot(points, path: Path, title: str) -> bool:
 def cmd_plan(a) -> int:
     import torch
 
-    from ..planning.hardware import load_or_measure
-    from ..planning.inputs import default_budgets, from_config
+    from ..measures.hardware import load_or_measure
+    from ..measures.inputs import default_budgets, from_config
     from ..planning.planner import frontier
 
     t_start = time.perf_counter()
     if a.config_only:
         from ..files.gguf import is_gguf
-        from ..planning.inputs import from_gguf
+        from ..measures.inputs import from_gguf
 
         cfg = Path(a.model or "")
         hw = load_or_measure(torch.device("cpu"))

@@ -20,15 +20,15 @@ import psutil
 
 from ..protocol.errors import ModelError
 from .hardware import HardwareProfile
-from .kv_reservation import size_text  # noqa: F401 - the words for bytes, imported from here too
-from .planner import Budgets, PlanInputs, frontier
+from ..planning.kv_reservation import size_text  # noqa: F401 - the words for bytes, imported from here too
+from ..planning.planner import Budgets, PlanInputs, frontier
 
 GB = 10**9
 
 
 def machine_budgets(hw: HardwareProfile, ram_available: int | None = None, vram_free: int | None = None) -> Budgets:
     """What the planner may use on this machine now: the available RAM and the GPU's memory, less
-    the margins the engine leaves (engine/planning/inputs.py)."""
+    the margins the engine leaves (engine/measures/inputs.py)."""
     from .inputs import RAM_MARGIN, VRAM_MARGIN
 
     ram = psutil.virtual_memory().available if ram_available is None else ram_available

@@ -14,7 +14,7 @@ from ..files.checkpoint import dims_from_config, dense_shapes
 from ..protocol.errors import ModelError
 from .hardware import HardwareProfile
 from ..model.forward import MoEModel
-from .planner import Budgets, PlanInputs
+from ..planning.planner import Budgets, PlanInputs
 from .profile import ASSUMED_SENSITIVITY, ModelProfile, assumed_sensitivity
 
 # Free memory the planner leaves alone: the OS, other programs, activations, the KV cache.
@@ -42,7 +42,7 @@ def measure_dense_prefill_s(model: MoEModel, hw: HardwareProfile, tokens: int = 
     """Time per prompt token outside the experts in a prefill: a measured prefill (best of 2) minus
     the modelled time of the expert batches it actually ran. Timed as a prefill runs (recording
     would take the native routed call away), then replayed with recording for the routes."""
-    from .batch_scaling import batch_ratio
+    from ..planning.batch_scaling import batch_ratio
 
     ids = torch.randint(3, model.dims.vocab, (tokens,), generator=torch.Generator().manual_seed(0))
     best = float("inf")
