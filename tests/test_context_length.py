@@ -146,8 +146,8 @@ def test_the_kv_caches_touched_bytes_count_as_the_models_own_up_to_the_reservati
         done = m.submit(Generate(prompt_ids=list(range(5, 305)), params=SamplingParams(max_new_tokens=4)))
         assert done.prompt_tokens == 300
         touched = m.s.scheduler.caches.chat.resident_bytes
-        assert 300 * PER_TOKEN <= touched <= 320 * PER_TOKEN and m.s._kv_resident() >= touched
-        assert ctl._held_with_cache() == (ctl.held[0], ctl.held[1] + m.s._kv_resident())
+        assert 300 * PER_TOKEN <= touched <= 320 * PER_TOKEN and m.s.controller.kv_resident() >= touched
+        assert ctl._held_with_cache() == (ctl.held[0], ctl.held[1] + m.s.controller.kv_resident())
     finally:
         assert m.s.shutdown()
 

@@ -50,3 +50,8 @@ def error_event(e: Exception, what: str, request_id: int | None = None, log: str
     where = f" (details in {log})" if log else ""
     return ErrorEvent(message=f"{what} failed: {one_line(e)}{where}", request_id=request_id, log=log,
                       kind=type(e).__name__)
+
+
+DOING = {  # what a command was doing, for an error message
+    "Load": "loading the model", "Generate": "starting the reply", "Query": "the query", "SetSlider": "re-planning",
+    "SetBudgets": "re-planning", "Reading": "re-planning", "Reprofile": "re-measuring"}

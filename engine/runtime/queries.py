@@ -55,7 +55,9 @@ def _loaded(session):
 
 @handler("set_context")
 def set_context(session, tokens="auto") -> dict:
-    return session.set_context(tokens)
+    from .model_in_use import set_context
+
+    return set_context(session, tokens)
 
 
 @handler("calibrating")

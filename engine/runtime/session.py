@@ -18,10 +18,10 @@ from typing import Callable
 
 import torch
 
-from . import errorlog, queries
+from . import errorlog, model_in_use, queries
 from ..files import mapped
 from ..control.controller import PlacementController
-from ..protocol import (EngineStopped, ErrorEvent, Generate, Load, Loaded, Progress, Query, QueryDone, Reading, Reprofile,
+from ..protocol import (EngineStopped, ErrorEvent, Generate, Load, Loaded, Query, QueryDone, Reading, Reprofile,
                        SetBudgets, SetContext, SetSlider, Shutdown, Stop)
 from .scheduler import Request, Scheduler
 from .telemetry import Telemetry
@@ -39,8 +39,9 @@ class Session:
         self.listeners: list[Callable[[object], None]] = []  # more consumers of every broadcast event
         self.telemetry = Telemetry()
         self.scheduler = Scheduler(max_streams, on_decode=self.telemetry.decode_step, on_done=self.telemetry.request_done)
-        self.controller = PlacementController(self.publish, self._announce, max_streams=max_streams, **placement)
-        self.controller.kv_resident = self._kv_resident
+        self.controller = PlacementController(self.publish, lambda: model_in_use.announce(self), max_streams=max_streams,
+                                              **placement)
+        self.controller.kv_resident = lambda: model_in_use.kv_resident(self)
         self.loaded = None
         self.keep_caches = True  # conversations' KV caches written to the user cache folder (engine/kv/files.py)
         self.last_loaded: Loaded | None = None  # the model ready now, as last announced (for late listeners)
@@ -90,7 +91,7 @@ class Session:
             self.publish(EngineStopped(message=f"the engine stopped: {errorlog.one_line(e)}", log=log))
         finally:
             self.scheduler.end_waiting("the engine stopped before this request ran")
-            self._unload()
+            model_in_use.unload(self)
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
 
@@ -122,7 +123,7 @@ class Session:
         path = mapped.faulted(parts)
         if path is None:
             return
-        self._unload()
+        model_in_use.unload(self)
         mapped.forget_faults(parts)
         self.publish(ErrorEvent(message=f"{path}: {mapped.CHANGED}", kind="ModelClosed"))
 
@@ -144,35 +145,24 @@ class Session:
             return
         while not self._quit:
             if isinstance(cmd, Request):  # a load now; a reply (prepared now) or query started by admit, in order
-                act = self._load if isinstance(cmd.cmd, Load) else self._enqueue
-                self._guard(DOING.get(type(cmd.cmd).__name__, "the query"), lambda c=cmd: act(c), cmd)
+                act = (lambda r: model_in_use.change(self, r)) if isinstance(cmd.cmd, Load) else self._enqueue
+                self._guard(errorlog.DOING.get(type(cmd.cmd).__name__, "the query"), lambda c=cmd: act(c), cmd)
             else:
-                self._guard(DOING.get(type(cmd).__name__, type(cmd).__name__), lambda c=cmd: self._handle(c))
+                self._guard(errorlog.DOING.get(type(cmd).__name__, type(cmd).__name__), lambda c=cmd: self._handle(c))
             try:
                 cmd = self.commands.get_nowait()
             except queue.Empty:
                 return
 
     def _enqueue(self, req: Request) -> None:
-        self._prepare(req)
+        self.prepare(req)
         self.scheduler.enqueue(req)
 
-    def _prepare(self, req: Request) -> None:
+    def prepare(self, req: Request) -> None:
         """A Generate's prompt as ids for the model loaded now (engine/prompts/prompt.py: the one place a chat
         or a text prompt is rendered and its length checked); the scheduler takes ids only."""
         if isinstance(req.cmd, Generate) and self.loaded is not None:
             req.prompt = self.loaded.prompts.prepare(req.cmd)
-
-    def _prepare_waiting(self) -> None:
-        """Another model is ready: the requests waiting for it are prepared with its template and
-        tokenizer (one that no longer fits ends with its error)."""
-        for r in list(self.scheduler.waiting):
-            try:
-                self._prepare(r)
-            except Exception as e:  # noqa: BLE001 - the error boundary: this request ends
-                self.scheduler.waiting.remove(r)
-                self.scheduler.forget(r)
-                r.reply(errorlog.error_event(e, DOING["Generate"], r.id))
 
     def _handle(self, cmd) -> None:
         ctl = self.controller
@@ -203,98 +193,4 @@ class Session:
                                              busy=self.scheduler.busy)) is not None:
             self.publish(ev)
 
-    def _unload(self) -> None:
-        self.controller.detach()
-        self.scheduler.detach()
-        if self.loaded is not None:
-            self.loaded.ckpt.close()
-            self.loaded = None
-        self.last_loaded = None
-        self.collect()  # the old model's cycles freed before the next one is read
 
-    def _load(self, req: Request) -> None:
-        from .load import find, load, open_checkpoint
-
-        # The model in use stays until the new one is found and its folder validated (a download
-        # that fails, a folder that is not a model): only then is it released for the new one.
-        cmd, ctl = req.cmd, self.controller
-        path = find(cmd.path, ctl.profiling.progress, req.stop)  # the window's Cancel (a Stop) stops a download
-        self.scheduler.forget(req)
-        probe = open_checkpoint(path)  # no weights read
-        try:
-            self._unload()
-            self.telemetry.reset()  # the speeds Stats report are the new model's, from its first reply
-            context = self._context(probe, cmd)  # auto or asked, beside the weights at their smallest
-            ctl.reserve = context.reserve  # kept out of the experts' budgets from the first plan on
-            placement = ctl.plan_before_load(probe, cmd)
-        finally:
-            probe.close()
-        from ..measures.hardware import cached
-
-        if placement == "auto" and cached() is None:  # a first start measures this machine before it plans (load_or_measure)
-            self.publish(Progress(stage="machine", done=0, total=0, what="Measuring this machine once (about 20 s)"))
-        self.loaded = ld = load(path, placement, cmd.device, cmd.dtype, context, progress=ctl.profiling.progress("load"),
-                                budgets=ctl.first_budgets(cmd.device), slider=ctl.slider, kv_bits=cmd.kv_bits)
-        ld.generator.on_oom = ctl.on_oom
-        self._attach_caches(ld)
-        self._prepare_waiting()
-        ctl.attach(ld)
-        self._announce()
-        ctl.follow_memory(self.commands.put)
-
-    def _attach_caches(self, ld) -> None:
-        """Requests start on the model's generator, with KV caches of its context (made anew after a
-        SetContext)."""
-        from ..kv.files import KVFiles
-
-        files = KVFiles.for_model(ld) if self.keep_caches else None  # conversations' caches kept on disk too
-        self.scheduler.attach(ld.generator, files, prefill_rate=lambda: self.telemetry.prefill_tok_s)
-
-    def _context(self, ckpt, cmd: Load):
-        """The context a Load opens at (engine/control/context_fit.py) under the memory the model may use now."""
-        from ..control.context_fit import choose
-        from ..machine.devices import detect
-        from ..native.dense_linear import compute_dtype
-        from .load import parse_placement
-        from ..kv.tensors import check_kv_bits
-
-        accel = detect(cmd.device)
-        dtype = compute_dtype(cmd.dtype, accel.device)
-        pinned = None if cmd.placement == "auto" else parse_placement(cmd.placement, ckpt, accel, dtype)
-        check_kv_bits(ckpt.dims, cmd.kv_bits)  # a format this model's rows cannot take: one line, nothing sized
-        return choose(ckpt, accel, dtype, self.controller.free_budgets(accel), cmd.ctx, pinned, cmd.kv_bits)
-
-    def set_context(self, tokens) -> dict:
-        """SetContext, between requests: the model runs at another context, its weights untouched. The
-        KV caches are made anew at the new length (what they held is read again), the experts re-planned
-        beside the new reservation, and the model announced again with it."""
-        from ..control.context_fit import choose
-        from ..protocol.errors import MixdeskError
-
-        ld, ctl = self.loaded, self.controller
-        if ld is None:
-            raise MixdeskError("no model is loaded")
-        pinned = ld.model.placement if ctl.pinned else None
-        context = choose(ld.ckpt, ld.accel, ld.model.dtype, ctl.free_budgets(ld.accel), tokens, pinned,
-                         ld.model.kv_bits)
-        ld.set_context(context)
-        self._attach_caches(ld)  # the old caches go with the old KVCaches
-        ctl.reserve_context(context.reserve)
-        self._announce()
-        return {"ctx": context.ctx, "bytes": context.nbytes, "line": context.line()}
-
-    def _kv_resident(self) -> int:
-        """Bytes the loaded model's KV caches have touched so far (the monitor's thread)."""
-        ld = self.loaded
-        return ld.model.caches_resident_bytes() if ld is not None else 0
-
-    def _announce(self) -> None:
-        """The model is ready (sent again after a re-profile: the popularity it carries may change)."""
-        share = self.controller.inputs.share if self.controller.inputs is not None else ()
-        self.last_loaded = self.loaded.announcement(share)
-        self.publish(self.last_loaded)
-
-
-DOING = {  # what a command was doing, for an error message
-    "Load": "loading the model", "Generate": "starting the reply", "Query": "the query", "SetSlider": "re-planning",
-    "SetBudgets": "re-planning", "Reading": "re-planning", "Reprofile": "re-measuring"}
