@@ -1,5 +1,5 @@
 """The one controller between the engine and the widgets: it takes the engine's events (in batches,
-on the GUI thread, from EngineBridge; and a served model's, from app/remote.py) and turns each into
+on the GUI thread, from EngineBridge; and a served model's, from app/chat/remote.py) and turns each into
 one typed signal. Each widget subscribes to what it shows (its `follow(engine)`), so an event is
 handled once by each reader, never routed back through the window.
 

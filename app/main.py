@@ -19,7 +19,7 @@ def run(model: str = "demo", device: str | None = None, ctx=None, kv_bits: int =
     from PySide6.QtWidgets import QApplication
 
     from .main_window import MainWindow
-    from .store import Store
+    from .store.chat_store import Store
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     app = QApplication.instance() or QApplication(sys.argv)

@@ -2,7 +2,7 @@
 
 A reply arrives read in the model's format (engine/prompts/formats): its content is the answer (what the
 store keeps as the message, and all that later turns send back), its reasoning and tool calls are
-kept in the message's meta and shown around the answer (app/reasoning_view.py).
+kept in the message's meta and shown around the answer (app/chat/reasoning_view.py).
 
 It reaches the engine only through EngineBridge (commands out, events in, on the GUI thread)."""
 from __future__ import annotations
@@ -15,27 +15,29 @@ from PySide6.QtWidgets import (QApplication, QHBoxLayout, QMainWindow, QMessageB
 
 from engine.protocol import SetSlider, Stop
 
-from . import chat_defaults, documents, lowest_precision, menus, remote, theme, window_state
-from .composer import Composer
-from .context_choice import ContextButton, ContextSwitch, remembered
-from .conversation_list import ConversationList
+from .chat import defaults as chat_defaults, documents, remote
+from .dialogs import lowest_precision
+from . import menus, theme, window_state
+from .chat.composer import Composer
+from .dialogs.context_choice import ContextButton, ContextSwitch, remembered
+from .chat.conversation_list import ConversationList
 from .gpu_runtime import GpuOfferBar, RuntimeDialog
 from .bridge import EngineBridge
-from .chat_backend import LocalBackend
-from .chat_session import ChatSession
-from .chat_view import ChatView
+from .chat.backend import LocalBackend
+from .chat.session import ChatSession
+from .chat.view import ChatView
 from .engine_controller import EngineController
 from .model_bar import ModelBar
 from .model_switch import ModelSwitch
-from .panel import LivePanel
-from .panel_switch import PanelSwitch
-from .quality_slider import QualitySlider
+from .panel.live_panel import LivePanel
+from .panel.switch import PanelSwitch
+from .panel.quality_slider import QualitySlider
 from .progress_row import ProgressRow, StatusBar
-from .reply_flow import ReplyFlow, ReplyHooks
+from .chat.reply_flow import ReplyFlow, ReplyHooks
 from .serving import LocalServer, ServerBox
-from .store import Store
+from .store.chat_store import Store
 from .window_wiring import WindowWiring
-from .waiting import ReplyWait
+from .chat.waiting import ReplyWait
 
 log = logging.getLogger("mixdesk")
 
@@ -71,7 +73,7 @@ class MainWindow(QMainWindow, WindowWiring):
         self.contexts = ContextSwitch(self.bridge.send, lambda: self.models.current and self.models.current[0], self)
         self.contexts.changed.connect(self.models.context_changed)
         self.contexts.refused.connect(lambda _: self.attachments.waiting.clear())  # the longer context is not coming
-        self.remote_parts = self.remote_parts_of()  # app/remote.py's connect, disconnect, show_mode
+        self.remote_parts = self.remote_parts_of()  # app/chat/remote.py's connect, disconnect, show_mode
         self._follow()
         self.set_theme(theme.saved(), remember=False)
         self.refresh_conversations()
@@ -185,7 +187,7 @@ class MainWindow(QMainWindow, WindowWiring):
 
     def pick_model(self) -> None:
         """File > Open model…: the picker (non-blocking): recent models, a folder, or a hub id."""
-        from .model_picker import ModelPicker
+        from .dialogs.model_picker import ModelPicker
 
         self.picker = ModelPicker(self, in_use=self.models.current[0] if self.models.current else None,
                                   device=self.device, dtype=self.dtype)
@@ -200,19 +202,19 @@ class MainWindow(QMainWindow, WindowWiring):
 
     @property
     def backend(self):
-        """Where the chat's replies come from (app/chat_backend.py): a served model, else the engine."""
+        """Where the chat's replies come from (app/chat/backend.py): a served model, else the engine."""
         return self.remote if self.remote is not None else self.local
 
     @property
     def chat_session(self) -> ChatSession:
-        """The chat shown, as app/chat_session.py holds it."""
+        """The chat shown, as app/chat/session.py holds it."""
         if self.cid not in self.sessions:
             self.sessions[self.cid] = s = ChatSession(self.store, self.cid)
             s.watch(self._session_said)
         return self.sessions[self.cid]
 
     def _session_said(self, session: ChatSession, what: str) -> None:
-        """A chat's session changed (app/chat_session.py watch): the widgets are handed what they show."""
+        """A chat's session changed (app/chat/session.py watch): the widgets are handed what they show."""
         shown = self.sessions.get(self.cid) is session  # a chat made by this Send is under None until it is sent
         if what in ("messages", "ended"):  # titles, and the newest chat first
             self.sidebar.current = session.cid if shown else self.cid
@@ -291,7 +293,7 @@ class MainWindow(QMainWindow, WindowWiring):
     def delete_conversation(self, cid: int) -> None:
         self.sidebar.delete(cid)
 
-    # ---- sending (app/reply_flow.py) ----
+    # ---- sending (app/chat/reply_flow.py) ----
     @property
     def generating(self) -> bool:
         return self.reply.generating
@@ -400,7 +402,7 @@ class MainWindow(QMainWindow, WindowWiring):
         self.bridge.restart()
         self.models.restart()
 
-    # ---- documents (app/attachments.py) ----
+    # ---- documents (app/chat/attachments.py) ----
     @property
     def docs(self) -> list[documents.Document]:
         return self.attachments.docs

@@ -1,5 +1,5 @@
 """The menu bar, its shortcuts, and the small dialogs the menus open (export, log, about; Chat
-settings… is app/chat_settings.py).
+settings… is app/chat/settings.py).
 
 build(menu_bar, commands) is handed the menu bar to fill and a Commands table: the callable each
 action triggers and the checked states the checkable ones start in (app/window_wiring.py builds it
@@ -75,7 +75,7 @@ class Commands:
     show_shortcuts: Callable[[], object]
     show_log: Callable[[], object]
     about: Callable[[], object]
-    # View: actions made elsewhere, added as they are (Show live panel: app/panel_switch.py)
+    # View: actions made elsewhere, added as they are (Show live panel: app/panel/switch.py)
     view_actions: list[QAction] = field(default_factory=list)
     enter_sends: bool = True  # Enter sends message, checked at first (app/window_state.py restores it)
 
@@ -86,7 +86,7 @@ class MenuActions:
     server: QAction  # Tools > Local server (OpenAI-compatible API)
     enter_sends: QAction  # Settings > Enter sends message
     themes: dict[str, QAction]  # Settings > Theme > each of theme.THEMES
-    settings: object = None  # the Settings menu (a QMenu): others add their items (app/lowest_precision.py)
+    settings: object = None  # the Settings menu (a QMenu): others add their items (app/dialogs/lowest_precision.py)
 
 
 def action(parent, text: str, fn: Callable[[], object], menu=None, tip: str = "", keys=()) -> QAction:
@@ -176,9 +176,9 @@ def find_chats(search) -> None:
 
 
 def show_shortcuts(menu_bar, enter_sends: bool, parent=None) -> None:
-    """Help > Keyboard shortcuts… (app/shortcuts_help.py): menu_bar's shortcuts, and the message box's
+    """Help > Keyboard shortcuts… (app/dialogs/shortcuts_help.py): menu_bar's shortcuts, and the message box's
     keys (enter_sends: whether Enter sends a message now)."""
-    from .shortcuts_help import ShortcutsDialog
+    from .dialogs.shortcuts_help import ShortcutsDialog
 
     run_modal(ShortcutsDialog(menu_bar, enter_sends, parent))
 
@@ -236,7 +236,7 @@ def export(parent, store, cid: int | None, kind: str, say: Say) -> None:
 
 
 def show_log(lines: list[str], parent=None) -> None:
-    from .log_view import LogView
+    from .dialogs.log_view import LogView
 
     run_modal(LogView(lines, parent))
 

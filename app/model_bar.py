@@ -1,11 +1,11 @@
 """The model bar above the chat, for people: the model's name and size, where it runs, and its
 current mix of 16- and 4-bit experts (from the engine's Stats), with the technical description in
-its tooltip. A served model elsewhere shows its name and address instead (app/remote.py)."""
+its tooltip. A served model elsewhere shows its name and address instead (app/chat/remote.py)."""
 from __future__ import annotations
 
 from PySide6.QtWidgets import QLabel
 
-from . import plain_words
+from .panel import plain_words
 
 
 def size_words(params: int) -> str:

@@ -37,7 +37,7 @@ class SwitchParts:
     """What a switch uses of the window: its collaborators, and its state as small callables."""
     bridge: object  # the engine bridge: send(command) -> request id; session.last_loaded
     bar: object  # the model bar (app/model_bar.py): setText, show_model
-    composer: object  # its send_btn; show_context (app/composer.py)
+    composer: object  # its send_btn; show_context (app/chat/composer.py)
     progress: object  # the status bar's progress row (app/progress_row.py): hide
     panel: object  # the live panel: reset_speeds
     say: Callable[[str], None]  # on the status line (30 s) and in the log
@@ -147,8 +147,8 @@ class ModelSwitch:
         if isinstance(ev, Loaded) and self.load_id is not None and self.building:
             self.load_id = None
             if self.failed is None:
-                from .context_choice import remember as remember_context
-                from .model_picker import remember
+                from .dialogs.context_choice import remember as remember_context
+                from .dialogs.model_picker import remember
 
                 remember(self.pending[0])
                 remember_context(self.pending[0], (*self.pending, "auto")[3])  # the context it was opened at

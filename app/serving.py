@@ -1,6 +1,6 @@
 """The window's two doors to the network: the Local server switch (the engine the chat uses, served
 to other programs as an OpenAI-compatible API: engine/tools/serve) and Connect to a server (the
-chat talks to a served model elsewhere: app/remote.py)."""
+chat talks to a served model elsewhere: app/chat/remote.py)."""
 from __future__ import annotations
 
 import time
@@ -10,7 +10,7 @@ from PySide6.QtWidgets import (QApplication, QComboBox, QDialog, QDialogButtonBo
                                QHBoxLayout, QLabel, QLineEdit, QListWidget, QPushButton, QSizePolicy, QSpinBox,
                                QVBoxLayout)
 
-from .remote import RemoteError, list_models
+from .chat.remote import RemoteError, list_models
 
 LOG_ROWS = 50
 

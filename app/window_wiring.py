@@ -1,13 +1,15 @@
 """The main window's wiring: what it hands each of its helpers, which never see the window. A part
 of MainWindow (it inherits this class), kept apart so that app/main_window.py holds the layout and
-the window's own state: ModelSwitch (app/model_switch.py) and Connect to a server (app/remote.py)
+the window's own state: ModelSwitch (app/model_switch.py) and Connect to a server (app/chat/remote.py)
 get frozen dataclasses of collaborators and small callables; the menus (app/menus.py) a table of
-commands; the Chat settings… and Defaults for new chats… dialogs (app/chat_settings_dialog.py,
-app/chat_defaults.py) what they edit, and the window is updated here from what they say changed;
+commands; the Chat settings… and Defaults for new chats… dialogs (app/dialogs/chat_settings.py,
+app/chat/defaults.py) what they edit, and the window is updated here from what they say changed;
 and Tools > Local server's switch (app/serving.py)."""
 from __future__ import annotations
 
-from . import chat_defaults, chat_settings_dialog, menus, remote
+from .chat import defaults as chat_defaults, remote
+from .dialogs import chat_settings as chat_settings_dialog
+from . import menus
 from .model_switch import SwitchParts
 from .serving import ServerDialog, ask_connection
 
@@ -54,7 +56,7 @@ class WindowWiring:
             export_json=lambda: menus.export(self, self.store, self.cid, "json", say),
             quit=self.close,
             find_chats=lambda: menus.find_chats(self.search), paste_files=self.paste_files,
-            view_actions=[self.panel_switch.action],  # Show live panel (app/panel_switch.py)
+            view_actions=[self.panel_switch.action],  # Show live panel (app/panel/switch.py)
             send=self.send, stop=self.stop, regenerate=self.reply.regenerate, edit_last=self.reply.edit_last,
             chat_settings=self.edit_chat_settings, chat_defaults=self.edit_new_chat_defaults,
             remeasure=lambda: menus.remeasure(self.send_btn, self.generating, say, self.log_line, self.bridge.send),

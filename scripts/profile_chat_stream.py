@@ -41,8 +41,8 @@ def run(n_tokens: int, per_token_s: float, profile: bool) -> dict:
     from PySide6.QtWidgets import QApplication
 
     from app import theme
-    from app.chat_view import ChatView
-    from app.store import Message
+    from app.chat.view import ChatView
+    from app.store.chat_store import Message
 
     app = QApplication.instance() or QApplication([])
     theme.apply("Light")
@@ -60,7 +60,7 @@ def run(n_tokens: int, per_token_s: float, profile: bool) -> dict:
     v = Timed()
     v.resize(int(os.environ.get("W", 680)), int(os.environ.get("H", 385)))  # the chat view in a 1280x800 window
     v.show()
-    from app import markdown_render
+    from app.chat import markdown_render
     for t in getattr(markdown_render, "_warming", []):  # the window is up for seconds before a reply
         t.join()
     v.show_messages([Message(1, "user", "go", True, {})])

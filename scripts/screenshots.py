@@ -33,7 +33,7 @@ from PySide6.QtWidgets import QApplication
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from app.main_window import MainWindow  # noqa: E402
-from app.store import Store  # noqa: E402
+from app.store.chat_store import Store  # noqa: E402
 from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.protocol import Progress  # noqa: E402
 

@@ -60,7 +60,7 @@ def shoot(out: Path, theme_name: str) -> list[Path]:
     from PySide6.QtWidgets import QApplication
 
     from app.main_window import MainWindow
-    from app.store import Store
+    from app.store.chat_store import Store
     from hub_server import HubServer
     from window_helpers import menu_actions
 

@@ -75,7 +75,7 @@ def shoot(out: Path, theme_name: str) -> list[Path]:
 
     from app import theme
     from app.main_window import MainWindow
-    from app.store import Store
+    from app.store.chat_store import Store
     from engine.sources.tiny_model import write_tiny_mixtral
 
     app = QApplication.instance() or QApplication([])

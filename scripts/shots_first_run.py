@@ -40,7 +40,7 @@ def _grab(w, path: Path) -> Path:
 def _window(theme_name: str, size: tuple[int, int]):
     """The app's window on the demo (a throwaway chat database), in a theme and a size, shown."""
     from app.main_window import MainWindow
-    from app.store import Store
+    from app.store.chat_store import Store
 
     store = Store(Path(tempfile.mkdtemp(prefix="mixdesk-shots-chats-")) / "chats.sqlite3")
     w = MainWindow(store, model=_demo_or_tiny())

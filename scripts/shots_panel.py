@@ -68,7 +68,7 @@ def shoot(out: Path, theme_name: str) -> list[Path]:
     from PySide6.QtWidgets import QApplication
 
     from app.main_window import MainWindow
-    from app.store import Store
+    from app.store.chat_store import Store
 
     app = QApplication.instance() or QApplication([])
     out.mkdir(parents=True, exist_ok=True)

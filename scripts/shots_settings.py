@@ -35,9 +35,9 @@ def shoot(out: Path, theme_name: str) -> list[Path]:
     from PySide6.QtCore import QSettings, QStandardPaths
     from PySide6.QtWidgets import QApplication
 
-    from app import chat_settings_dialog
+    from app.dialogs import chat_settings as chat_settings_dialog
     from app.main_window import MainWindow
-    from app.store import Store
+    from app.store.chat_store import Store
 
     app = QApplication.instance() or QApplication([])
     # the presets go to a throwaway settings folder (app/theme.py settings() is QSettings' user scope)

@@ -13,9 +13,9 @@ from PySide6.QtCore import QMimeData, QPointF, Qt, QTimer, QUrl  # noqa: E402
 from PySide6.QtGui import QDropEvent  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
-from app import documents  # noqa: E402
+from app.chat import documents  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
-from app.store import Store  # noqa: E402
+from app.store.chat_store import Store  # noqa: E402
 from engine.runtime.generate import SamplingParams  # noqa: E402
 
 
@@ -182,7 +182,7 @@ KILL_SCRIPT = textwrap.dedent("""
     os.environ["QT_QPA_PLATFORM"] = "offscreen"
     from PySide6.QtWidgets import QApplication
     from app.main_window import MainWindow
-    from app.store import Store
+    from app.store.chat_store import Store
     from engine.runtime.generate import SamplingParams
     from engine.protocol import Token
     app = QApplication([])
@@ -397,7 +397,7 @@ def test_a_corrupt_database_is_moved_aside_and_the_window_starts(qtbot, tiny, tm
 
 
 def test_an_unwritable_data_folder_gets_a_clear_message_and_a_session_store(tmp_path):
-    from app.store import Store
+    from app.store.chat_store import Store
 
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the data folder should be")
@@ -411,7 +411,7 @@ def test_an_unwritable_data_folder_gets_a_clear_message_and_a_session_store(tmp_
 def test_writes_kept_by_a_lock_at_close_are_written_at_the_next_start(tmp_path):
     import sqlite3
 
-    from app.store import Store
+    from app.store.chat_store import Store
 
     db = tmp_path / "chats.sqlite3"
     s = Store(db)
@@ -486,11 +486,11 @@ def test_the_model_picker_offers_recent_models_and_opens_one(qtbot, window, tiny
     loads = []
     window.load_model = lambda *a, **k: loads.append((a, k))
     picker._pick(picker.list.currentItem().data(QtNS.UserRole))
-    assert loads == [((str(tiny),), {"ctx": "auto"})]  # at the context its Context box shows (app/context_choice.py)
+    assert loads == [((str(tiny),), {"ctx": "auto"})]  # at the context its Context box shows (app/dialogs/context_choice.py)
 
 
 def test_a_damaged_page_is_reported_never_a_crash(tmp_path):
-    from app.store import Store
+    from app.store.chat_store import Store
 
     db = tmp_path / "chats.sqlite3"
     s = Store(db)
@@ -511,7 +511,7 @@ def test_a_damaged_page_is_reported_never_a_crash(tmp_path):
 
 def test_slider_says_when_a_plan_is_for_requests_together(qtbot):
     """A plan made for concurrent requests (the local server's) shows its rate as theirs together."""
-    from app.quality_slider import QualitySlider
+    from app.panel.quality_slider import QualitySlider
     from engine.placement import Placement, Tier
     from engine.protocol import PlacementChanged
 

@@ -3,7 +3,7 @@
 QLayout.itemAt returns a QWidgetItem whose Python wrapper PySide keeps alive after the layout deletes the
 item (when its chip is deleted). A later Qt object allocated at that address then comes back to Python as
 the stale wrapper: in the window tests a QTextFrame came back as a QWidgetItem ("'QWidgetItem' object has
-no attribute 'document'", app/markdown_render.py) and runs segfaulted in widget code. The attachments keep
+no attribute 'document'", app/chat/markdown_render.py) and runs segfaulted in widget code. The attachments keep
 their own list of chips; this test fails where they read the row back through itemAt."""
 import gc
 from pathlib import Path
@@ -15,8 +15,8 @@ import shiboken6  # noqa: E402
 from PySide6.QtCore import QEvent, QObject  # noqa: E402
 from PySide6.QtWidgets import QApplication, QLayoutItem  # noqa: E402
 
-from app.attachments import Attachments  # noqa: E402
-from app.documents import Document  # noqa: E402
+from app.chat.attachments import Attachments  # noqa: E402
+from app.chat.documents import Document  # noqa: E402
 
 
 def _deleted_later() -> None:

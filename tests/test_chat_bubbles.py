@@ -14,7 +14,7 @@ from PySide6.QtGui import QDesktopServices, QFont, QGuiApplication, QHelpEvent, 
 from PySide6.QtWidgets import QApplication, QToolTip  # noqa: E402
 
 from app.main_window import MainWindow  # noqa: E402
-from app.store import Store  # noqa: E402
+from app.store.chat_store import Store  # noqa: E402
 from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.protocol import Generate  # noqa: E402
 from scripted_chat import script, write_chat_model  # noqa: E402
@@ -160,7 +160,7 @@ def test_small_files_read_in_bytes_never_0_kb(qtbot, w, tmp_path):
     label = next(c.text() for c in w.chip_widgets() if "tiny.txt" in c.text())
     assert "6 bytes" in label and "0 KB" not in label
     w.attachments.clear()
-    from app.attachments import human_size
+    from app.chat.attachments import human_size
 
     assert [human_size(n) for n in (1, 312, 1023, 4300, 1363149)] == ["1 byte", "312 bytes", "1,023 bytes",
                                                                       "4.2 KB", "1.3 MB"]

@@ -1,9 +1,9 @@
-"""app/chat_session.py without a window (no Qt imported): drafts, an edit of the last turn that
+"""app/chat/session.py without a window (no Qt imported): drafts, an edit of the last turn that
 keeps it until the new message is sent, and a regenerated reply's versions, on a real SQLite store."""
 import sys
 
-from app.chat_session import ChatSession, Draft, shown_version, with_versions
-from app.store import Store
+from app.chat.session import ChatSession, Draft, shown_version, with_versions
+from app.store.chat_store import Store
 
 
 def chat(tmp_path):
@@ -17,7 +17,7 @@ def chat(tmp_path):
 def test_no_qt_is_imported():
     import subprocess
 
-    code = "import sys, app.chat_session, app.chat_settings, app.store; print(any(m.startswith('PySide6') for m in sys.modules))"
+    code = "import sys, app.chat.session, app.chat.settings, app.store.chat_store; print(any(m.startswith('PySide6') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -74,7 +74,7 @@ def test_regenerating_keeps_every_version_and_switching_sends_the_one_shown(tmp_
 
 # ---- the reply in progress, against the real engine thread on the tiny model ----------------------
 def engine_backend(tiny, events):
-    from app.chat_backend import LocalBackend
+    from app.chat.backend import LocalBackend
     from engine.protocol import Load, Loaded
     from engine.runtime.session import Session
 
@@ -136,8 +136,8 @@ def test_a_reply_is_owned_by_the_chat_session_from_start_to_end(tiny, tmp_path, 
 def test_the_chat_holds_its_settings_and_fits_its_history_to_them(tmp_path):
     """Its settings are the chat's own over the defaults given; the history sent keeps the system
     prompt and the newest turns that fit its context length, whole turns, oldest left out first."""
-    from app.chat_backend import Fitting
-    from app.chat_settings import DEFAULTS
+    from app.chat.backend import Fitting
+    from app.chat.settings import DEFAULTS
 
     store, s = chat(tmp_path)
     assert s.params(DEFAULTS) == DEFAULTS and s.context(4096) == 4096  # nobody set it up: the defaults

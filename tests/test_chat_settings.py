@@ -14,10 +14,10 @@ pytest.importorskip("PySide6")
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QAbstractButton, QDialogButtonBox, QInputDialog  # noqa: E402
 
-from app import chat_settings as cs  # noqa: E402
-from app import chat_settings_dialog as csd  # noqa: E402
+from app.chat import settings as cs  # noqa: E402
+from app.dialogs import chat_settings as csd  # noqa: E402
 from app import theme  # noqa: E402
-from app.store import Store  # noqa: E402
+from app.store.chat_store import Store  # noqa: E402
 from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.protocol import Generate  # noqa: E402
 

@@ -6,8 +6,8 @@ pytest.importorskip("PySide6")
 from PySide6.QtCore import QUrl  # noqa: E402
 from PySide6.QtGui import QGuiApplication, QPalette  # noqa: E402
 
-from app.chat_view import ChatView  # noqa: E402
-from app.store import Message  # noqa: E402
+from app.chat.view import ChatView  # noqa: E402
+from app.store.chat_store import Message  # noqa: E402
 
 REPLY = """Here is a function:
 
@@ -89,7 +89,7 @@ def test_the_composer_works_without_a_model(qtbot, tmp_path):
     from PySide6.QtCore import QMimeData
     from PySide6.QtCore import Qt as QtNS
 
-    from app.composer import Composer
+    from app.chat.composer import Composer
 
     c = Composer()
     qtbot.addWidget(c)

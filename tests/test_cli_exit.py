@@ -49,7 +49,7 @@ if sys.argv[1] == "window":  # the desktop app, closed as soon as its first cali
     from PySide6.QtWidgets import QApplication
 
     from app.main_window import MainWindow
-    from app.store import Store
+    from app.store.chat_store import Store
 
     app = QApplication([])
     w = MainWindow(Store(os.path.join(os.getcwd(), "chats.sqlite3")), model=sys.argv[2], device="cpu", dtype="fp32")

@@ -12,8 +12,8 @@ pytest.importorskip("PySide6")
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QDialogButtonBox  # noqa: E402
 
-from app import context_choice, model_picker  # noqa: E402
-from app.attachments import context_for, room_of  # noqa: E402
+from app.dialogs import context_choice, model_picker  # noqa: E402
+from app.chat.attachments import context_for, room_of  # noqa: E402
 from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.sources.tiny_model import write_tiny_mixtral  # noqa: E402
 
@@ -176,7 +176,7 @@ def test_a_prompt_longer_than_the_context_is_said_with_its_figures(qtbot, opened
 def MainWindowAt(qtbot, model, tmp_path, ctx):
     """The window opened at a context given (the command line's --ctx)."""
     from app.main_window import MainWindow
-    from app.store import Store
+    from app.store.chat_store import Store
 
     w = MainWindow(Store(tmp_path / "chats.sqlite3"), model=str(model), session_kwargs={"poll_s": 0.1},
                    device="cpu", dtype="fp32", ctx=ctx)

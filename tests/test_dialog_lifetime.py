@@ -74,10 +74,10 @@ def w(qtbot):
 
 
 def test_connect_dialog_is_deleted_accepted_or_cancelled(qtbot, w):
-    from app import remote
+    from app.chat import remote
     from app.window_wiring import WindowWiring
 
-    parts = WindowWiring.remote_parts_of(w)  # what MainWindow hands app/remote.py
+    parts = WindowWiring.remote_parts_of(w)  # what MainWindow hands app/chat/remote.py
     def fill(d):
         d.url.setText("http://127.0.0.1:9/v1")
         d.models.setEditText("some-model")
@@ -100,6 +100,6 @@ def test_log_box_is_deleted(qtbot, w):
     texts = []
     opened_and_deleted(qtbot, lambda: menus.show_log(w.log_lines, w), lambda d: (texts.append(d.text()), d.accept()))
     assert texts == ["12:00:00 loaded tiny"]
-    from app.log_view import LogView
+    from app.dialogs.log_view import LogView
 
     assert not any(isinstance(c, (QMessageBox, LogView)) for c in w.children())

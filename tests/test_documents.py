@@ -7,8 +7,8 @@ import zipfile
 
 import pytest
 
-from app import documents
-from app.documents import DocumentError
+from app.chat import documents
+from app.chat.documents import DocumentError
 
 
 def bomb_docx(path, inflated_mb: int):
@@ -110,7 +110,7 @@ def test_fit_reads_only_a_prefix_of_a_huge_text(tmp_path):
 
 def test_attachments_need_no_model(qtbot, tmp_path):
     """The attachment row on its own: no engine, no model (issue 15's split of the window)."""
-    from app.attachments import Attachments
+    from app.chat.attachments import Attachments
 
     row = Attachments()
     qtbot.addWidget(row)

@@ -160,7 +160,7 @@ def test_the_window_opens_a_tiny_qwen3_moe_and_chats(qtbot, folders, tmp_path, m
     from PySide6.QtCore import Qt
 
     from app.main_window import MainWindow
-    from app.store import Store
+    from app.store.chat_store import Store
     from engine.runtime.generate import SamplingParams
 
     w = MainWindow(Store(tmp_path / "chats.sqlite3"), model=str(folders(family)), session_kwargs={"poll_s": 0.1},
@@ -205,7 +205,7 @@ def test_the_placement_map_stays_readable_at_48_by_128(qtbot):
     """Qwen3-30B-A3B's 6,144 experts: too many cells for the panel, so each layer is drawn as the bar
     of its tier mix; Mixtral's 32 x 8 keeps one cell per expert."""
     pytest.importorskip("PySide6")
-    from app.placement_map import PlacementMap
+    from app.panel.placement_map import PlacementMap
 
     m = PlacementMap()
     qtbot.addWidget(m)

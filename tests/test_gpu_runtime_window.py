@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt  # noqa: E402
 import app.gpu_runtime  # noqa: E402
 import engine.tools.runtime.install  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
-from app.store import Store  # noqa: E402
+from app.store.chat_store import Store  # noqa: E402
 from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.tools.runtime import activate as act  # noqa: E402
 from engine.tools.runtime.gpu import NvidiaGpu  # noqa: E402

@@ -1,4 +1,4 @@
-"""The code lexers' warm-up (app/markdown_render.py warm) waits while a reply streams: its imports and
+"""The code lexers' warm-up (app/chat/markdown_render.py warm) waits while a reply streams: its imports and
 regex compiling hold the GIL, and the GUI thread's event loop stalled 60-87 ms when it ran beside a
 first reply. Run in a fresh interpreter: the warm-up runs once a process."""
 import subprocess
@@ -7,7 +7,7 @@ import textwrap
 
 SCRIPT = textwrap.dedent("""
     import sys, time
-    import app.markdown_render as m
+    import app.chat.markdown_render as m
 
     def lexer_modules():
         return sum(1 for k in list(sys.modules) if k.startswith("pygments.lexers."))

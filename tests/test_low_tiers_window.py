@@ -24,9 +24,9 @@ def held(w) -> set:
 
 
 def test_the_fast_ends_lowest_precision_moves_experts_live_and_is_remembered(qtbot, wide, tmp_path, measured_machine):
-    from app import lowest_precision
+    from app.dialogs import lowest_precision
     from app.main_window import MainWindow
-    from app.store import Store
+    from app.store.chat_store import Store
 
     w = MainWindow(Store(tmp_path / "chats.sqlite3"), model=str(wide), device="cpu", dtype="bf16",
                    session_kwargs={"poll_s": 0.1, "tier_costs": COSTS})

@@ -253,7 +253,7 @@ def test_the_model_browser_says_mapped_and_warns_of_paging(qtbot, file, window_c
     from PySide6.QtCore import Qt
 
     from app import theme
-    from app.model_picker import ModelPicker
+    from app.dialogs.model_picker import ModelPicker
     from engine.files.gguf import open_gguf
     from engine.measures import fit
     from engine.measures.inputs import RAM_MARGIN

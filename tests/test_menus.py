@@ -170,9 +170,9 @@ def export(kind):
 
 
 def chat_settings(k: Walk):
-    """Chat > Chat settings… (app/chat_settings.py; tests/test_chat_settings.py walks it in full)."""
-    from app.chat_settings import params_for
-    from app.chat_settings_dialog import ChatSettingsDialog
+    """Chat > Chat settings… (app/chat/settings.py; tests/test_chat_settings.py walks it in full)."""
+    from app.chat.settings import params_for
+    from app.dialogs.chat_settings import ChatSettingsDialog
 
     def fill(d):
         d.fields["temperature"].setValue(0.7)
@@ -189,11 +189,11 @@ def chat_settings(k: Walk):
 
 
 def new_chat_defaults(k: Walk):
-    """Chat > Defaults for new chats… (app/chat_defaults.py; tests/test_switch_and_defaults.py walks it in full)."""
-    from app import chat_defaults
+    """Chat > Defaults for new chats… (app/chat/defaults.py; tests/test_switch_and_defaults.py walks it in full)."""
+    from app.chat import defaults as chat_defaults
     from app import theme as themes
-    from app.chat_settings import params_for
-    from app.chat_settings_dialog import ChatSettingsDialog
+    from app.chat.settings import params_for
+    from app.dialogs.chat_settings import ChatSettingsDialog
 
     before = k.w.cid
     had = params_for(k.w.store, before, k.w.params)
@@ -336,7 +336,7 @@ def lowest_precision(bits: int, text: str):
     """Settings > Lowest precision for experts > each choice: checked alone, remembered, and the engine
     plans with it (tests/test_low_tiers_window.py moves experts with it on a model whose rows take it)."""
     def check(k: Walk):
-        from app import lowest_precision as lp
+        from app.dialogs import lowest_precision as lp
 
         k.trigger(f"Settings/Lowest precision for experts/{text}")
         assert k.w.lowest.bits == bits and lp.saved() == bits
@@ -355,7 +355,7 @@ def show_live_panel(k: Walk):
 
 def show_shortcuts(k: Walk):
     """Help > Keyboard shortcuts… lists the menus' shortcuts (tests/test_window_extras.py checks them all)."""
-    from app.shortcuts_help import ShortcutsDialog
+    from app.dialogs.shortcuts_help import ShortcutsDialog
 
     rows = []
     seen = on_modal(lambda d: (rows.extend(d.table.item(r, 0).text() for r in range(d.table.rowCount())), d.accept()),
@@ -366,7 +366,7 @@ def show_shortcuts(k: Walk):
 
 def show_log(k: Walk):
     texts = []
-    from app.log_view import LogView
+    from app.dialogs.log_view import LogView
 
     seen = on_modal(lambda d: (texts.append(d.text()), d.accept()), LogView)
     k.trigger("Help/Log")

@@ -11,7 +11,7 @@ pytest.importorskip("PySide6")
 from PySide6.QtCore import Qt  # noqa: E402
 
 from app.main_window import MainWindow  # noqa: E402
-from app.store import Store  # noqa: E402
+from app.store.chat_store import Store  # noqa: E402
 from engine.measures import fit  # noqa: E402
 from engine.planning.planner import Budgets  # noqa: E402
 from hub_server import Declared, HubServer  # noqa: E402
@@ -175,7 +175,7 @@ def test_recent_models_show_their_size_on_disk_and_fit(qtbot, env, tiny):
     row = picker.list.item(specs.index(str(tiny)))
     qtbot.waitUntil(lambda: "on disk" in row.text(), timeout=30_000)
     size = sum(p.stat().st_size for p in tiny.iterdir() if p.is_file())
-    from app.hub_search import size_text
+    from app.dialogs.hub_search import size_text
 
     assert f"{size_text(size)} on disk · {fit.predict(tiny, hardware.cached(), BUDGETS).line()}" in row.text()
     picker.reject()

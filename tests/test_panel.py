@@ -21,7 +21,7 @@ from PySide6.QtGui import QColor  # noqa: E402
 from PySide6.QtWidgets import QApplication, QLabel, QProgressBar  # noqa: E402
 
 from app.main_window import MainWindow  # noqa: E402
-from app.store import Store  # noqa: E402
+from app.store.chat_store import Store  # noqa: E402
 from window_helpers import menu_actions, on_modal  # noqa: E402
 
 # the tiny model's experts are so small that call overhead hides the 4-bit speed-up on this CPU;
@@ -139,7 +139,7 @@ def test_during_a_migration_the_map_shows_where_experts_are_and_where_they_go(qt
         text = window.panel.tiers.text()
         assert "now:" in text and "moving to:" in text
         # the text counts the placement in use, as the map fills it
-        from app.plain_words import placement_words
+        from app.panel.plain_words import placement_words
         assert text.startswith(f"now: {placement_words(installed.counts())}<br>")
         assert text.endswith(f"moving to: {placement_words(target.counts())}")
         assert "outlined: still moving there" in window.panel.legend.labels()
@@ -276,13 +276,13 @@ def test_the_frontier_is_drawn_with_labelled_axes_and_the_plan_in_use_marked(qtb
     dpr = img.devicePixelRatio()
     c = chart.to_px(*chart.current)
     px = QColor(img.pixel(int(c.x() * dpr), int(c.y() * dpr)))
-    from app.frontier_chart import CURRENT
+    from app.panel.frontier_chart import CURRENT
     assert abs(px.red() - CURRENT.red()) + abs(px.green() - CURRENT.green()) + abs(px.blue() - CURRENT.blue()) < 60
 
 
 # ---- glitch: calibration ended and nothing said so ---------------------------------------------
 def test_calibration_finished_is_said_once(qtbot, tiny, tmp_path, measured_machine):
-    from app.panel import CALIBRATED
+    from app.panel.live_panel import CALIBRATED
 
     window = open_window(qtbot, tiny, tmp_path)
     panel = window.panel
@@ -376,7 +376,7 @@ def test_the_slider_groove_is_visible_in_both_themes(qtbot, window):
 
 # ---- the pieces alone ---------------------------------------------------------------------------
 def test_plain_words():
-    from app import plain_words as pw
+    from app.panel import plain_words as pw
 
     assert pw.placement_words({"cpu-4": 40, "gpu-16": 24}) == "24 experts on the GPU at full precision · 40 in CPU memory at 4-bit"
     assert pw.placement_words({"cpu-16": 1}) == "1 expert in CPU memory at full precision"
@@ -388,7 +388,7 @@ def test_plain_words():
 
 
 def test_a_cell_still_to_move_is_outlined_in_its_target_colour(qtbot):
-    from app.placement_map import TIER_COLOURS, PlacementMap
+    from app.panel.placement_map import TIER_COLOURS, PlacementMap
     from engine.placement import Placement, Tier
 
     m = PlacementMap()

@@ -14,10 +14,10 @@ from PySide6.QtCore import QPoint, Qt  # noqa: E402
 from PySide6.QtGui import QTextCursor  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from app.chat_view import ChatView  # noqa: E402
+from app.chat.view import ChatView  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
-from app.reasoning_view import NOT_RUN  # noqa: E402
-from app.store import Store  # noqa: E402
+from app.chat.reasoning_view import NOT_RUN  # noqa: E402
+from app.store.chat_store import Store  # noqa: E402
 from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.protocol import Generate  # noqa: E402
 from scripted_chat import script, write_chat_model  # noqa: E402

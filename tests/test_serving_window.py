@@ -1,4 +1,4 @@
-"""The window and the network (app/serving.py, app/remote.py), offscreen: it chats with a remote
+"""The window and the network (app/serving.py, app/chat/remote.py), offscreen: it chats with a remote
 OpenAI-compatible endpoint (a second Mixdesk server on loopback stands in for vLLM), says "remote"
 and hides the placement controls; and its Local server switch serves the engine the chat uses, to
 the official openai client, with a request log in the panel."""

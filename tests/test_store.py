@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.store import Store
+from app.store.chat_store import Store
 
 # The small disk: SQLite needs its database (a few 4 KB pages), the -shm file (32 KB) and a WAL
 # frame (4 KB + 24 B) per commit; the first messages (two commits each: the message and the
@@ -277,9 +277,9 @@ def test_nothing_raises_into_the_window(tmp_path):
 def test_full_disk_then_a_kill_keeps_what_the_timer_saw(small_disk, tmp_path, monkeypatch):
     """While writes wait, flush (the window's one-second timer) keeps the journal current, so a kill
     loses at most the last second, as with a database that can be written."""
-    import app.store_pending
+    import app.store.pending
 
-    monkeypatch.setattr(app.store_pending, "KEEP_EVERY_S", 0.0)  # the test's "second" passes at once
+    monkeypatch.setattr(app.store.pending, "KEEP_EVERY_S", 0.0)  # the test's "second" passes at once
     fallback = tmp_path / "state"
     db = small_disk / "chats.sqlite3"
     s = Store(db, fallback_dirs=[fallback])

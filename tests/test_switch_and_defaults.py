@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("PySide6")
 from PySide6.QtCore import Qt  # noqa: E402
 
-from app import chat_settings  # noqa: E402
-from app.chat_settings_dialog import ChatSettingsDialog  # noqa: E402
+from app.chat import settings as chat_settings  # noqa: E402
+from app.dialogs.chat_settings import ChatSettingsDialog  # noqa: E402
 from app import theme  # noqa: E402
 from engine.runtime import queries  # noqa: E402
 from engine.runtime.generate import SamplingParams  # noqa: E402
@@ -29,7 +29,7 @@ from test_app import open_window  # noqa: E402
 from test_chat_settings import click, open_settings, record_generates, select_chat, type_into  # noqa: E402
 from window_helpers import menu_actions, no_uncaught_exceptions, on_modal  # noqa: E402
 
-NEW_CHATS_KEY = "chat/new_chat_defaults"  # app/chat_defaults.py: where the defaults are remembered
+NEW_CHATS_KEY = "chat/new_chat_defaults"  # app/chat/defaults.py: where the defaults are remembered
 
 
 from test_window_flows import say  # noqa: E402  (types a message, clicks Send, returns the reply)

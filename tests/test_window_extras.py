@@ -74,7 +74,7 @@ def test_the_gpu_runtime_dialog_without_nvidia_offers_no_download(qtbot, window,
 
 # ---- the chat list: when each chat was last active ----
 def test_each_chat_shows_when_it_was_last_active(qtbot, window, monkeypatch):
-    from app import conversation_list
+    from app.chat import conversation_list
 
     now = datetime.datetime(2026, 12, 3, 15, 30)  # a Thursday
     monkeypatch.setattr(conversation_list, "now", lambda: now.timestamp(), raising=False)  # its clock
@@ -105,7 +105,7 @@ def test_each_chat_shows_when_it_was_last_active(qtbot, window, monkeypatch):
 # ---- File > Open model…: recent models ----
 def test_recent_models_mark_the_one_in_use_and_list_each_once(qtbot, window, tiny):
     from app import theme
-    from app.model_picker import DEMO_LABEL
+    from app.dialogs.model_picker import DEMO_LABEL
     from engine.sources import demo
 
     settings = theme.settings()

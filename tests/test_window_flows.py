@@ -182,7 +182,7 @@ def test_closing_with_chats_that_can_be_kept_nowhere_says_so(qtbot, tiny, small_
     from PySide6.QtWidgets import QMessageBox
 
     from app.main_window import MainWindow
-    from app.store import Store
+    from app.store.chat_store import Store
     from test_store import fill
 
     store = Store(small_disk / "chats.sqlite3", fallback_dirs=[small_disk / "state"])

@@ -65,7 +65,7 @@ def test_a_first_start_says_it_measures_the_machine_and_names_the_model(qtbot, t
     model bar and the progress row, and the model is named, not shown as its folder's path."""
     import engine.measures.hardware as hardware
     from app.main_window import MainWindow
-    from app.store import Store
+    from app.store.chat_store import Store
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # nothing measured yet
     real = hardware.measure
@@ -218,7 +218,7 @@ def test_help_log_scrolls_shows_the_whole_reason_and_copies(qtbot, window):
     not scroll; the log is now a view that scrolls, wraps and copies."""
     from PySide6.QtWidgets import QPlainTextEdit
 
-    from app.log_view import LogView
+    from app.dialogs.log_view import LogView
     from window_helpers import on_modal
 
     long_reason = "x.gguf: the file says its architecture is 'nonesuch', which Mixdesk does not run " * 3

@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 
 from app.main_window import MainWindow
-from app.store import Store
+from app.store.chat_store import Store
 from window_helpers import menu_actions
 
 

@@ -1,5 +1,5 @@
 """The quality <-> speed slider: 0 fastest, 1 best quality. Moving it re-plans live (no reload).
-Beneath it: the frontier drawn with labelled axes and the plan in use marked (app/frontier_chart.py),
+Beneath it: the frontier drawn with labelled axes and the plan in use marked (app/panel/frontier_chart.py),
 and the plan in plain words ("about the same answers, 1.6x faster than best quality"), with the
 technical figures in the tooltip."""
 from __future__ import annotations

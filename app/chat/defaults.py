@@ -4,9 +4,9 @@ the app's QSettings (app/theme.py settings()).
 Built in: a mild repetition penalty, 1.1, as llama.cpp and LM Studio use by default: without one a
 small model asked for a table repeated its rows for 756 tokens. The user's own replace them once set
 (the sampling settings only: a system prompt is never carried into a new topic unseen, see
-app/chat_settings.py).
+app/chat/settings.py).
 
-A chat stores only what differs from the defaults (app/chat_settings.py), so a chat nobody set up
+A chat stores only what differs from the defaults (app/chat/settings.py), so a chat nobody set up
 follows them. When the user changes them, every chat there is keeps the values it had: each is
 given, as its own, whatever differs from the new defaults."""
 from __future__ import annotations
@@ -16,9 +16,9 @@ from dataclasses import replace
 
 from engine.runtime.generate import SamplingParams
 
-from . import theme
-from .chat_settings import DEFAULTS, SAMPLING_KEYS, default_values, overrides, read
-from .chat_settings_dialog import ChatSettingsDialog
+from .. import theme
+from .settings import DEFAULTS, SAMPLING_KEYS, default_values, overrides, read
+from ..dialogs.chat_settings import ChatSettingsDialog
 
 KEY = "chat/new_chat_defaults"
 BUILT_IN = DEFAULTS  # repetition penalty 1.1, the longest reply 1,024 tokens
@@ -59,7 +59,7 @@ def edit(parent, store, params: SamplingParams, model_ctx: int = 0) -> tuple[Sam
     from now on; params: the defaults in use, model_ctx: the model's context length (0: not known).
     Accepted: (the new defaults, a note to show the user), every chat in store keeping what it had
     (keep_chats); cancelled: None, nothing changed."""
-    from .menus import run_modal
+    from ..menus import run_modal
 
     current = {k: getattr(params, k) for k in SAMPLING_KEYS}
     dlg = ChatSettingsDialog(parent, "", current, "", model_ctx, BUILT_IN, for_new_chats=True)

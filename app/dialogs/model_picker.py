@@ -1,7 +1,7 @@
 """File > Open model…: the model browser. Recent models (with their size on disk and what the
 planner predicts for them here), the built-in demo, a folder or GGUF file on disk, and a search of
 the Hugging Face hub that lists each candidate's files and sizes and its fit on this machine before
-any download (app/model_browser.py). Non-blocking: `accepted` fires with `choice` set to the spec
+any download (app/dialogs/model_browser.py). Non-blocking: `accepted` fires with `choice` set to the spec
 to open (a folder, a file, "demo", a repo id, or "owner/name/file.gguf"). Recent models are
 remembered (QSettings), each once (the demo's folder is "demo"; a path is absolute, without a
 trailing slash), and the one in use is marked."""
@@ -15,7 +15,8 @@ from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFileDialog, QHBoxLayout, QLabel, QListWidget,
                                QListWidgetItem, QPushButton, QSplitter, QVBoxLayout, QWidget)
 
-from . import context_choice, hub_search, theme
+from . import context_choice, hub_search
+from .. import theme
 from .model_browser import HubBrowser, Jobs, Machine
 
 MAX_RECENT = 10
@@ -224,7 +225,7 @@ class ModelPicker(QDialog):
             self._pick(d)
 
     def _gguf(self) -> None:
-        from .menus import GGUF_FILTER, GGUF_TITLE
+        from ..menus import GGUF_FILTER, GGUF_TITLE
 
         path, _ = QFileDialog.getOpenFileName(self, GGUF_TITLE, "", GGUF_FILTER)
         if path:

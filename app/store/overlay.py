@@ -1,4 +1,4 @@
-"""What the chat store's reads see of the writes still waiting (app/store.py): the overlay, and the
+"""What the chat store's reads see of the writes still waiting (app/store/chat_store.py): the overlay, and the
 statements it knows (with the schema), the records the store returns and the text repair done
 before a write.
 
@@ -27,7 +27,7 @@ CREATE TABLE IF NOT EXISTS messages (
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation, id);
 CREATE TABLE IF NOT EXISTS journal_applied (id INTEGER PRIMARY KEY CHECK (id = 0), seq INTEGER NOT NULL);
 """
-# a database made before per-chat settings (app/chat_settings.py) gets their column; its chats keep theirs
+# a database made before per-chat settings (app/chat/settings.py) gets their column; its chats keep theirs
 ADD_SETTINGS = "ALTER TABLE conversations ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'"
 APPLIED = "INSERT OR REPLACE INTO journal_applied(id, seq) VALUES (0, ?)"  # the last journal write committed
 
@@ -62,7 +62,7 @@ class Conversation:
     title: str
     system_prompt: str
     updated: float
-    settings: dict = field(default_factory=dict)  # the chat's own generation settings (app/chat_settings.py)
+    settings: dict = field(default_factory=dict)  # the chat's own generation settings (app/chat/settings.py)
 
 
 class Overlay:

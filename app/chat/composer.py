@@ -3,7 +3,7 @@ conversation (attach, send, stop, regenerate, edit last), the Think switch (show
 chat template can switch its reasoning off), with the context indicator. It says what
 the user asked for through signals; the window decides what happens. Files pasted from a file
 manager (URLs on the clipboard) or dropped on the text box become attachments, not text
-(app/file_drop.py). Enter sends and Shift+Enter adds a line, or (Settings > Enter sends message
+(app/chat/file_drop.py). Enter sends and Shift+Enter adds a line, or (Settings > Enter sends message
 off) Enter adds a line; Ctrl+Enter always sends."""
 from __future__ import annotations
 
@@ -137,10 +137,10 @@ class Composer(QWidget):
                 return True
         return super().eventFilter(obj, ev)
 
-    # ---- the draft (each chat its own: app/chat_session.py) ----
+    # ---- the draft (each chat its own: app/chat/session.py) ----
     def draft(self):
         """What is being written now: its text and the documents staged."""
-        from .chat_session import Draft
+        from .session import Draft
 
         return Draft(self.input.toPlainText(), list(self.attachments.docs))
 

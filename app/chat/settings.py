@@ -3,7 +3,7 @@ picked (temperature, top-p, top-k), how strongly repeating is avoided, how much 
 model sees (context length), and the chat's system prompt, with named presets.
 
 Stored with the chat (the store's `settings` column, JSON) as the values that differ from the
-defaults: a chat nobody set up holds {} and follows the defaults it is given (app/chat_defaults.py). New
+defaults: a chat nobody set up holds {} and follows the defaults it is given (app/chat/defaults.py). New
 chats start from the defaults, not from the last chat's settings: a chat's settings belong to what
 it is for (a story at 0.9, code at 0), and a system prompt carried over unseen into a new topic
 would change its answers without the user knowing why.
@@ -16,9 +16,9 @@ prompt and the newest user message are never left out. What fits is the chat's c
 quarter of the context length. Tokens are counted with the model's tokenizer; the chat template's
 own tokens are measured from the template (two small renders), or estimated for a served model.
 
-Without Qt: the chat's session (app/chat_session.py) reads them from here, tested with no window
+Without Qt: the chat's session (app/chat/session.py) reads them from here, tested with no window
 (tests/test_chat_session.py). The dialog that edits them, and the system prompt presets it keeps across
-starts, are app/chat_settings_dialog.py.
+starts, are app/dialogs/chat_settings.py.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 from engine.protocol.sampling import SamplingParams
 
-# new chats' built-in defaults (the user's own: app/chat_defaults.py saved()); a mild
+# new chats' built-in defaults (the user's own: app/chat/defaults.py saved()); a mild
 # repetition penalty, as llama.cpp and LM Studio use
 DEFAULTS = SamplingParams(max_new_tokens=1024, repetition_penalty=1.1)
 REPLY_SHARE = 4  # room kept for the reply: its longest reply, at most 1/REPLY_SHARE of the context length

@@ -1,4 +1,4 @@
-"""How the chat store (app/store.py) tells its errors apart: a lock (another program holds the
+"""How the chat store (app/store/chat_store.py) tells its errors apart: a lock (another program holds the
 database: retried at once, then waits), a full disk or failing I/O (no damage: writes wait, the file
 is read as it is), and the rest (damage at open: the file is moved aside; a value that can never be
 written: dropped with a notice). And the guard that keeps any error out of the window.

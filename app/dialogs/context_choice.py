@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QComboBox, QMenu, QToolButton
 
 from engine.planning.kv_reservation import size_text
 
-from . import theme
+from .. import theme
 
 KEY = "model_context"  # QSettings: {model (model_picker.normal): "auto" or tokens}
 LENGTHS = (2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1048576)

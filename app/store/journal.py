@@ -1,5 +1,5 @@
 """The pending journal: the writes the chat database could not take yet (locked, disk full), kept in
-a file so that a close, a kill or a restart loses none of them (see app/store.py).
+a file so that a close, a kill or a restart loses none of them (see app/store/chat_store.py).
 
 - A journal is never written over its only copy: the new one is written beside it, fsynced, then
   moved over it with os.replace, so a full disk or a crash mid-write leaves the previous one whole.

@@ -1,7 +1,7 @@
-"""The chat's reply, on the window's side. The chat's session (app/chat_session.py) owns the reply in
+"""The chat's reply, on the window's side. The chat's session (app/chat/session.py) owns the reply in
 progress: its answer and reasoning, how long the model thought, the versions it follows, and what
 the store keeps of it (written every SAVE_PARTIAL_S, so a kill loses at most that much). This module
-starts it on the window's backend (app/chat_backend.py: the local engine or a served model, one
+starts it on the window's backend (app/chat/backend.py: the local engine or a served model, one
 interface), hands the backend's events to the session, and draws what the session says to draw:
 Send (the typed text and its documents), Stop, Regenerate (the earlier answers kept as versions),
 Edit last (the turn kept until the edited message is sent), and the reply's end: finished, stopped,
@@ -16,16 +16,16 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from . import chat_settings, documents, reply_footer
+from . import settings as chat_settings, documents, reply_footer
 
 
 @dataclass(frozen=True)
 class ReplyHooks:
     """What the reply reads of the window, and what it tells it."""
-    session: Callable[[], object]  # the ChatSession of the chat shown (app/chat_session.py)
+    session: Callable[[], object]  # the ChatSession of the chat shown (app/chat/session.py)
     cid: Callable[[], int | None]  # the chat shown (None: none yet)
     chat_sent: Callable[[int, object], None]  # Send wrote to chat cid (maybe just created): it is the one shown
-    backend: Callable[[], object]  # where replies come from (app/chat_backend.py)
+    backend: Callable[[], object]  # where replies come from (app/chat/backend.py)
     params: Callable[[], object]  # the sampling defaults new chats start from
     ctx: Callable[[], int]  # the local model's context
     status: Callable[[str, int], None]  # a note on the status bar, for so many ms
@@ -58,7 +58,7 @@ class ReplyFlow:
 
     # ---- sending ----
     def history(self) -> chat_settings.History:
-        """The chat's system prompt and the messages that fit in its context length (app/chat_settings.py),
+        """The chat's system prompt and the messages that fit in its context length (app/chat/settings.py),
         fitted to the backend's context (a served model fits its own)."""
         h = self.hooks
         return h.session().history(h.backend().fitting(), h.params())
@@ -77,7 +77,7 @@ class ReplyFlow:
         meta = {"attachments": documents.attachment_meta(docs), "typed": text} if docs else {}
         if self.think() is not None:
             meta["think"] = self.think()
-        # content: what the model reads; an edited turn is replaced only now (app/chat_session.py)
+        # content: what the model reads; an edited turn is replaced only now (app/chat/session.py)
         session = h.session()
         cid = session.add_user(content, meta, title=text or docs[0].name)  # the window, watching, shows it
         h.chat_sent(cid, session)

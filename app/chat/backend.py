@@ -1,6 +1,6 @@
 """Where the chat's replies come from, behind one interface: the local engine (LocalBackend, through
-the window's engine bridge) or a served model elsewhere (app/remote.py's RemoteChat). The chat
-(app/chat_session.py) sends to whichever the window holds, with `generate` and `stop`, and reads
+the window's engine bridge) or a served model elsewhere (app/chat/remote.py's RemoteChat). The chat
+(app/chat/session.py) sends to whichever the window holds, with `generate` and `stop`, and reads
 what differs from the backend's fields: its model's name, whether the chat's history is fitted to a
 context here (`fitting`), and whether the model has a Think switch. No Qt here."""
 from __future__ import annotations

@@ -28,7 +28,7 @@ from engine.prompts.formats import Delta
 from engine.runtime.generate import SamplingParams
 from engine.protocol import Done, ErrorEvent, Token
 
-from . import gui_threads
+from .. import gui_threads
 
 
 _IDS = itertools.count(-1, -1)  # the replies' request ids, for every RemoteChat (see the docstring)
@@ -93,7 +93,7 @@ class RemoteChat(QObject):
         self.base, self.key, self.model = base.rstrip("/"), key, model
         self._stops: dict[int, threading.Event] = {}
 
-    # a chat backend (app/chat_backend.py): the server fits the history to its own context, and the
+    # a chat backend (app/chat/backend.py): the server fits the history to its own context, and the
     # Think switch is the local engine's
     local = False
     thinking_switch = False
@@ -107,7 +107,7 @@ class RemoteChat(QObject):
         return f"{self.model} at {self.base}"
 
     def fitting(self):
-        from .chat_backend import Fitting
+        from .backend import Fitting
 
         return Fitting()
 

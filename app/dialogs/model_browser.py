@@ -1,6 +1,6 @@
 """The model browser's hub search (inside File > Open model…): type a name, and the hub's models
 that match are listed with their files and sizes and what Mixdesk's planner predicts for each on
-this machine, before any download (app/hub_search.py does the work, engine/measures/fit.py the
+this machine, before any download (app/dialogs/hub_search.py does the work, engine/measures/fit.py the
 prediction).
 
 The work runs on daemon threads (Jobs) that post results back through a queued signal: typing is
@@ -12,7 +12,8 @@ from __future__ import annotations
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import QHeaderView, QLabel, QLineEdit, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget
 
-from . import gui_threads, hub_search
+from .. import gui_threads
+from . import hub_search
 
 SPEC = Qt.UserRole  # an item's model spec: a repo id, or "owner/name/file.gguf"
 

@@ -1,4 +1,4 @@
-"""The chat store's writes that survive a lock or a full disk (app/store.py's Store inherits them).
+"""The chat store's writes that survive a lock or a full disk (app/store/chat_store.py's Store inherits them).
 
 A write is tried at once, with a short backoff while the database is locked; if it still cannot
 land it waits in `pending`, in order, seen by the reads through the overlay, kept in the journal
@@ -10,9 +10,9 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from .store_errors import is_lock, is_transient, kind, never_raises, waiting_notice, written_notice
-from .store_journal import Pending
-from .store_overlay import APPLIED, UPDATE_MSG, UPDATE_MSG_META, clean, conversation_columns, create_schema
+from .errors import is_lock, is_transient, kind, never_raises, waiting_notice, written_notice
+from .journal import Pending
+from .overlay import APPLIED, UPDATE_MSG, UPDATE_MSG_META, clean, conversation_columns, create_schema
 
 RETRY_S = (0.02, 0.05, 0.1, 0.2)  # backoff while locked: at most ~0.4 s on the GUI thread per write
 KEEP_EVERY_S = 1.0  # while writes wait, the journal is rewritten at most this often: a kill loses at most that

@@ -1,4 +1,4 @@
-"""What a reply holds besides its answer, in the message view (app/chat_view.py): the model's
+"""What a reply holds besides its answer, in the message view (app/chat/view.py): the model's
 reasoning, a block above the answer folded to one line ("Thinking…" while it streams, "Thought for
 N s" once the answer begins) that a click unfolds and folds again, even while it streams; and the
 tool calls the model made, each a small block saying what it called (the window offers the model no

@@ -12,7 +12,7 @@ from PySide6.QtGui import QAction, QActionGroup
 from engine.placement import DEFAULT_LOWEST_BITS, LOWEST_BITS
 from engine.protocol import SetSlider
 
-from . import theme
+from .. import theme
 
 KEY = "window/lowest_bits"
 LABELS = {4: "4-bit (best quality at the fast end)", 3: "3-bit", 2: "2-bit (fastest)"}

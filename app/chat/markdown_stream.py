@@ -4,7 +4,7 @@ A block is a run of text ended by a blank line or a heading (a paragraph, a list
 heading), or a fenced code block (``` or ~~~, ended by its closing fence). `feed` takes the new
 text and returns the blocks it completed; `open` is the block still being written (its complete
 lines and the partial last line). Only complete lines are scanned, each once: the work of a feed is
-proportional to the new text, never to the reply. No Qt here: the view (app/chat_view.py) renders.
+proportional to the new text, never to the reply. No Qt here: the view (app/chat/view.py) renders.
 """
 from __future__ import annotations
 

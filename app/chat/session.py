@@ -1,5 +1,5 @@
 """One conversation as the window holds it, without Qt: the messages the store keeps, its settings
-(app/chat_settings.py: sampling, context length, system prompt, and the history they let the model
+(app/chat/settings.py: sampling, context length, system prompt, and the history they let the model
 see), the draft and the staged documents (each chat its own: switching chats keeps what was being written in each), an
 edit of the last turn, and the versions of a reply that was regenerated.
 
@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import chat_settings
+from . import settings as chat_settings
 
 
 @dataclass
 class Draft:
-    """What is being written in a chat: its text, the documents staged (parsed, app/documents.py),
+    """What is being written in a chat: its text, the documents staged (parsed, app/chat/documents.py),
     and files to attach again (an edited message's, parsed anew by the composer)."""
     text: str = ""
     docs: list = field(default_factory=list)
@@ -140,7 +140,7 @@ class ChatSession:
     def messages(self) -> list:
         return self.store.messages(self.cid) if self.cid is not None else []
 
-    # ---- its settings (app/chat_settings.py): the defaults given, its own over them ----
+    # ---- its settings (app/chat/settings.py): the defaults given, its own over them ----
     def params(self, defaults):
         """The sampling parameters its replies use (a chat not yet made: the defaults)."""
         return chat_settings.params_for(self.store, self.cid, defaults)

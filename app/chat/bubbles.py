@@ -1,4 +1,4 @@
-"""The pieces of a message in the message view's document (app/chat_view.py), coloured from the
+"""The pieces of a message in the message view's document (app/chat/view.py), coloured from the
 palette so both themes read: where a message goes (the user's in a bubble, a frame tinted with the
 highlight colour and set to the right; the model's across the view, in the document's own frame),
 its header (who, and a Copy link), the named chips of its attached documents, and the quiet footer

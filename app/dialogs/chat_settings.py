@@ -1,5 +1,5 @@
-"""Chat > Chat settings… and the defaults' dialog (app/chat_defaults.py): the values of
-app/chat_settings.py in a form, with the system prompt's named presets, kept across starts in the
+"""Chat > Chat settings… and the defaults' dialog (app/chat/defaults.py): the values of
+app/chat/settings.py in a form, with the system prompt's named presets, kept across starts in the
 app's QSettings (app/theme.py settings())."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpin
 
 from engine.protocol.sampling import SamplingParams
 
-from . import theme
-from .chat_settings import DEFAULTS, SAMPLING_KEYS, SETTINGS, default_values, overrides, read
+from .. import theme
+from ..chat.settings import DEFAULTS, SAMPLING_KEYS, SETTINGS, default_values, overrides, read
 
 PRESETS_KEY = "chat/system_prompt_presets"
 
@@ -46,7 +46,7 @@ class ChatSettingsDialog(QDialog):
 
     def __init__(self, parent, title: str, settings: dict, system_prompt: str, model_ctx: int = 0,
                  defaults: SamplingParams = DEFAULTS, for_new_chats: bool = False):
-        """for_new_chats: the defaults new chats start from (app/chat_defaults.py): the sampling
+        """for_new_chats: the defaults new chats start from (app/chat/defaults.py): the sampling
         settings only (no system prompt, no memory), `defaults` being the built-in ones."""
         super().__init__(parent)
         self.setWindowTitle("Defaults for new chats" if for_new_chats else "Chat settings")
@@ -185,7 +185,7 @@ def edit(parent, store, cid: int, model_ctx: int = 0, defaults: SamplingParams =
     length (0: not known), defaults: what the chat's settings differ from. Accepted, they are stored
     and True returned (the caller shows it: the context indicator counts against the chat's memory,
     context_for); cancelled, False and nothing changes."""
-    from .menus import run_modal
+    from ..menus import run_modal
 
     c = store.conversation(cid)
     dlg = ChatSettingsDialog(parent, c.title, c.settings, c.system_prompt, model_ctx, defaults)

@@ -1,4 +1,4 @@
-"""Markdown blocks (app/markdown_stream.py) into a QTextDocument, incrementally.
+"""Markdown blocks (app/chat/markdown_stream.py) into a QTextDocument, incrementally.
 
 `Answer` owns the end of a message's frame while its reply streams: each block that completes is
 rendered once, where the open block's rendering was, and never touched again; the open block alone

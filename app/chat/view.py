@@ -1,15 +1,15 @@
-"""The message view: one QTextBrowser whose document holds the messages (app/bubbles.py: the
+"""The message view: one QTextBrowser whose document holds the messages (app/chat/bubbles.py: the
 user's in a bubble, a reply across the view): who wrote it and a Copy link, the named chips of the documents it carried, its
 Markdown (lists, tables, headings, inline code) and fenced code highlighted by Pygments with a Copy
 code link each, and under a reply a quiet footer of its stats (the detail in its tooltip).
 
-A streaming reply is rendered as Markdown while it streams, incrementally (app/markdown_render.py):
+A streaming reply is rendered as Markdown while it streams, incrementally (app/chat/markdown_render.py):
 every 40 ms the new text is cut into blocks, each block that completed is rendered once, and only the
 open block is rendered again, so a flush costs what changed, not the reply. A flush's edits are one
 edit block, laid out once (Qt lays out after every edit outside one), and a reply is not a nested
 frame (Qt lays a nested frame out whole). The view follows the end
 only while the reader is at the end (scrolling up to read is not fought). A reply's reasoning streams
-into a folded block above its answer and its tool calls show as blocks below it (app/reasoning_view.py).
+into a folded block above its answer and its tool calls show as blocks below it (app/chat/reasoning_view.py).
 
 Why one document rather than a widget per message: text selection runs across messages, the
 reasoning blocks and the tests' clicks stay where they were, and measured, a flush's cost (its
@@ -26,7 +26,8 @@ from PySide6.QtCore import QEvent, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QPalette, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import QTextBrowser, QToolTip
 
-from . import bubbles, gc_pauses, reply_footer
+from . import bubbles, reply_footer
+from .. import gc_pauses
 from . import reasoning_view as rv
 from .file_drop import FileDrop
 from .markdown_render import Answer, streaming, warm
@@ -56,7 +57,7 @@ def attached(meta: dict) -> list[dict]:
 
 class ChatView(QTextBrowser):
     notice = Signal(str)  # one line for the status bar: an attached file that cannot be opened
-    file_dropped = Signal(str)  # a file dragged from a file manager onto the messages: to attach (app/file_drop.py)
+    file_dropped = Signal(str)  # a file dragged from a file manager onto the messages: to attach (app/chat/file_drop.py)
     # the theme changed: the messages shown were drawn in the old palette's colours (bubbles, chips,
     # footers take theirs when drawn); the window draws them again (at once, or when a reply ends)
     restyle = Signal()
@@ -265,7 +266,7 @@ class ChatView(QTextBrowser):
         self._versions(frame, key, meta)
 
     def _versions(self, frame, key, meta: dict) -> None:
-        """‹ 1/2 › under a reply that was regenerated (app/chat_session.py keeps the versions)."""
+        """‹ 1/2 › under a reply that was regenerated (app/chat/session.py keeps the versions)."""
         count = len(meta.get("versions") or ())
         if count > 1 and key is not None:
             bubbles.versions(frame, self.palette(), key, int(meta.get("version", count - 1)), count)
@@ -378,7 +379,7 @@ class ChatView(QTextBrowser):
         self._copy(self._stream_text, self._copy_index)
 
     def _flush(self) -> None:
-        """The new text rendered: completed blocks once, the open block again (app/markdown_render.py)."""
+        """The new text rendered: completed blocks once, the open block again (app/chat/markdown_render.py)."""
         if not self._dirty or self._stream_start is None:
             return
         t0 = time.thread_time()

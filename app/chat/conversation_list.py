@@ -1,5 +1,5 @@
 """The sidebar: new chat, search, the conversations (newest first, each with when it was last
-active: app/last_active.py), rename and delete with undo. It talks to the window through signals and
+active: app/chat/last_active.py), rename and delete with undo. It talks to the window through signals and
 reads and writes the store itself."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from PySide6.QtWidgets import (QApplication, QInputDialog, QLineEdit, QListWidge
                                QStyle, QStyledItemDelegate, QStyleOptionViewItem, QVBoxLayout, QWidget)
 
 from .last_active import short_when
-from .store import Store
+from ..store.chat_store import Store
 
 WHEN_ROLE = Qt.UserRole + 1  # an item's "14:02" / "Yesterday" / "Mon" / "30 Nov" / "30 Nov 2025"
 now = time.time  # the list's clock (a test sets its own)

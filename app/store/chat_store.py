@@ -6,7 +6,7 @@ The store never loses a reply and never stops the window:
   a fraction of a second; if it is still locked, or the disk is full, it waits in a pending queue,
   in order, and the reads see it (an overlay), until `flush` writes it (the window calls it every
   second, and it keeps trying until it lands);
-- what waits is kept in a journal (app/store_journal.py) beside the database, or, when that disk is
+- what waits is kept in a journal (app/store/journal.py) beside the database, or, when that disk is
   full, in the user's state or cache folder; the next start finds it there, replays what it can and
   keeps the rest, and removes it only once all of it is committed;
 - a file that is not a database, or fails SQLite's quick check, is moved aside as
@@ -28,11 +28,11 @@ import sqlite3
 import time
 from pathlib import Path
 
-from . import store_export
-from .store_pending import PendingWrites
-from .store_errors import holding_notice, is_lock, is_storage, never_raises
-from .store_journal import Journal, Pending, default_fallbacks
-from .store_overlay import (ADD_MSG, DELETE, NEW_CONV, PROMPT, PURGE_CONVS, PURGE_MSGS, RENAME, SETTINGS,
+from . import export as store_export
+from .pending import PendingWrites
+from .errors import holding_notice, is_lock, is_storage, never_raises
+from .journal import Journal, Pending, default_fallbacks
+from .overlay import (ADD_MSG, DELETE, NEW_CONV, PROMPT, PURGE_CONVS, PURGE_MSGS, RENAME, SETTINGS,
                             TOUCH, TRUNCATE, UNDELETE, UPDATE_MSG, UPDATE_MSG_META, Conversation, Message, Overlay,
                             clean, conversation_columns, create_schema, dumps_meta,
                             load_meta)
@@ -41,7 +41,7 @@ __all__ = ["Conversation", "Message", "Store"]
 
 
 class Store(PendingWrites):
-    """The chats (see the module's docstring); its waiting writes' methods are app/store_pending.py's."""
+    """The chats (see the module's docstring); its waiting writes' methods are app/store/pending.py's."""
 
     def __init__(self, path: str | Path, fallback_dirs: list[str | Path] | None = None):
         """`fallback_dirs`: where waiting writes go when the data folder's disk is full (default:
@@ -276,7 +276,7 @@ class Store(PendingWrites):
 
     @never_raises(lambda self, *a, **k: None)
     def set_settings(self, cid: int, settings: dict) -> None:
-        """The chat's own generation settings (app/chat_settings.py reads and checks them); {}: the defaults."""
+        """The chat's own generation settings (app/chat/settings.py reads and checks them); {}: the defaults."""
         self._write(SETTINGS, (dumps_meta(settings), cid))
 
     @never_raises(lambda self, *a, **k: None)
@@ -325,7 +325,7 @@ class Store(PendingWrites):
         return self.overlay.over_messages(cid, {i: Message(i, r, c, bool(done), load_meta(m))
                                                 for i, r, c, done, m in rows})
 
-    # ---- export (app/store_export.py) ----
+    # ---- export (app/store/export.py) ----
     @never_raises(lambda self, *a, **k: "")
     def export_markdown(self, cid: int) -> str:
         return store_export.markdown(self.conversation(cid), self.messages(cid))

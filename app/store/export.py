@@ -1,5 +1,5 @@
 """A chat written out for people (Markdown) or programs (JSON): File > Export chat. The JSON keeps
-the chat's own settings (app/chat_settings.py) beside its system prompt, so an export says what
+the chat's own settings (app/chat/settings.py) beside its system prompt, so an export says what
 the replies were made with.
 
 No Qt here.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from .store_overlay import Conversation, Message
+from .overlay import Conversation, Message
 
 
 def markdown(c: Conversation, messages: list[Message]) -> str:

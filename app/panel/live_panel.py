@@ -14,7 +14,7 @@ from PySide6.QtGui import QFontMetrics, QPainter
 from PySide6.QtWidgets import QFormLayout, QFrame, QGroupBox, QLabel, QProgressBar, QScrollArea, QVBoxLayout, QWidget
 
 from . import plain_words
-from .elided_bar import ElidedBar
+from ..elided_bar import ElidedBar
 from .placement_map import PlacementLegend, PlacementMap
 
 GIB = 2**30
