@@ -73,7 +73,7 @@ class Engine:
         # experts may differ in bytes (a GGUF file's down matrices are Q4_K in some layers, Q6_K in others)
         per_layer = [sum(e.nbytes for e in b.experts) / d.experts for b in m.moe]
         self.step_bytes = int(d.top_k * sum(per_layer) + dense)
-        label = ck.format_label() if getattr(ck, "is_gguf", False) else tier
+        label = ck.format_label() if ck.is_gguf else tier
         self.info = {"dtype": str(m.dtype), "kernel": native.status(), "native_step": m.native_step is not None,
                      "weights": label}
 

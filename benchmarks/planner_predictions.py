@@ -156,7 +156,7 @@ def main() -> None:
     mp = load_or_calibrate(m, loaded.tokenizer, tiers=calibrated_tiers(True, loaded.ckpt))  # cached: the app's
     inp = from_profiles(mp, hw, d.top_k, m.dense_bytes(), measure_dense_s(m, hw),
                         dense_prefill_s=measure_dense_prefill_s(m, hw))
-    if getattr(loaded.ckpt, "is_gguf", False):
+    if loaded.ckpt.is_gguf:
         inp = with_file_costs(inp, loaded.ckpt, m.dtype)
     mb = mapped_bytes(loaded.ckpt, m.dtype, cpu_only=True)
     inp = replace(inp, cpu_only=True, mapped_bytes=mb[0], dense_mapped=mb[1])

@@ -260,3 +260,40 @@ def reference():
         return cache[folder]
 
     return get
+
+
+# ---- the tests' layers (pyproject's markers): `pytest -m unit` (no model, no Qt, no subprocess of the
+# engine: under a minute), `-m engine` (a model, tiny ones the tests write, or the engine run as a program),
+# `-m window` (a real Qt window or widget, offscreen). A test marked by hand keeps its mark; the rest are
+# told by their fixtures (qtbot: window) and by what their module makes (a model, a file of one, a run).
+LAYERS = ("unit", "engine", "window")
+ENGINE_FIXTURES = {"tiny", "tiny_sharded", "reference", "cache_seed", "window_cache", "measured_machine",
+                   "pinned_machine", "folders"}
+ENGINE_WORDS = ("write_tiny", "tiny_model", "Session(", "Client(", "write_gguf", "hf_to_gguf", "gguf_files",
+                "engine.tools.cli", "MoEModel", "open_checkpoint", "llama_cpp", "save_pretrained", "write_synthetic",
+                "subprocess", "Popen", "from_pretrained")
+_MODULE_MAKES_MODELS: dict = {}
+
+
+def _layer(item) -> str:
+    names = set(getattr(item, "fixturenames", ()))
+    if names & {"qtbot", "qapp"}:
+        return "window"
+    path = str(item.fspath)
+    if path not in _MODULE_MAKES_MODELS:
+        try:
+            src = open(path, encoding="utf-8").read()
+        except OSError:
+            src = ""
+        _MODULE_MAKES_MODELS[path] = any(w in src for w in ENGINE_WORDS)
+    return "engine" if names & ENGINE_FIXTURES or _MODULE_MAKES_MODELS[path] else "unit"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(m) for m in LAYERS):
+            continue
+        layer = _layer(item)
+        if layer == "unit" and (item.get_closest_marker("slow") or item.get_closest_marker("gpu")):
+            continue  # `-m unit` replaces the default `-m`: the long and the GPU tests stay out of it
+        item.add_marker(getattr(pytest.mark, layer))

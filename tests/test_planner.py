@@ -57,7 +57,9 @@ def test_budgets_never_exceeded_and_frontier_not_dominated(seed, fv, fr, cpu_onl
 def test_slider_monotone(seed, fv, fr, cpu_only):
     inp = random_inputs(seed, cpu_only=cpu_only)
     b = budgets_for(inp, fv if not cpu_only else 0, fr)
-    plans = [plan(inp, b, s) for s in SLIDERS]
+    pts, scale = frontier(inp, b), slider_scale(inp)  # made once, as the controller does when it re-plans
+    plans = [choose(pts, s, inp, scale) for s in SLIDERS]
+    assert plan(inp, b, SLIDERS[3]) == plans[3]
     for lo, hi in zip(plans, plans[1:]):
         assert hi.loss <= lo.loss + 1e-12  # quality never gets worse as the slider rises
         assert hi.tok_s <= lo.tok_s + 1e-9  # and speed never rises
@@ -68,10 +70,10 @@ def test_slider_monotone(seed, fv, fr, cpu_only):
 def test_bigger_budget_never_slower_at_same_slider(seed):
     inp = random_inputs(seed)
     small, big = budgets_for(inp, 0.2, 0.6), budgets_for(inp, 0.5, 1.0)
-    f_small, f_big = frontier(inp, small), frontier(inp, big)
+    f_small, f_big, scale = frontier(inp, small), frontier(inp, big), slider_scale(inp)
     for s in SLIDERS:
-        a, c = choose(f_small, s, inp), choose(f_big, s, inp)
-        if a.loss <= slider_scale(inp).target(s) + 1e-15:  # the small budget met the slider's quality target
+        a, c = choose(f_small, s, inp, scale), choose(f_big, s, inp, scale)
+        if a.loss <= scale.target(s) + 1e-15:  # the small budget met the slider's quality target
             assert c.tok_s >= a.tok_s - 1e-9
         else:  # it could not: the bigger budget gives at least its quality
             assert c.loss <= a.loss + 1e-12

@@ -34,7 +34,7 @@ def model_need(ckpt, accel, dtype: torch.dtype, placement=None) -> tuple[int, in
     sizes = tier_bytes(ckpt, itemsize)
     mapped, dense_mapped = mapped_bytes(ckpt, dtype, accel.cpu_only)
     own = {t: b - mapped.get(t, 0) for t, b in sizes.items()}
-    dense = ckpt.dense_nbytes() if getattr(ckpt, "is_gguf", False) and accel.cpu_only else dense_bytes_of(d, dtype)
+    dense = ckpt.dense_nbytes() if ckpt.is_gguf and accel.cpu_only else dense_bytes_of(d, dtype)
     vram, ram = (0, dense - dense_mapped) if accel.cpu_only else (dense, 0)
     if placement is not None:
         for _, _, t in placement.items():

@@ -15,7 +15,7 @@ def build_steps(ckpt, layer: int, expert_index: int, tier: Tier, accel: torch.de
     """Expert (layer, expert_index) built in tier as a generator: it yields between short steps (a read,
     a check, a slice of quantisation) and returns the form, so a build can be spread between decode
     steps."""
-    own = gguf_tiers if getattr(ckpt, "is_gguf", False) else expert
+    own = gguf_tiers if ckpt.is_gguf else expert
     return (yield from own.build_steps(ckpt, layer, expert_index, tier, accel, dtype, threads))
 
 

@@ -31,7 +31,7 @@ def mapped_bytes(ckpt, dtype=None, cpu_only: bool = True) -> tuple[dict[str, int
 
     if dtype == torch.float32 or not mapped.serving():
         return {}, 0
-    if not getattr(ckpt, "is_gguf", False):  # a 16-bit checkpoint's cpu-16 experts (engine/experts/expert.py mapped_form)
+    if not ckpt.is_gguf:  # a 16-bit checkpoint's cpu-16 experts (engine/experts/expert.py mapped_form)
         d = ckpt.dims
         same = dtype is None or dtype == ckpt.dtype
         if (not same or not hasattr(ckpt, "view") or d.adapter.fused_experts or d.adapter.expert_bias
@@ -58,7 +58,7 @@ def mapped_bytes(ckpt, dtype=None, cpu_only: bool = True) -> tuple[dict[str, int
 def tier_bytes(ckpt, itemsize: int) -> dict[str, int]:
     """For this checkpoint: its shape, and for a GGUF file what its experts hold."""
     sizes = tier_bytes_of_dims(ckpt.dims, itemsize)
-    if getattr(ckpt, "is_gguf", False):
+    if ckpt.is_gguf:
         from .gguf_tiers import tier_nbytes
 
         sizes.update(tier_nbytes(ckpt))

@@ -108,6 +108,8 @@ def _read_json(path: Path) -> dict:
 class Checkpoint:
     """Open and validate a model folder; read tensors on demand. Never writes into the folder."""
 
+    is_gguf = False  # (files/model_checkpoint.py)
+
     def __init__(self, folder: str | Path):
         self.folder = Path(folder).expanduser()
         if self.folder.is_file():

@@ -161,7 +161,7 @@ def with_file_costs(inp: PlanInputs, ckpt, dtype: torch.dtype | None = None, den
     from .. import native
     from ..files.gguf.blockquant import NATIVE
 
-    if (not getattr(ckpt, "is_gguf", False) or "cpu-4" not in inp.tier_costs or "cpu-16" not in inp.tier_costs
+    if (not ckpt.is_gguf or "cpu-4" not in inp.tier_costs or "cpu-16" not in inp.tier_costs
             or dtype == torch.float32 or not native.available()):
         return inp
     from ..experts.gguf_tiers import expert_qtypes

@@ -168,7 +168,7 @@ def _same_as_reference(ckpt, layer: int, tier: Tier, dtype: torch.dtype) -> bool
     """Whether the layer's experts hold the same numbers at `tier` as at cpu-16: a GGUF layer whose
     matrices are 4-bit (3-, 2-bit) already keeps the file's blocks at cpu-4 (cpu-3, cpu-2) (engine/experts/gguf_tiers.py), so there is
     no error to measure and no form to build."""
-    if tier.on_accelerator or tier.bits == 16 or not getattr(ckpt, "is_gguf", False):
+    if tier.on_accelerator or tier.bits == 16 or not ckpt.is_gguf:
         return False
     from ..experts.gguf_tiers import keeps_file_form
 
@@ -275,7 +275,7 @@ def _calibrate_steps(model: MoEModel, ids: list[int], tiers: tuple[Tier, ...], p
             worst = max(sum(s * v for s, v in zip(share, energy[u.value][l])) for u in tiers)
             scale = layer_kl[l] / worst if worst > 0 else 0.0
             sens[t.value].append([scale * v for v in energy[t.value][l]])
-    if getattr(ckpt, "is_gguf", False):  # its CPU tiers hold the file's own blocks (engine/experts/gguf_tiers.py),
+    if ckpt.is_gguf:  # its CPU tiers hold the file's own blocks (engine/experts/gguf_tiers.py),
         from ..experts.gguf_tiers import tier_nbytes  # not the 16-bit and re-quantised forms measured above
 
         sizes.update(tier_nbytes(ckpt))

@@ -111,7 +111,7 @@ class MoEModel:
         # it is mapped (no copy; engine/experts/expert.py mapped_form does the same for the experts)
         from ..files import mapped
 
-        map_dense = (accel.type == "cpu" and not getattr(ckpt, "is_gguf", False) and hasattr(ckpt, "view")
+        map_dense = (accel.type == "cpu" and not ckpt.is_gguf and hasattr(ckpt, "view")
                      and dtype in (torch.float16, torch.bfloat16) and mapped.serving())
 
         def matrix(name: str):

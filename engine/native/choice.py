@@ -84,7 +84,7 @@ def deltanet_step(conv: torch.Tensor, state: torch.Tensor) -> bool:
 def file_blocks(ckpt, accel: torch.device, dtype: torch.dtype) -> bool:
     """A GGUF file's dense matrices stay in the file's blocks, which the native kernels multiply on
     the CPU; below fp32 only (fp32 is the reference precision: there they are dequantised)."""
-    return getattr(ckpt, "is_gguf", False) and accel.type == "cpu" and available() and dtype != torch.float32
+    return ckpt.is_gguf and accel.type == "cpu" and available() and dtype != torch.float32
 
 
 def whole_step(model) -> bool:

@@ -61,7 +61,7 @@ class LoadedModel:
                       prompt_ids=p.chat, max_token_chars=p.max_token_chars, reply_format=t.format,
                       takes_tools=t.takes_tools, thinking_switch=t.thinking_switch, memory=self.memory_note(),
                       context=self.context,
-                      **(bar_fields(self.ckpt) if getattr(self.ckpt, "is_gguf", False) else {}))
+                      **(bar_fields(self.ckpt) if self.ckpt.is_gguf else {}))
 
     def memory_note(self) -> str:
         """Where the weights are, in words, for a model that reads some from its mapped file: how much
@@ -126,7 +126,7 @@ def auto_placement(ckpt: Checkpoint, accel: Accelerator, dtype: torch.dtype, bud
     hw = load_or_measure(accel.device)
     itemsize = torch.empty((), dtype=dtype).element_size()
     # a GGUF file's dense matrices stay in its blocks on a CPU-only machine (engine/model/forward.py)
-    dense = ckpt.dense_nbytes() if getattr(ckpt, "is_gguf", False) and accel.cpu_only else None
+    dense = ckpt.dense_nbytes() if ckpt.is_gguf and accel.cpu_only else None
     inp = from_dims(ckpt.dims, hw, itemsize, sizes=tier_bytes(ckpt, itemsize), dense_bytes=dense,
                     cpu4_share=cpu4_share(ckpt))
     from dataclasses import replace
@@ -188,7 +188,7 @@ def load(folder: str | Path, placement: str | Placement = "auto", device: str | 
 def cpu4_share(ckpt) -> float:
     """The share of an expert's weights cpu-4 re-quantises: all of a 16-bit checkpoint's; of a GGUF
     file's, those it holds at more than 4 bits (engine/experts/gguf_tiers.py)."""
-    if not getattr(ckpt, "is_gguf", False):
+    if not ckpt.is_gguf:
         return 1.0
     from ..experts.gguf_tiers import requantised_share
 

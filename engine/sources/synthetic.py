@@ -70,6 +70,7 @@ class SyntheticCheckpoint:
         self.gen_device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
     mxfp4 = False
+    is_gguf = False
 
     def read(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
         shape = self.expected[name]
