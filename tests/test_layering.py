@@ -95,3 +95,21 @@ def test_the_engine_contract_imports_no_model_code():
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_readmes_tree_names_every_folder_and_no_other():
+    """README's "How it is built" draws engine/ and app/ a folder a line: it stays the tree."""
+    import re
+
+    text = (ROOT / "README.md").read_text().split("## How it is built", 1)[1].split("```")[1]
+    drawn = set()
+    top = None
+    for line in text.splitlines():
+        m = re.match(r"^(\s*)([a-z_]+)/\s", line + " ")
+        if m and not m.group(1):
+            top = m.group(2)
+        elif m and top in ("engine", "app"):
+            drawn.add(f"{top}/{m.group(2)}")
+    real = {f"{top}/{p.name}" for top in ("engine", "app") for p in (ROOT / top).iterdir()
+            if (p / "__init__.py").is_file()}
+    assert drawn == real, (sorted(real - drawn), sorted(drawn - real))

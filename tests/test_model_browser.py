@@ -35,14 +35,19 @@ def repos(tiny: Path, gguf: Path | None = None) -> dict:
             "acme/tiny-moe-GGUF": ggufs, "other/dense-llama": {"config.json": b"{}"}}
 
 
+MEMORY = {"low": Budgets(vram=0, ram=8 * GB), "high": Budgets(vram=0, ram=96 * GB)}  # pinned, not this machine's
+
+
 @pytest.fixture
-def env(qtbot, tiny, tmp_path, monkeypatch, window_cache):
+def env(qtbot, tiny, tmp_path, monkeypatch, window_cache, request):
     """A window on the tiny model whose hub is the loopback server (HF_ENDPOINT), with its own HF
-    cache, and predictions for a 20 GB CPU-only machine."""
+    cache, and predictions for a CPU-only machine of 20 GB (or the test's `memory`, pinned low or
+    high: never the memory this machine happens to have free)."""
     import huggingface_hub.constants as hf
 
+    budgets = MEMORY[request.getfixturevalue("memory")] if "memory" in request.fixturenames else BUDGETS
     monkeypatch.setattr(hf, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-    monkeypatch.setattr(fit, "machine_budgets", lambda hw, **kw: BUDGETS)
+    monkeypatch.setattr(fit, "machine_budgets", lambda hw, **kw: budgets)
     state = {"hub": None}
 
     def start(gguf=None):
@@ -77,9 +82,11 @@ def search(qtbot, picker, text):
     return b.row_texts()
 
 
-def test_a_search_lists_files_sizes_and_the_planners_fit_without_fetching_weights(qtbot, env):
+@pytest.mark.parametrize("memory", ["low", "high"])
+def test_a_search_lists_files_sizes_and_the_planners_fit_without_fetching_weights(qtbot, env, memory):
     from engine.measures import hardware
 
+    budgets = MEMORY[memory]
     hub, w = env()
     with no_uncaught_exceptions():
         picker = open_browser(qtbot, w)
@@ -88,16 +95,22 @@ def test_a_search_lists_files_sizes_and_the_planners_fit_without_fetching_weight
         assert set(rows) == {"acme/Qwen3-30B-A3B", "acme/gpt-oss-20b", "acme/tiny-moe", "acme/tiny-moe-GGUF"}
         qwen = rows["acme/Qwen3-30B-A3B"]
         assert qwen[0] == "64 GB"  # 16 shards of 4 GB
-        assert qwen[1] == fit.predict(json.loads((RES / "qwen3-30b-a3b-config.json").read_text()), hw, BUDGETS).line()
-        assert qwen[1].startswith("CPU only: ") and "tok/s" in qwen[1]
+        assert qwen[1] == fit.predict(json.loads((RES / "qwen3-30b-a3b-config.json").read_text()), hw, budgets).line()
+        if memory == "high":  # room for its experts at 16 bits, or at 4
+            assert qwen[1].startswith("CPU only: ") and "tok/s" in qwen[1]
+        else:  # 8 GB: not even its 4-bit experts and the dense part
+            assert qwen[1].startswith("does not fit: needs "), qwen[1]
         assert "model-00001-of-00016.safetensors 4.0 GB" in qwen[2:]
         oss = rows["acme/gpt-oss-20b"]
-        assert oss[0] == "14 GB" and oss[1] == fit.predict(RES / "gpt-oss-20b-config.json", hw, BUDGETS).line()
-        assert rows["acme/tiny-moe"][1] == fit.predict(w.models.current[0], hw, BUDGETS).line()
+        assert oss[0] == "14 GB" and oss[1] == fit.predict(RES / "gpt-oss-20b-config.json", hw, budgets).line()
+        assert rows["acme/tiny-moe"][1] == fit.predict(w.models.current[0], hw, budgets).line()
         gguf = rows["acme/tiny-moe-GGUF"]
         assert "GGUF files" in gguf[1]
-        assert "tiny-moe-Q8_0.gguf 3.0 MB fits in memory by its size: 3.0 MB of this machine's 20 GB RAM" in gguf[2:]
-        assert "tiny-moe-F16.gguf 60 GB does not fit: needs 60 GB, this machine has 20 GB RAM" in gguf[2:]
+        ram = fit.size_text(budgets.ram)
+        assert f"tiny-moe-Q8_0.gguf 3.0 MB fits in memory by its size: 3.0 MB of this machine's {ram} RAM" in gguf[2:]
+        f16 = (f"fits in memory by its size: 60 GB of this machine's {ram} RAM" if memory == "high" else
+               f"does not fit: needs 60 GB, this machine has {ram} RAM")
+        assert f"tiny-moe-F16.gguf 60 GB {f16}" in gguf[2:], gguf
         # only config.json was fetched, once per repo with safetensors; never a weight file
         assert hub.fetched() and set(hub.fetched()) == {"config.json"}
         assert not any(n.endswith((".safetensors", ".gguf")) for n in hub.fetched())
