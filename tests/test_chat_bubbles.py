@@ -19,6 +19,7 @@ from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.protocol import Generate  # noqa: E402
 from scripted_chat import script, write_chat_model  # noqa: E402
 from window_helpers import no_uncaught_exceptions  # noqa: E402
+from bubble_helpers import find, point_of  # noqa: E402,F401 (shared: tests/bubble_helpers.py)
 
 
 def wait(cond, timeout_s=180.0):
@@ -53,26 +54,6 @@ def type_and_send(qtbot, w, text, n=400):
     w.params = SamplingParams(max_new_tokens=n)
     w.input.setPlainText(text)
     qtbot.mouseClick(w.send_btn, Qt.LeftButton)
-
-
-def find(view, words, last=True) -> QTextCursor:
-    doc, found, cur = view.document(), [], QTextCursor(view.document())
-    while True:
-        cur = doc.find(words, cur)
-        if cur.isNull():
-            break
-        found.append(QTextCursor(cur))
-    assert found, f"no {words!r} in {view.toPlainText()!r}"
-    return found[-1 if last else 0]
-
-
-def point_of(view, cur: QTextCursor) -> QPoint:
-    """Where the middle of the found text is in the viewport, scrolled into view (where a user points)."""
-    at = QTextCursor(view.document())
-    at.setPosition((cur.selectionStart() + cur.selectionEnd()) // 2)
-    view.setTextCursor(at)
-    view.ensureCursorVisible()
-    return view.cursorRect(at).center()
 
 
 def test_a_streaming_reply_shows_rendered_markdown_before_it_ends(qtbot, w, pace):

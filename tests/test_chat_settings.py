@@ -21,10 +21,11 @@ from app.store.chat_store import Store  # noqa: E402
 from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.protocol import Generate  # noqa: E402
 
-from test_app import open_window  # noqa: E402
+from main_window_helpers import open_window  # noqa: E402
 from window_helpers import menu_actions, no_uncaught_exceptions, on_modal  # noqa: E402
 
 PRESET = "Answer in one word."
+from chat_settings_helpers import click, open_settings, record_generates, select_chat, type_into  # noqa: E402,F401 (shared: tests/chat_settings_helpers.py)
 
 
 # ---- the model of the settings, without a window ----
@@ -124,30 +125,6 @@ def test_presets_are_kept_and_a_damaged_list_reads_as_none():
 
 
 # ---- through the real window ----
-def record_generates(w) -> list:
-    """Every Generate the window sends the engine, in order (the commands still go through)."""
-    sent, send = [], w.bridge.send
-
-    def spy(cmd):
-        if isinstance(cmd, Generate):
-            sent.append(cmd)
-        return send(cmd)
-    w.bridge.send = spy
-    return sent
-
-
-def type_into(qtbot, box, text: str) -> None:
-    """Select what a field holds and type over it, as a user does."""
-    edit = box.lineEdit() if hasattr(box, "lineEdit") else box
-    edit.selectAll()
-    qtbot.keyClicks(edit, text)
-    if hasattr(box, "interpretText"):
-        box.interpretText()
-
-
-def click(qtbot, button) -> None:
-    assert button.isEnabled() and button.isVisibleTo(button.window()), button.text()
-    qtbot.mouseClick(button, Qt.LeftButton)
 
 
 def pick(qtbot, combo, text: str) -> None:
@@ -164,20 +141,6 @@ def save_button(dlg) -> QAbstractButton:
     return dlg.buttons.button(QDialogButtonBox.Save)
 
 
-def open_settings(qtbot, w, fill) -> list:
-    """Chat > Chat settings… (its QAction), fill(dialog) run once it shows; the dialogs seen."""
-    def safely(dlg):
-        try:
-            fill(dlg)
-        except BaseException:
-            dlg.reject()  # a failed check must not leave the dialog's exec() waiting
-            raise
-    seen = on_modal(safely, csd.ChatSettingsDialog)
-    menu_actions(w)["Chat/Chat settings…"].trigger()
-    assert seen, "Chat > Chat settings… opened no dialog"
-    return seen
-
-
 def shown(qtbot, w) -> dict:
     """What the dialog shows for the current chat (then cancelled)."""
     got = {}
@@ -188,14 +151,6 @@ def shown(qtbot, w) -> dict:
         dlg.reject()
     open_settings(qtbot, w, read)
     return got
-
-
-def select_chat(qtbot, w, cid: int) -> None:
-    lst = w.conv_list
-    item = next(lst.item(i) for i in range(lst.count()) if lst.item(i).data(Qt.UserRole) == cid)
-    lst.scrollToItem(item)
-    qtbot.mouseClick(lst.viewport(), Qt.LeftButton, pos=lst.visualItemRect(item).center())
-    qtbot.waitUntil(lambda: w.cid == cid, timeout=10_000)
 
 
 def send_and_wait(qtbot, w, text: str):

@@ -15,8 +15,8 @@ from PySide6.QtWidgets import QApplication, QFileDialog, QLineEdit  # noqa: E402
 
 from engine.runtime.generate import SamplingParams  # noqa: E402
 
-from test_app import open_window, send, window  # noqa: E402,F401  (the same window fixture)
-from test_chat_bubbles import find, point_of  # noqa: E402
+from main_window_helpers import open_window, send, window  # noqa: E402,F401  (the same window fixture)
+from bubble_helpers import find, point_of  # noqa: E402
 from window_helpers import menu_actions, no_uncaught_exceptions, on_modal  # noqa: E402
 
 DRAG_PROPERTY = "fileDragOver"  # the highlight a widget shows while files are dragged over it

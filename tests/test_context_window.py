@@ -17,7 +17,7 @@ from app.chat.attachments import context_for, room_of  # noqa: E402
 from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.sources.tiny_model import write_tiny_mixtral  # noqa: E402
 
-from test_app import close_and_delete, open_window  # noqa: E402
+from main_window_helpers import close_and_delete, open_window  # noqa: E402
 from window_helpers import no_uncaught_exceptions  # noqa: E402
 
 PER_TOKEN = 2 * 2 * (16 + 16) * 4  # the tiny Mixtral's keys and values a token at fp32

@@ -17,8 +17,8 @@ from engine.model.forward import MoEModel
 from engine.placement import Placement, Tier
 from engine.sources.tiny_model import write_tiny_model
 
-CPU = torch.device("cpu")
 FAMILIES = ["qwen3_moe", "olmoe", "qwen2_moe", "qwen3_5_moe", "qwen3_next", "glm4_moe", "glm4_moe_lite", "gemma4"]
+from family_checks import CPU, eval_matches_transformers, greedy, greedy_matches_transformers, logit_error, reference, run  # noqa: E402,F401 (shared: tests/family_checks.py)
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +34,6 @@ def folders(tmp_path_factory):
     return get
 
 
-def reference(folder):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("sharded", [False, True], ids=["single", "sharded"])
 @pytest.mark.parametrize("where", ["all-cpu", "mixed"])
@@ -50,78 +44,15 @@ def test_logits_match_transformers(folders, family, sharded, where):
     assert logit_error(ck, where) < 1e-4
 
 
-def run(model, ids, prefill=16):
-    """Logits of a prefill of `prefill` tokens, then of one decode step per remaining token."""
-    cache = model.new_cache(64)
-    got = [model.forward(ids[:prefill], cache, 0, all_logits=True)]
-    got += [model.forward(ids[i:i + 1], cache, i) for i in range(prefill, len(ids))]
-    return torch.cat(got)
-
-
-def logit_error(ck, where: str) -> float:
-    """Largest fp32 logit difference from transformers over a 16-token prefill and 12 decode steps."""
-    d = ck.dims
-    pl = (Placement.uniform(d.layers, d.experts, Tier.CPU16) if where == "all-cpu"
-          else Placement.random(d.layers, d.experts, [Tier.GPU16, Tier.CPU16], seed=5))
-    ids = torch.randint(0, d.vocab, (28,), generator=torch.Generator().manual_seed(11))
-    with torch.no_grad():
-        want = reference(ck.folder)(ids[None]).logits[0]
-    return (run(MoEModel(ck, pl, CPU, torch.float32), ids) - want).abs().max().item()
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_tokens_are_identical(folders, family):
     greedy_matches_transformers(folders(family))
-
-
-def greedy_matches_transformers(folder) -> None:
-    """16 greedy tokens on a mixed placement equal transformers' generate."""
-    ck = Checkpoint(folder)
-    prompt = torch.tensor([5, 17, 42, 8, 99, 3])
-    with torch.no_grad():
-        want = reference(folder).generate(prompt[None], max_new_tokens=16, do_sample=False, min_new_tokens=16,
-                                          eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-    d = ck.dims
-    model = MoEModel(ck, Placement.random(d.layers, d.experts, [Tier.GPU16, Tier.CPU16], seed=2), CPU,
-                         torch.float32)
-    assert greedy(model, prompt, 16) == want
-
-
-def greedy(model, prompt: torch.Tensor, n: int) -> list[int]:
-    """n greedy tokens after prompt, one decode step at a time."""
-    cache = model.new_cache(64)
-    logits = model.forward(prompt, cache, 0)
-    got, pos = [], len(prompt)
-    for _ in range(n):
-        got.append(int(logits[-1].argmax()))
-        logits = model.forward(torch.tensor(got[-1:]), cache, pos)
-        pos += 1
-    return got
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5_moe"] + [  # 3 s each: the rest run with -m slow
     pytest.param(f, marks=pytest.mark.slow) for f in ("qwen3_next", "glm4_moe", "glm4_moe_lite", "gemma4")])
 def test_eval_gives_transformers_perplexity(folders, tmp_path, window_cache, family):
     eval_matches_transformers(folders(family), tmp_path)
-
-
-def eval_matches_transformers(folder, tmp_path):
-    """`mixdesk eval --dtype fp32 --placement cpu` gives transformers' perplexity on the same tokens."""
-    env = dict(os.environ)  # the caller's cache (window_cache: this machine measured once per run)
-    r = subprocess.run([sys.executable, "-m", "engine.tools.cli", "eval", "--model", str(folder), "--dtype", "fp32",
-                        "--placement", "cpu", "--tokens", "96", "--new-tokens", "4"],
-                       capture_output=True, text=True, timeout=300, env=env)
-    assert r.returncode == 0, r.stderr
-    ppl = float(re.search(r"perplexity ([0-9.]+), 96 tokens", r.stdout)[1])
-    from transformers import AutoTokenizer
-
-    from engine.model.evaluate import corpus_ids
-
-    ids = torch.tensor(corpus_ids(AutoTokenizer.from_pretrained(str(folder)), None, 96))
-    with torch.no_grad():
-        logits = reference(folder)(ids[None]).logits[0, :-1]
-    want = math.exp(float(torch.nn.functional.cross_entropy(logits, ids[1:])))
-    assert abs(ppl - want) / want < 1e-5, (ppl, want)
 
 
 def test_unsupported_layouts_are_refused_by_name(tmp_path):

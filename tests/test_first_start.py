@@ -99,7 +99,7 @@ def test_a_served_fresh_start_answers_as_the_16_bit_model_while_it_calibrates(wi
 def test_the_window_on_a_fresh_start_answers_as_the_16_bit_model_while_it_calibrates(qtbot, wide, reference,
                                                                                         fresh, tmp_path):
     pytest.importorskip("PySide6")
-    from test_app import open_window, send
+    from main_window_helpers import open_window, send
 
     w = open_window(qtbot, wide, tmp_path, calibrated=False)
     session = w.bridge.session

@@ -17,7 +17,7 @@ import pytest
 from engine.prompts.formats import (FORMATS, TAGGED_FORMATS, THINKING_FORMATS, Parser, format_of, parser_for,
                             schemas_of)
 from engine.prompts.formats.tagged_calls import typed, types_of
-from test_formats import call, check_invariants, merged, splits
+from format_checks import call, check_invariants, merged, splits
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "resources" / "templates"
 QWEN35, GLM47 = "qwen3.5-chat_template.jinja", "glm-4.7-flash-chat_template.jinja"

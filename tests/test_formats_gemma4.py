@@ -18,7 +18,7 @@ from engine.prompts.formats import (FORMATS, GEMMA_FORMATS, TAGGED_FORMATS, THIN
                             parser_for)
 from engine.prompts.formats.gemma4 import Gemma4Parser, arguments
 from engine.tools.serve.tool_fields import OPENINGS
-from test_formats import call, check_invariants, merged, splits
+from format_checks import call, check_invariants, merged, splits
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "resources" / "templates"

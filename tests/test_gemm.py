@@ -16,7 +16,7 @@ from engine.files.gguf.blockquant import BlockQuant
 from engine.experts.expert import QuantExpert, run_jobs
 from engine.placement import Tier
 
-from test_kernels_raw import FORMATS, rows_of
+from kernels_raw_helpers import FORMATS, rows_of
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native library not built")
 

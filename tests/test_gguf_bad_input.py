@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as GT
 
 import gguf_files
 from engine.sources.tiny_model import write_tiny_model
-from test_bad_input import chat, home, refused  # noqa: F401  (home: a fixture)
+from bad_input_helpers import chat, home, refused  # noqa: F401  (home: a fixture)
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from engine.files.gguf.writer import write_gguf
 from engine.sources.tiny_model import CHAT_TEMPLATE, CORPUS, write_tiny_model
 from gguf_checks import rewrite, same_types_as_llama_quantize
 from gguf_hybrid_files import engine_logits, llama_cpp_logits, reference
-from test_gguf_hybrid_llama_cpp import CONVERT, converter  # noqa: F401  (a fixture: the sdist's converter)
+from llama_convert import CONVERT, converter  # noqa: F401  (a fixture: the sdist's converter)
 
 
 def write_gemma_tokenizer(folder: Path, vocab_size: int) -> None:

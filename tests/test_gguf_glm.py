@@ -352,7 +352,7 @@ def test_writer_refuses_what_the_converter_writes_wrong(sources, tmp_path):
 
 def test_bad_files_are_refused_by_the_cli(files, tmp_path, capsys, home):  # noqa: F811
     """`mixdesk chat --model bad.gguf`: exit 2, one line naming the key, nothing written."""
-    from test_bad_input import chat, refused
+    from bad_input_helpers import chat, refused
 
     d = tmp_path / "models"
     d.mkdir()
@@ -362,4 +362,4 @@ def test_bad_files_are_refused_by_the_cli(files, tmp_path, capsys, home):  # noq
     refused(capsys, home, chat(bad), str(bad), "deepseek2.expert_gating_func", folder=d, max_s=30)
 
 
-from test_bad_input import home  # noqa: E402,F401  (a fixture: the user's folders, checked for writes)
+from bad_input_helpers import home  # noqa: E402,F401  (a fixture: the user's folders, checked for writes)

@@ -15,7 +15,7 @@ from engine.files.gguf.writer import write_gguf
 from gguf_checks import rewrite, same_types_as_llama_quantize
 from gguf_glm_files import tiny
 from gguf_hybrid_files import dequantised, engine_logits, llama_cpp_logits
-from test_gguf_hybrid_llama_cpp import CONVERT, converter  # noqa: F401  (a fixture: the sdist's converter)
+from llama_convert import CONVERT, converter  # noqa: F401  (a fixture: the sdist's converter)
 
 FAMILIES = ["glm4_moe", "glm4_moe_lite"]
 

@@ -298,7 +298,7 @@ def test_inconsistent_metadata_is_one_clear_error(files, tmp_path, kv, words):
 
 def test_bad_files_are_refused_by_the_cli(files, tmp_path, capsys, home):  # noqa: F811
     """`mixdesk chat --model bad.gguf`: exit 2, one line naming the key (or the tensor), nothing written."""
-    from test_bad_input import chat, refused
+    from bad_input_helpers import chat, refused
 
     d = tmp_path / "models"
     d.mkdir()
@@ -313,4 +313,4 @@ def test_bad_files_are_refused_by_the_cli(files, tmp_path, capsys, home):  # noq
     refused(capsys, unwatched, chat(bad), str(bad), "blk.1.ssm_a", "-exp(A_log)", folder=d, max_s=60)
 
 
-from test_bad_input import home  # noqa: E402,F401  (a fixture: the user's folders, checked for writes)
+from bad_input_helpers import home  # noqa: E402,F401  (a fixture: the user's folders, checked for writes)

@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType as GT
 from engine.files.gguf.writer import write_gguf
 from gguf_checks import rewrite, same_types_as_llama_quantize
 from gguf_hybrid_files import dequantised, engine_logits, llama_cpp_logits, tiny
+from llama_convert import CONVERT, converter  # noqa: E402,F401 (shared: tests/llama_convert.py)
 
 
 @pytest.mark.parametrize("recipe,bound", [("f32", 1e-2), ("f16", 2e-2), ("q8_0", 1e-2)])
@@ -50,33 +51,6 @@ def test_q4_k_m_types_are_llama_quantizes(tmp_path):
                linear_value_head_dim=128)
     for b in same_types_as_llama_quantize(llama_cpp, write_gguf, src, tmp_path).values():
         assert b["blk.0.ssm_conv1d.weight"] == GT.F32 and b["blk.0.ffn_gate_inp_shexp.weight"] == GT.F32
-
-
-CONVERT = """
-import runpy, sys
-llama = sys.argv[1]
-sys.path[:0] = [llama, llama + "/gguf-py"]
-import conversion.base as base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "default"  # a tiny vocabulary's hash it cannot know
-sys.argv = [llama + "/convert_hf_to_gguf.py"] + sys.argv[2:]
-runpy.run_path(llama + "/convert_hf_to_gguf.py", run_name="__main__")
-"""
-
-
-@pytest.fixture(scope="module")
-def converter(tmp_path_factory) -> Path:
-    """llama.cpp's convert_hf_to_gguf.py, conversion/ and gguf-py/, from the llama-cpp-python 0.3.36 sdist
-    (ggml-org/llama.cpp@0c1e57098) where it is here: $LLAMA_CPP_SDIST or test_gguf_write's SDIST."""
-    from test_gguf_write import SDIST, SDIST_ROOT
-
-    sdist = Path(os.environ.get("LLAMA_CPP_SDIST") or SDIST)
-    if not sdist.is_file():
-        pytest.skip(f"{sdist} is not here (set LLAMA_CPP_SDIST to llama-cpp-python's sdist)")
-    root = tmp_path_factory.mktemp("llamacpp")
-    with tarfile.open(sdist) as tar:
-        tar.extractall(root, members=[m for m in tar.getmembers() if m.name.startswith(
-            tuple(SDIST_ROOT + p for p in ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")))], filter="data")
-    return root / SDIST_ROOT
 
 
 @pytest.mark.parametrize("dv", [24, 32])

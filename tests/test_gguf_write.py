@@ -40,6 +40,7 @@ EXTRA = {
 TEXTS = ["hello world, this is a tiny model", "Café, naïve, 東京 🙂 0123456789 !?", "<|user|>\nhi</s>\n  two  spaces"]
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Paris?"},
         {"role": "assistant", "content": "Yes."}, {"role": "user", "content": "東京?"}]
+from gguf_sdist import SDIST, SDIST_ROOT  # noqa: E402,F401 (shared: tests/gguf_sdist.py)
 
 
 @pytest.fixture(scope="module")
@@ -293,8 +294,6 @@ def test_malformed_tokenizer_metadata(tmp_path, change, key):
 
 # --- against llama.cpp's own converter -----------------------------------------------------------------
 
-SDIST = Path("/work/peer/llama_cpp_python-0.3.36.tar.gz")
-SDIST_ROOT = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
 # metadata that may differ between llama.cpp's converter and ours, and why: none for these families (the
 # converter's gguf-py and the installed gguf 0.19 write the same keys for them); kept here to name any
 LEGITIMATE = set()

@@ -17,7 +17,7 @@ from engine.files.fused_experts import float_to_mxfp4, mxfp4_to_float
 from engine.model.forward import MoEModel
 from engine.placement import Placement, Tier
 from engine.sources.tiny_model import write_tiny_model
-from test_families import eval_matches_transformers, greedy_matches_transformers, logit_error, run  # noqa: E402
+from family_checks import eval_matches_transformers, greedy_matches_transformers, logit_error, run  # noqa: E402
 
 CPU = torch.device("cpu")
 KINDS = ["bf16-fused", "mxfp4"]

@@ -17,7 +17,7 @@ from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.tools.runtime import activate as act  # noqa: E402
 from engine.tools.runtime.gpu import NvidiaGpu  # noqa: E402
 from pkgindex import PackageIndex, make_wheel  # noqa: E402
-from test_runtime import STANDIN_TORCH  # noqa: E402
+from runtime_helpers import STANDIN_TORCH  # noqa: E402
 
 RTX = NvidiaGpu("NVIDIA GeForce RTX 4090", 24 << 30, "570.86.10", (12, 8))
 

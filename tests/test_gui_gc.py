@@ -12,7 +12,7 @@ from PySide6.QtWidgets import QLabel  # noqa: E402
 from app import gui_gc  # noqa: E402
 from engine.protocol import Load, Loaded  # noqa: E402
 from engine.runtime.session import Session  # noqa: E402
-from tests.test_app import open_window  # noqa: E402
+from main_window_helpers import open_window  # noqa: E402
 
 
 class Cycle:

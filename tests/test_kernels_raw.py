@@ -22,22 +22,16 @@ from engine.files.gguf.blockquant import BlockQuant, row_bytes
 from engine.experts.expert import QuantExpert, run_jobs, run_native
 from engine.placement import Tier
 
-from test_kquant import random_raw as k_raw
-from test_kquant import scaled
-from test_native import path, q8_reference, rel, threads  # noqa: F401  (fixtures: every code path; 1, 2 threads)
-from test_qblock import random_raw as b_raw
+from kquant_helpers import random_raw as k_raw
+from kquant_helpers import scaled
+from native_helpers import path, q8_reference, rel, threads  # noqa: F401  (fixtures: every code path; 1, 2 threads)
+from qblock_helpers import random_raw as b_raw
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native library not built")
 
-FORMATS = [GT.Q4_K, GT.Q5_K, GT.Q6_K, GT.Q8_0, GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1]
-KQ = (GT.Q4_K, GT.Q5_K, GT.Q6_K)
 # the MoE shapes (Qwen3-30B-A3B's gate/up rows x hidden, down), odd row counts, a K with a Q8_0 tail
 SHAPES = [(768, 2048), (2048, 768), (17, 512), (40, 256), (33, 576)]
-
-
-def rows_of(qt: GT, n: int, k: int, seed: int) -> np.ndarray:
-    """Valid raw rows [n, row bytes] (32-weight formats: some scales +-0 and fp16 subnormals too)."""
-    return k_raw(qt, n, k, seed) if qt in KQ else b_raw(qt, n, k, seed, special=True)
+from kernels_raw_helpers import FORMATS, KQ, rows_of  # noqa: E402,F401 (shared: tests/kernels_raw_helpers.py)
 
 
 def close(got: torch.Tensor, want: torch.Tensor) -> bool:

@@ -15,23 +15,12 @@ from engine.files.gguf.blockquant import BlockQuant
 from engine.experts.expert import QuantExpert
 from engine.placement import Tier
 
-from test_native import path, threads  # noqa: F401  (fixtures: every code path, 1 and 2 threads)
+from native_helpers import path, threads  # noqa: F401  (fixtures: every code path, 1 and 2 threads)
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native library not built")
 
 KQ = [GT.Q4_K, GT.Q5_K, GT.Q6_K]
-D_AT = {GT.Q4_K: 0, GT.Q5_K: 0, GT.Q6_K: 208}  # where a block's fp16 d starts (Q4_K/Q5_K: then dmin)
-
-
-def random_raw(qt: GT, n: int, k: int, seed: int, scale: float = 0.01) -> np.ndarray:
-    """Valid raw rows [n, row bytes]: random bytes, with finite small fp16 d (and dmin)."""
-    rng = np.random.default_rng(seed)
-    block, size = GGML_QUANT_SIZES[qt]
-    raw = rng.integers(0, 256, (n, k // block, size), dtype=np.uint8)
-    nd = 2 if qt == GT.Q6_K else 4
-    h = (rng.standard_normal((n, k // block, nd // 2)) * scale).astype(np.float16)
-    raw[..., D_AT[qt]:D_AT[qt] + nd] = h.view(np.uint8).reshape(n, k // block, nd)
-    return raw.reshape(n, -1)
+from kquant_helpers import D_AT, random_raw, scaled  # noqa: E402,F401 (shared: tests/kquant_helpers.py)
 
 
 def q8_exact(x: torch.Tensor) -> torch.Tensor:
@@ -99,19 +88,6 @@ def test_results_do_not_depend_on_threads_or_batch(monkeypatch):
         outs.append(bq.matmul(x))
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
     assert torch.equal(torch.cat([bq.matmul(x[i:i + 1]) for i in range(5)]), outs[0])
-
-
-def scaled(qt: GT, n: int, k: int, seed: int, std: float) -> BlockQuant:
-    """A random valid block weight whose values have about this standard deviation (d, dmin scaled)."""
-    raw = random_raw(qt, n, k, seed)
-    w = quants.dequantize(raw, qt)
-    s = std / max(float(w.std()), 1e-30)
-    block, size = GGML_QUANT_SIZES[qt]
-    r = raw.reshape(n, k // block, size)
-    nd = 2 if qt == GT.Q6_K else 4
-    h = r[..., D_AT[qt]:D_AT[qt] + nd].copy().view(np.float16)
-    r[..., D_AT[qt]:D_AT[qt] + nd] = (h.astype(np.float32) * s).astype(np.float16).view(np.uint8)
-    return BlockQuant.from_raw(qt, torch.from_numpy(r.reshape(n, -1).copy()), (n, k))
 
 
 @pytest.mark.parametrize("batch", [1, 5, 64])

@@ -15,7 +15,7 @@ from engine.protocol import PromptProgress, Token
 from engine.runtime.generate import Generator
 from engine.runtime.scheduler import Scheduler
 
-from test_scheduler import Letters, ScriptedModel, gen, run, submit
+from scheduler_helpers import Letters, ScriptedModel, gen, run, submit
 
 PROMPT = list(range(1, 301))  # 300 tokens: with chunks of 16, eighteen chunks and the last 12
 

@@ -171,7 +171,7 @@ def test_the_window_says_what_is_read_from_the_file(qtbot, file, tmp_path, windo
     """The memory panel: Mixdesk's own memory on the RAM meter, the file's pages on their own meter
     (how much is mapped, how much of it is in RAM now), explained in its tooltip; the log says it."""
     pytest.importorskip("PySide6")
-    from test_app import open_window
+    from main_window_helpers import open_window
 
     w = open_window(qtbot, file, tmp_path, calibrated=False, dtype="bf16")  # (the file's blocks: below fp32)
     try:
@@ -194,7 +194,7 @@ def test_a_file_truncated_under_the_window_is_said_and_the_window_stays(qtbot, f
     pytest.importorskip("PySide6")
     from PySide6.QtCore import Qt
 
-    from test_app import open_window
+    from main_window_helpers import open_window
     from engine.protocol.sampling import SamplingParams
 
     victim = tmp_path / "victim.gguf"

@@ -21,8 +21,8 @@ from PySide6.QtWidgets import (QAbstractButton, QApplication, QDialogButtonBox, 
 
 from engine.runtime.generate import SamplingParams  # noqa: E402
 
-from test_app import open_window  # noqa: E402
-from test_window_flows import fill_connect, second_server  # noqa: E402,F401  (the server fixture)
+from main_window_helpers import open_window  # noqa: E402
+from server_window_helpers import fill_connect, second_server  # noqa: E402,F401  (the server fixture)
 from window_helpers import menu_actions, no_uncaught_exceptions, on_modal  # noqa: E402
 
 

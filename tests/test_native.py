@@ -16,38 +16,8 @@ from engine.experts.quant import Q4Native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native library not built")
 
-PATHS = [0, 1, 2]
 SHAPES = [(1, 32), (17, 64), (33, 96), (130, 576), (257, 4096), (16, 160)]
-
-
-@pytest.fixture(params=PATHS, ids=["c", "avx2", "avx512"])
-def path(request, monkeypatch):
-    active = native.lib().mdk_select_path(-1)
-    if request.param > native.lib().mdk_select_path(request.param):
-        native.lib().mdk_select_path(active)
-        pytest.skip("this CPU lacks that path")
-    yield request.param
-    native.lib().mdk_select_path(2)  # back to the best the CPU has
-
-
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request, monkeypatch):
-    monkeypatch.setattr(native, "_threads", request.param)
-    return request.param
-
-
-def q8_reference(x: torch.Tensor) -> torch.Tensor:
-    """The activation as the Q4 kernel sees it: int8 per block of 32, scale amax / 127."""
-    T, K = x.shape
-    xb = x.float().reshape(T, K // 32, 32)
-    amax = xb.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))  # a true division, as the kernel
-    q = (xb * inv).round().clamp(-127, 127)
-    return (q * (amax / 127.0)).reshape(T, K)
-
-
-def rel(a, b):
-    return float((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-30))
+from native_helpers import PATHS, path, q8_reference, rel, threads  # noqa: E402,F401 (shared: tests/native_helpers.py)
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -17,33 +17,14 @@ from engine.files.gguf.blockquant import NATIVE, BlockQuant, row_bytes
 from engine.experts.expert import QuantExpert, run_native
 from engine.placement import Tier
 
-from test_native import path, q8_reference, rel, threads  # noqa: F401  (fixtures)
+from native_helpers import path, q8_reference, rel, threads  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="native library not built")
 
 FORMATS = [GT.Q8_0, GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1]
-WITH_MIN = (GT.Q4_1, GT.Q5_1)
 # rows odd and not a multiple of 16 (7: all raw tail; 145 = 9 tiles + 1 raw row), K = 32 .. 4096
 SHAPES = [(7, 32), (33, 96), (145, 576), (49, 4096)]
-
-
-def random_raw(qtype: GT, n: int, k: int, seed: int, special: bool = False) -> np.ndarray:
-    """n rows of valid blocks: random quant bytes, a finite fp16 d (and m) of moderate size. special:
-    some d and m are +-0 or fp16 subnormals, which files hold too."""
-    rng = np.random.default_rng(seed)
-    bs, ts = GGML_QUANT_SIZES[qtype]
-    nb = k // bs
-    raw = rng.integers(0, 256, (n, nb, ts), dtype=np.uint8)
-    fields = [0, 2] if qtype in WITH_MIN else [0]
-    for off in fields:
-        v = (rng.standard_normal((n, nb)) * (0.01 if off == 0 else 0.05)).astype(np.float16)
-        if special:
-            pick = rng.random((n, nb))
-            v[pick < 0.1] = np.float16(0.0)
-            v[(pick >= 0.1) & (pick < 0.15)] = np.float16(-0.0)
-            v[(pick >= 0.15) & (pick < 0.25)] = np.float16(3e-6)  # subnormal
-        raw[..., off:off + 2] = v.view(np.uint8).reshape(n, nb, 2)
-    return raw.reshape(n, nb * ts)
+from qblock_helpers import WITH_MIN, random_raw  # noqa: E402,F401 (shared: tests/qblock_helpers.py)
 
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda q: q.name)

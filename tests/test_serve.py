@@ -12,14 +12,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
-openai = pytest.importorskip("openai")
 
 from engine.runtime.client import Client  # noqa: E402
 from engine.protocol import Done  # noqa: E402
 from engine.tools.serve import Server  # noqa: E402
 from replies import watch_replies  # noqa: E402
 
-KEY = "test-key-123"
+from serve_helpers import KEY, api, openai  # noqa: E402,F401 (shared: tests/serve_helpers.py)
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +50,6 @@ def sse_lines(resp):
         line = line.decode().strip()
         if line:
             yield line
-
-
-def api(server, key=KEY):
-    return openai.OpenAI(base_url=server.url, api_key=key, max_retries=0, timeout=60)
 
 
 def test_models_and_a_chat_completion_streamed_and_not(served, tiny):

@@ -16,7 +16,7 @@ from engine.runtime.client import Client  # noqa: E402
 from engine.protocol import Done, PromptProgress  # noqa: E402
 from engine.tools.serve import Server  # noqa: E402
 from replies import watch_replies  # noqa: E402
-from test_serve import KEY, api  # noqa: E402
+from serve_helpers import KEY, api  # noqa: E402
 
 DOC = "Read this and answer: " + " ".join(f"item {i} of the list" for i in range(20))
 CHUNK = 16

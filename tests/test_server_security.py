@@ -12,7 +12,7 @@ from engine.protocol import Generate
 from engine.tools.serve import Server
 
 from rawhttp import is_openai_error, send
-from test_app import window  # noqa: F401  (the window fixture, for its Local server)
+from main_window_helpers import window  # noqa: F401  (the window fixture, for its Local server)
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

@@ -11,7 +11,7 @@ from engine.runtime.client import Client  # noqa: E402
 from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.tools.serve import Server  # noqa: E402
 
-from test_app import window  # noqa: E402,F401  (the same window fixture)
+from main_window_helpers import window  # noqa: E402,F401  (the same window fixture)
 
 
 def say(qtbot, w, text, n=16):

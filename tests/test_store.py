@@ -17,40 +17,9 @@ from app.store.chat_store import Store
 # The small disk: SQLite needs its database (a few 4 KB pages), the -shm file (32 KB) and a WAL
 # frame (4 KB + 24 B) per commit; the first messages (two commits each: the message and the
 # conversation's time) take ~170 KB of WAL. 512 KB holds them; the filler then takes the rest.
-DISK_K = 512
 EARLY = 20  # messages written before the disk fills
 TOTAL = 400
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A tmpfs of DISK_K KB, unmounted afterwards (stores on it must be closed first)."""
-    if not sys.platform.startswith("linux") or not shutil.which("mount"):
-        pytest.skip("needs Linux's mount to make a small disk that fills up")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_K}k,mode=0700", "tmpfs", str(disk)],
-                       capture_output=True, text=True)
-    if r.returncode:
-        pytest.skip(f"cannot mount a small tmpfs to fill ({r.stderr.strip() or 'mount failed'}): needs root")
-    try:
-        yield disk
-    finally:
-        if subprocess.run(["umount", str(disk)], capture_output=True).returncode:
-            subprocess.run(["umount", "-l", str(disk)], capture_output=True)  # never leave a mount behind
-
-
-def fill(disk: Path) -> Path:
-    """Take every free byte of the disk; the file to remove to free it."""
-    filler = disk / "filler"
-    with open(filler, "ab", buffering=0) as f:
-        for size in (65536, 4096, 1):
-            try:
-                while True:
-                    f.write(b"\0" * size)
-            except OSError as e:
-                assert e.errno == errno.ENOSPC
-    return filler
+from store_helpers import DISK_K, fill, small_disk  # noqa: E402,F401 (shared: tests/store_helpers.py)
 
 
 def chat(s: Store, cid: int, start: int, stop: int, expected: list) -> None:

@@ -25,14 +25,14 @@ from engine.runtime import queries  # noqa: E402
 from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.protocol import Load  # noqa: E402
 
-from test_app import open_window  # noqa: E402
-from test_chat_settings import click, open_settings, record_generates, select_chat, type_into  # noqa: E402
+from main_window_helpers import open_window  # noqa: E402
+from chat_settings_helpers import click, open_settings, record_generates, select_chat, type_into  # noqa: E402
 from window_helpers import menu_actions, no_uncaught_exceptions, on_modal  # noqa: E402
 
 NEW_CHATS_KEY = "chat/new_chat_defaults"  # app/chat/defaults.py: where the defaults are remembered
 
 
-from test_window_flows import say  # noqa: E402  (types a message, clicks Send, returns the reply)
+from server_window_helpers import say  # noqa: E402  (types a message, clicks Send, returns the reply)
 
 
 def open_hub(qtbot, w, spec: str) -> None:

@@ -11,7 +11,7 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtGui import QKeySequence  # noqa: E402
 from PySide6.QtWidgets import QLabel, QTableWidget  # noqa: E402
 
-from test_app import window  # noqa: E402,F401  (the fixture)
+from main_window_helpers import window  # noqa: E402,F401  (the fixture)
 from window_helpers import menu_actions, no_uncaught_exceptions, on_modal  # noqa: E402
 
 

@@ -13,44 +13,10 @@ from engine.runtime.client import Client  # noqa: E402
 from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.tools.serve import Server  # noqa: E402
 
-from test_app import open_window, window  # noqa: E402,F401  (the same window fixture)
-from test_store import small_disk  # noqa: E402,F401  (a tmpfs that fills)
+from main_window_helpers import open_window, window  # noqa: E402,F401  (the same window fixture)
+from store_helpers import small_disk  # noqa: E402,F401  (a tmpfs that fills)
 from window_helpers import menu_actions, no_uncaught_exceptions, on_modal  # noqa: E402
-
-
-def say(qtbot, w, text, n=8):
-    """Types a message and clicks Send; the reply, once it has ended."""
-    w.params = SamplingParams(max_new_tokens=n)
-    w.input.setPlainText(text)
-    assert w.send_btn.isEnabled()
-    qtbot.mouseClick(w.send_btn, Qt.LeftButton)
-    qtbot.waitUntil(lambda: not w.generating, timeout=60_000)
-    return w.store.messages(w.cid)[-1]
-
-
-@pytest.fixture
-def second_server(tiny):
-    """Another Mixdesk serving the tiny model on loopback, with a key (it stands in for vLLM)."""
-    other = Client()
-    other.load(str(tiny), placement="cpu", device="cpu", dtype="fp32", ctx=256)
-    other.session.loaded.generator.eos_ids.clear()
-    server = Server(other.session, "127.0.0.1", 0, api_key="k3y").start()
-    yield server, other
-    server.stop()
-    other.close()
-
-
-def fill_connect(url, key, model=""):
-    def fill(dlg):
-        from app.serving import ConnectDialog
-
-        assert isinstance(dlg, ConnectDialog)
-        dlg.url.setText(url)
-        dlg.key.setText(key)
-        if model:
-            dlg.models.setEditText(model)
-        dlg.accept()  # with no model named, it asks the server for its list first
-    return fill
+from server_window_helpers import fill_connect, say, second_server  # noqa: E402,F401 (shared: tests/server_window_helpers.py)
 
 
 def test_connect_to_a_server_from_the_file_menu_opens_the_dialog_and_chats(qtbot, window, second_server, tiny):
@@ -183,7 +149,7 @@ def test_closing_with_chats_that_can_be_kept_nowhere_says_so(qtbot, tiny, small_
 
     from app.main_window import MainWindow
     from app.store.chat_store import Store
-    from test_store import fill
+    from store_helpers import fill
 
     store = Store(small_disk / "chats.sqlite3", fallback_dirs=[small_disk / "state"])
     w = MainWindow(store, model=str(tiny), session_kwargs={"poll_s": 0.1}, device="cpu", dtype="fp32")

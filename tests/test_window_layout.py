@@ -16,7 +16,7 @@ from PySide6.QtGui import QFontMetrics, QMouseEvent  # noqa: E402
 from PySide6.QtWidgets import QApplication, QLabel, QProgressBar, QSizeGrip, QWidget  # noqa: E402
 
 from engine.protocol import Progress  # noqa: E402
-from test_app import open_window, send, window  # noqa: E402,F401  (the window fixture)
+from main_window_helpers import open_window, send, window  # noqa: E402,F401  (the window fixture)
 from window_helpers import menu_actions  # noqa: E402
 
 SIZES = ((900, 600), (1000, 700), (1600, 1000))

@@ -5,7 +5,7 @@ pytest.importorskip("PySide6")
 from PySide6.QtGui import QPalette, QTextFrame  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-from test_app import send, window  # noqa: E402,F401  (the window fixture)
+from main_window_helpers import send, window  # noqa: E402,F401  (the window fixture)
 from window_helpers import menu_actions  # noqa: E402
 
 

@@ -14,7 +14,7 @@ from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QPushButton  # noqa: E402
 
 
-from test_app import open_window, send, window  # noqa: E402,F401  (the same window fixture)
+from main_window_helpers import open_window, send, window  # noqa: E402,F401  (the same window fixture)
 from window_helpers import no_uncaught_exceptions  # noqa: E402
 
 LONG = "Tell me about this: " + " ".join(f"item {i} of the list" for i in range(20))  # about 300 tokens

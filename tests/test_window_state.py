@@ -111,7 +111,7 @@ def test_a_long_title_is_elided_not_scrolled_sideways(qtbot, window):
 
 
 def test_the_context_counter_is_the_chat_shown(qtbot, window):
-    from test_app import send
+    from main_window_helpers import send
 
     send(qtbot, window, "hello there", 6)
     qtbot.waitUntil(lambda: not window.generating, timeout=60_000)
