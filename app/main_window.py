@@ -2,9 +2,8 @@
 
 A reply arrives read in the model's format (engine/prompts/formats): its content is the answer (what the
 store keeps as the message, and all that later turns send back), its reasoning and tool calls are
-kept in the message's meta and shown around the answer (app/chat/reasoning_view.py).
-
-It reaches the engine only through EngineBridge (commands out, events in, on the GUI thread)."""
+kept in the message's meta and shown around the answer (app/chat/reasoning_view.py). It reaches the
+engine only through EngineBridge (commands out, events in, on the GUI thread)."""
 from __future__ import annotations
 
 import logging
@@ -15,31 +14,29 @@ from PySide6.QtWidgets import (QApplication, QHBoxLayout, QMainWindow, QMessageB
 
 from engine.protocol import SetSlider, Stop
 
-from .chat import defaults as chat_defaults, documents, remote
-from .dialogs import lowest_precision
 from . import menus, theme, window_state
-from .chat.composer import Composer
-from .dialogs.context_choice import ContextButton, ContextSwitch, remembered
-from .chat.conversation_list import ConversationList
-from .gpu_runtime import GpuOfferBar, RuntimeDialog
 from .bridge import EngineBridge
+from .chat import defaults as chat_defaults, documents, remote
 from .chat.backend import LocalBackend
+from .chat.composer import Composer
+from .chat.conversation_list import ConversationList
+from .chat.reply_flow import ReplyFlow, ReplyHooks
 from .chat.session import ChatSession
 from .chat.view import ChatView
+from .chat.waiting import ReplyWait
+from .dialogs import lowest_precision
+from .dialogs.context_choice import ContextButton, ContextSwitch, remembered
 from .engine_controller import EngineController
+from .gpu_runtime import GpuOfferBar, RuntimeDialog
 from .model_bar import ModelBar
 from .model_switch import ModelSwitch
 from .panel.live_panel import LivePanel
-from .panel.switch import PanelSwitch
 from .panel.quality_slider import QualitySlider
+from .panel.switch import PanelSwitch
 from .progress_row import ProgressRow, StatusBar
-from .chat.reply_flow import ReplyFlow, ReplyHooks
 from .serving import LocalServer, ServerBox
 from .store.chat_store import Store
 from .window_wiring import WindowWiring
-from .chat.waiting import ReplyWait
-
-log = logging.getLogger("mixdesk")
 
 
 class MainWindow(QMainWindow, WindowWiring):
@@ -431,7 +428,7 @@ class MainWindow(QMainWindow, WindowWiring):
 
     def log_line(self, line: str) -> None:
         self.log_lines.append(time.strftime("%H:%M:%S ") + line)
-        log.info(line)
+        logging.getLogger("mixdesk").info(line)
 
     def gpu_runtime(self, start: bool = False) -> RuntimeDialog:
         """Settings > GPU runtime (or the offer bar's Download…, which starts the install at once)."""

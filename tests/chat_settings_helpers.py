@@ -5,7 +5,6 @@ from PySide6.QtCore import Qt
 from app.dialogs import chat_settings as csd
 from engine.protocol import Generate
 from window_helpers import menu_actions, on_modal
-PRESET = "Answer in one word."
 
 
 def record_generates(w) -> list:

@@ -8,7 +8,6 @@ import torch
 from engine.files.checkpoint import Checkpoint
 from engine.model.forward import MoEModel
 from engine.placement import Placement, Tier
-FAMILIES = ["qwen3_moe", "olmoe", "qwen2_moe", "qwen3_5_moe", "qwen3_next", "glm4_moe", "glm4_moe_lite", "gemma4"]
 
 
 CPU = torch.device("cpu")

@@ -3,10 +3,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from pathlib import Path
 from engine.prompts.formats import Delta, Parser, ToolCall
-TEMPLATES = Path(__file__).resolve().parents[1] / "resources" / "templates"  # the published Qwen3 and gpt-oss templates
-WEATHER = ("get_weather", "get_time")
 
 
 def call(i: int, name: str, arguments: dict) -> ToolCall:

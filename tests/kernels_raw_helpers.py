@@ -4,7 +4,6 @@ from gguf import GGMLQuantizationType as GT
 from kquant_helpers import random_raw as k_raw
 from native_helpers import path, q8_reference, rel, threads  # noqa: F401  (fixtures: every code path; 1, 2 threads)
 from qblock_helpers import random_raw as b_raw
-SHAPES = [(768, 2048), (2048, 768), (17, 512), (40, 256), (33, 576)]
 
 
 FORMATS = [GT.Q4_K, GT.Q5_K, GT.Q6_K, GT.Q8_0, GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1]

@@ -6,7 +6,6 @@ from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES
 from engine.files.gguf.blockquant import BlockQuant
 from native_helpers import path, threads  # noqa: F401  (fixtures: every code path, 1 and 2 threads)
-KQ = [GT.Q4_K, GT.Q5_K, GT.Q6_K]
 
 
 D_AT = {GT.Q4_K: 0, GT.Q5_K: 0, GT.Q6_K: 208}  # where a block's fp16 d starts (Q4_K/Q5_K: then dmin)

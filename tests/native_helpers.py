@@ -2,7 +2,6 @@
 import pytest
 import torch
 from engine import native
-SHAPES = [(1, 32), (17, 64), (33, 96), (130, 576), (257, 4096), (16, 160)]
 
 
 PATHS = [0, 1, 2]

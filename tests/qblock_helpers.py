@@ -3,8 +3,6 @@ import numpy as np
 from gguf import GGMLQuantizationType as GT
 from gguf.constants import GGML_QUANT_SIZES
 from native_helpers import path, q8_reference, rel, threads  # noqa: F401  (fixtures)
-FORMATS = [GT.Q8_0, GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1]
-SHAPES = [(7, 32), (33, 96), (145, 576), (49, 4096)]
 
 
 WITH_MIN = (GT.Q4_1, GT.Q5_1)

@@ -1,9 +1,4 @@
 """Shared by several test modules (moved out of tests/test_runtime.py, which uses them too): STANDIN_TORCH."""
-import sys
-from pathlib import Path
-MIXDESK = [sys.executable, "-c", "import sys; from app.entry import main; sys.exit(main())"]
-LOCAL_WHEEL_DIRS = [Path("/opt/pypi/files"), Path("/opt/wheels"), Path("/opt/pypi-more/files"),
-                    Path.home() / ".cache" / "pip" / "wheels"]
 
 
 STANDIN_TORCH = {  # enough of torch for the install's probe and the start's check: it imports, says what it

@@ -5,8 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 import pytest
-EARLY = 20  # messages written before the disk fills
-TOTAL = 400
 
 
 DISK_K = 512

@@ -22,6 +22,7 @@ from engine.runtime.generate import SamplingParams  # noqa: E402
 from engine.protocol import Generate  # noqa: E402
 from scripted_chat import script, write_chat_model  # noqa: E402
 from window_helpers import no_uncaught_exceptions  # noqa: E402
+from server_window_helpers import say  # noqa: E402
 
 QWEN_REPLY = "<think>\nLet me think about the greeting.\n</think>\n\nHello **there**!"
 HARMONY_REPLY = ("<|channel|>analysis<|message|>The user greets me. Greet back.<|end|>"
@@ -73,12 +74,7 @@ def generator(w):
 
 
 def send_text(qtbot, w, text, n=200):
-    w.params = SamplingParams(max_new_tokens=n)
-    w.input.setPlainText(text)
-    assert w.send_btn.isEnabled()
-    qtbot.mouseClick(w.send_btn, Qt.LeftButton)
-    qtbot.waitUntil(lambda: not w.generating, timeout=60_000)
-    return w.store.messages(w.cid)[-1]
+    return say(qtbot, w, text, n)  # typed, sent, and the reply once it has ended
 
 
 def new_chat(qtbot, w):
