@@ -4,6 +4,8 @@ import time
 
 import pytest
 
+import layer_marks
+
 if os.environ.get("PYTEST_XDIST_WORKER"):  # two test processes share the cores (pyproject's -n): torch's
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP threads sleep, not spin on the other's core
 import torch  # noqa: E402
@@ -24,11 +26,6 @@ for _var, _prefix in (("XDG_STATE_HOME", "state"), ("XDG_CONFIG_HOME", "config")
         _OURS.append(os.environ[_var])
 os.environ["MIXDESK_TEST_XDG"] = os.pathsep.join(d for d in _OURS if d)
 torch.set_num_threads(min(2, os.cpu_count() or 1))
-# bitsandbytes' first import logs a failed optional import with the exception as the message's
-# argument; pytest's log capture keeps the record, so the traceback kept the frames of whatever
-# imported it first (a calibration step, holding the model: a "model freed at shutdown" test then
-# fails). Imported here, nothing of the engine's is on the stack.
-import bitsandbytes.functional  # noqa: E402,F401
 
 
 def _pace(generator, per_token_s: float = 0.005) -> None:
@@ -262,38 +259,35 @@ def reference():
     return get
 
 
-# ---- the tests' layers (pyproject's markers): `pytest -m unit` (no model, no Qt, no subprocess of the
-# engine: under a minute), `-m engine` (a model, tiny ones the tests write, or the engine run as a program),
-# `-m window` (a real Qt window or widget, offscreen). A test marked by hand keeps its mark; the rest are
-# told by their fixtures (qtbot: window) and by what their module makes (a model, a file of one, a run).
-LAYERS = ("unit", "engine", "window")
-ENGINE_FIXTURES = {"tiny", "tiny_sharded", "reference", "cache_seed", "window_cache", "measured_machine",
-                   "pinned_machine", "folders"}
-ENGINE_WORDS = ("write_tiny", "tiny_model", "Session(", "Client(", "write_gguf", "hf_to_gguf", "gguf_files",
-                "engine.tools.cli", "MoEModel", "open_checkpoint", "llama_cpp", "save_pretrained", "write_synthetic",
-                "subprocess", "Popen", "from_pretrained")
-_MODULE_MAKES_MODELS: dict = {}
+# ---- the tests' layers (pyproject's markers), told by tests/layer_marks.py
 
 
-def _layer(item) -> str:
-    names = set(getattr(item, "fixturenames", ()))
-    if names & {"qtbot", "qapp"}:
-        return "window"
-    path = str(item.fspath)
-    if path not in _MODULE_MAKES_MODELS:
-        try:
-            src = open(path, encoding="utf-8").read()
-        except OSError:
-            src = ""
-        _MODULE_MAKES_MODELS[path] = any(w in src for w in ENGINE_WORDS)
-    return "engine" if names & ENGINE_FIXTURES or _MODULE_MAKES_MODELS[path] else "unit"
+def pytest_ignore_collect(collection_path, config):
+    """A run that can select no engine or window test (`-m unit`) skips importing the modules that make
+    models (~15 s of imports)."""
+    if not hasattr(config, "_mixdesk_no_model"):
+        config._mixdesk_no_model = layer_marks.selects_no_model(config.option.markexpr or "")
+    if collection_path.name.startswith("test_") and collection_path.suffix == ".py" \
+            and config._mixdesk_no_model and layer_marks.makes_models(collection_path):
+        return True
+    return None
+
+
+def pytest_collection_finish(session):
+    """bitsandbytes' first import logs a failed optional import with the exception as the message's
+    argument; pytest's log capture keeps the record, so the traceback kept the frames of whatever
+    imported it first (a calibration step, holding the model: a "model freed at shutdown" test then
+    fails). Imported here, before any test runs, nothing of the engine's is on the stack; a run of unit
+    tests alone (no model) does without its ~4 s import."""
+    if any(not item.get_closest_marker("unit") for item in session.items):
+        import bitsandbytes.functional  # noqa: F401
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if any(item.get_closest_marker(m) for m in LAYERS):
+        if any(item.get_closest_marker(m) for m in layer_marks.LAYERS):
             continue
-        layer = _layer(item)
+        layer = layer_marks.layer(item)
         if layer == "unit" and (item.get_closest_marker("slow") or item.get_closest_marker("gpu")):
             continue  # `-m unit` replaces the default `-m`: the long and the GPU tests stay out of it
         item.add_marker(getattr(pytest.mark, layer))

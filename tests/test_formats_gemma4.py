@@ -6,6 +6,7 @@ ChatTemplate) reads back as the reasoning, content and calls it was made from. N
 """
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
@@ -281,11 +282,16 @@ TOOLS = [
 def render(messages: list[dict], **options) -> str:
     """The template's text for a conversation, through the engine's sandboxed ChatTemplate (the
     tokenizer is only asked for its special tokens: the template writes none as variables but bos_token)."""
+    return template().render(messages, tools=TOOLS, **options)
+
+
+@functools.lru_cache(maxsize=None)
+def template():
+    """The template compiled once (~0.3 s) for all the tests that render it."""
     from engine.prompts.chat_template import ChatTemplate
 
     tok = SimpleNamespace(special_tokens_map={}, added_tokens_decoder={})
-    t = ChatTemplate(GEMMA.read_text(encoding="utf-8"), tok, GEMMA)
-    return t.render(messages, tools=TOOLS, **options)
+    return ChatTemplate(GEMMA.read_text(encoding="utf-8"), tok, GEMMA)
 
 
 ASK = {"role": "user", "content": "Weather in Paris and Tokyo, and the time?"}

@@ -113,3 +113,15 @@ def test_the_readmes_tree_names_every_folder_and_no_other():
     real = {f"{top}/{p.name}" for top in ("engine", "app") for p in (ROOT / top).iterdir()
             if (p / "__init__.py").is_file()}
     assert drawn == real, (sorted(real - drawn), sorted(drawn - real))
+
+
+@pytest.mark.parametrize("markexpr,no_model", [
+    ("unit", True), ("unit and not slow", True), ("not engine and not window", True), ("unit and window", True),
+    ("", False), ("not slow and not gpu", False), ("engine", False), ("unit or window", False),
+    ("not unit", False), ("slow", False)])
+def test_only_a_run_that_selects_no_model_skips_the_modules_that_make_them(markexpr, no_model):
+    """`pytest -m unit` leaves the modules that make models unimported (tests/conftest.py); any
+    expression that could select an engine or window test imports them all."""
+    import layer_marks
+
+    assert layer_marks.selects_no_model(markexpr) is no_model

@@ -154,7 +154,8 @@ def test_slider_steps_are_even(seed):
     pts = frontier(inp, unlimited)
     speed = np.array([p.tok_s for p in pts])
     loss = np.array([p.loss for p in pts])
-    plans = [plan(inp, unlimited, s) for s in SLIDERS]
+    scale = slider_scale(inp)  # plan(inp, unlimited, s) for each s, the frontier and scale made once
+    plans = [choose(pts, s, inp, scale) for s in SLIDERS]
     x = np.array([(p.tok_s - speed.min()) / np.ptp(speed) for p in plans])
     y = np.array([(p.loss - loss.min()) / np.ptp(loss) for p in plans])
     steps = np.hypot(np.diff(x), np.diff(y))
@@ -198,7 +199,8 @@ def test_expected_runs_of_a_batched_decode_step():
     rng = np.random.default_rng(0)
     n = rng.binomial(4, p[None, :], size=(200_000, 5))
     from engine.planning.planner import batch_ratio
-    sim = np.vectorize(lambda k: batch_ratio(SCALING["cpu-4"], k, 1e6) if k else 0.0)(n).mean(0)
+    per_k = np.array([batch_ratio(SCALING["cpu-4"], k, 1e6) if k else 0.0 for k in range(5)])
+    sim = per_k[n].mean(0)  # n is 0..4: each count's ratio once, looked up for the 1M draws
     assert np.allclose(expected_runs(p, 4, SCALING["cpu-4"], 1e6), sim, atol=3e-3)
 
 
