@@ -6,6 +6,7 @@ MODEL defaults to the full-size Qwen3-30B-A3B-shaped Q4_K_M of benchmarks/real_s
 expert at cpu-16 (the file's own blocks, mapped); the calibration (engine/measures/profile.py) run
 step by step in this process, printing the process's own memory (RssAnon) after the capture, after
 each KL pass and at steps through the first two layers (128 experts + 1 KL step a layer).
+--smoke: a tiny random Mixtral (2 layers of 4 experts, written once under MIXDESK_BENCH_CACHE), 128 tokens.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import CACHE  # noqa: E402
+from benchmarks.common import CACHE, smoke_model  # noqa: E402
+
 
 
 def main() -> None:
@@ -26,14 +28,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?", default=str(CACHE / "qwen3-30b-a3b-q4_k_m.gguf"))
     ap.add_argument("--steps", type=int, default=260)
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     a = ap.parse_args()
+    if a.smoke:
+        a.model = str(smoke_model())
 
     def anon() -> float:
         return rss_parts()[0] / 2**30
 
     ld = load(a.model, placement="cpu", device="cpu", dtype="bf16")
     print(f"loaded: RssAnon {anon():.2f} GiB", flush=True)
-    ids = P.calibration_ids(ld.tokenizer)
+    ids = P.calibration_ids(ld.tokenizer, 128 if a.smoke else 1024)
     capture, logprobs = P.capture, P._logprobs
     passes = [0]
 

@@ -13,7 +13,22 @@ import torch
 from engine.tools.bench_kernels import read_bandwidth  # noqa: F401  (one definition, shared)
 
 HERE = Path(__file__).resolve().parent
-RESULTS = Path(os.environ.get("MIXDESK_BENCH_RESULTS", HERE / "results"))  # versus_parent.py redirects a run
+
+
+def _results() -> Path:
+    """Where records go: MIXDESK_BENCH_RESULTS when set (versus_parent.py redirects a run, the smoke test its
+    temporary folder), else benchmarks/results/, committed, which a smoke run (--smoke) never writes: its
+    records go to a folder under the system's temporary one."""
+    if os.environ.get("MIXDESK_BENCH_RESULTS"):
+        return Path(os.environ["MIXDESK_BENCH_RESULTS"])
+    if {"--smoke", "--quick"} & set(sys.argv[1:]):
+        import tempfile
+
+        return Path(tempfile.gettempdir()) / "mixdesk-bench-smoke"
+    return HERE / "results"
+
+
+RESULTS = _results()
 CACHE = Path(os.environ.get("MIXDESK_BENCH_CACHE", HERE.parent / ".bench"))
 
 # The demo model's shapes (SmolLM2-135M upcycled to 8 experts, top-2).
@@ -38,6 +53,30 @@ def demo_shaped_model() -> Path:
 
         print(f"writing a random checkpoint with the demo model's shapes to {path} ...", flush=True)
         write_tiny_mixtral(path, dtype="bfloat16", **DEMO_SHAPE)
+    return path
+
+
+def smoke_model(name: str = "tiny-mixtral-smoke", **shape) -> Path:
+    """A tiny random Mixtral (engine.sources.tiny_model, bf16, with its tokenizer; `shape` overrides its
+    sizes) for a --smoke run: written once under the benchmarks' cache (MIXDESK_BENCH_CACHE), into a
+    temporary folder then renamed, so that a run cut short or one beside it never leaves half a model."""
+    import shutil
+    import tempfile
+
+    path = CACHE / name
+    if not (path / "config.json").exists():
+        from engine.sources.tiny_model import write_tiny_mixtral
+
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=CACHE))
+        try:
+            write_tiny_mixtral(tmp, dtype="bfloat16", **shape)
+            tmp.chmod(0o755)  # mkdtemp's is 0o700
+            tmp.rename(path)
+        except OSError:  # another run wrote it first
+            pass
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 

@@ -18,6 +18,10 @@ Also, for each N:
   bandwidth, and the fraction of it reached; the ratio the bytes alone allow (N x bytes at 1 / bytes
   at N: the ceiling where every step ran at the same fraction of the bandwidth);
 - the planner's predicted aggregate tok/s (its cost model of batched decode, PlanInputs.streams).
+
+--smoke: 1 and 2 streams, one round of 8 new tokens after an 8-token prompt, on a tiny random Mixtral
+(benchmarks/common.py: smoke_model(), written once under .bench/) instead of the demo; recorded as the
+full run is (a test runs it).
 """
 from __future__ import annotations
 
@@ -39,7 +43,10 @@ def main() -> None:
     ap.add_argument("--streams", default="1,2,4")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=32, help="prompt tokens per request (attention's length)")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     args = ap.parse_args()
+    if args.smoke:
+        args.streams, args.tokens, args.repeats, args.prompt = "1,2", 8, 1, 8
     from engine import native
     from engine.runtime.generate import SamplingParams
     from engine.protocol import Done, ErrorEvent, Generate, Load, Loaded, Token
@@ -47,7 +54,14 @@ def main() -> None:
     from engine.sources.demo import demo_dir, ensure
     from engine.tools.bench_kernels import read_bandwidth
 
-    ensure()
+    if args.smoke:
+        from benchmarks.common import smoke_model
+
+        folder = smoke_model()
+    else:
+        ensure()
+        folder = demo_dir()
+    label = folder.name if args.smoke else "demo"
     events, lock, ready = [], threading.Lock(), threading.Event()
 
     def emit(ev):
@@ -61,13 +75,14 @@ def main() -> None:
     import json
     import tempfile
 
-    cfg = json.loads((demo_dir() / "config.json").read_text())
+    cfg = json.loads((folder / "config.json").read_text())
+    ids_below = min(40000, cfg["vocab_size"] - 100)  # the prompts' token ids: 100 + (0 .. ids_below - 1)
     pl = Path(tempfile.mkdtemp()) / "placement.json"
     pl.write_text(json.dumps([[args.tier] * cfg["num_local_experts"]] * cfg["num_hidden_layers"]))
-    s.submit(Load(path=str(demo_dir()), device="cpu", placement=str(pl), ctx=max(1024, args.prompt + args.tokens + 64)))
+    s.submit(Load(path=str(folder), device="cpu", placement=str(pl), ctx=max(1024, args.prompt + args.tokens + 64)))
     ready.wait(600)
     if s.loaded is None:
-        raise SystemExit(f"the demo did not load: {[e for _, e in events if isinstance(e, ErrorEvent)]}")
+        raise SystemExit(f"the {label} did not load: {[e for _, e in events if isinstance(e, ErrorEvent)]}")
     s.loaded.generator.eos_ids.clear()
     bw = read_bandwidth()
     made = 0  # requests so far: each gets a prompt of its own
@@ -80,7 +95,7 @@ def main() -> None:
             ids = []
             for i in range(n):
                 made += 1
-                prompt = [100 + 37 * ((made * 7 + j) % 1000) % 40000 for j in range(args.prompt)]
+                prompt = [100 + 37 * ((made * 7 + j) % 1000) % ids_below for j in range(args.prompt)]
                 ids.append(s.submit(Generate(prompt_ids=prompt, slot="pool",
                                              params=SamplingParams(max_new_tokens=args.tokens))))
             while True:
@@ -106,7 +121,7 @@ def main() -> None:
     model, gen = s.loaded.model, s.loaded.generator
     inputs = planner_inputs(s)
     for n in counts:
-        experts = routed_experts(model, gen, n)
+        experts = routed_experts(model, gen, n, ids_below=ids_below)
         results[n]["experts_per_layer"] = experts
         b = step_bytes(model, experts) + n * kv_bytes(model, args.prompt + args.tokens // 2)
         results[n]["step_bytes"] = b
@@ -125,12 +140,12 @@ def main() -> None:
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for n in counts:
         r = results[n]
-        pred = f"{r['predicted_tok_s']:.1f}" if "predicted_tok_s" in r else "(demo not profiled yet)"
+        pred = f"{r['predicted_tok_s']:.1f}" if "predicted_tok_s" in r else f"({label} not profiled yet)"
         rows.append(f"| {n} | {r['aggregate_tok_s']:.1f} | {r['aggregate_tok_s'] / one:.2f} | "
                     f"{r['per_stream_gap_ms']:.1f} | {1e3 / r['per_stream_gap_ms']:.1f} | "
                     f"{r['experts_per_layer']:.2f} | {r['step_bytes'] / 1e6:.0f} | {r['step_bytes'] / bw * 1e3:.1f} | "
                     f"{r['bandwidth_fraction']:.0%} | {n * b1 / r['step_bytes']:.2f} | {pred} |")
-    rows += ["", f"demo model, every expert {args.tier}, CPU kernel: {native.status()}; read bandwidth "
+    rows += ["", f"{label} model, every expert {args.tier}, CPU kernel: {native.status()}; read bandwidth "
              f"{bw / 1e9:.1f} GB/s measured in the same process; best of {args.repeats} rounds of "
              f"{args.tokens} new tokens per request after a {args.prompt}-token prompt"]
     table = "\n".join(rows)
@@ -139,12 +154,12 @@ def main() -> None:
     print(f"recorded {record(name, {'results': results, 'bandwidth': bw}, table)}")
 
 
-def routed_experts(model, gen, n: int, steps: int = 16) -> float:
+def routed_experts(model, gen, n: int, steps: int = 16, ids_below: int = 40000) -> float:
     """Distinct experts a layer runs in one batched decode step of n sequences, averaged over
     `steps` greedy steps of n different prompts (routes recorded: these steps run in torch)."""
     import torch
 
-    prompts = [[100 + 53 * ((7 * b + j) % 997) % 40000 for j in range(32)] for b in range(n)]
+    prompts = [[100 + 53 * ((7 * b + j) % 997) % ids_below for j in range(32)] for b in range(n)]
     caches = [gen.new_cache() for _ in range(n)]
     for c, p in zip(caches, prompts):
         model.forward(torch.tensor(p), c, 0)

@@ -1,6 +1,6 @@
 """Every expert on the CPU: the engine against llama.cpp on the same weights, in one run.
 
-    python benchmarks/cpu_vs_llama_cpp.py [--new-tokens 64] [--repeats 3] [--only demo|wide] [--no-16]
+    python benchmarks/cpu_vs_llama_cpp.py [--new-tokens 64] [--repeats 3] [--only demo|wide] [--no-16] [--smoke]
 
 Two models:
 - "wide": Mixtral-8x7B's widths (hidden 4096, ffn 14336, 8 experts top-2, 32/8 heads), 2 layers,
@@ -16,6 +16,8 @@ prompt, time from the first new token to the last. Prefill: 256 tokens, best of 
 The bandwidth bound is the bytes a decode step must read (the top-k experts of every layer, the
 dense weights, the lm_head) over the read bandwidth measured just before that round.
 llama.cpp setup: see benchmarks/llama_peer.py. Both sides use 2 threads.
+`--smoke`: toy stand-ins for both models (WIDE_SMOKE, DEMO_SMOKE: 2 layers, vocab 512, written once under
+.bench/; their GGUF files named apart), 4 new tokens, one round.
 """
 from __future__ import annotations
 
@@ -33,6 +35,12 @@ from benchmarks.common import CACHE, read_bandwidth, record  # noqa: E402
 
 WIDE = dict(layers=2, hidden=4096, ffn=14336, experts=8, top_k=2, heads=32, kv_heads=8, vocab=512)
 CPU = torch.device("cpu")
+# --smoke's stand-ins, 2 layers each, random bf16 weights and a small byte-level BPE (smoke_checkpoint):
+# "wide" at toy widths (whole 256-blocks, an lm_head of its own); "demo" with the demo's hidden 576 (not whole
+# 256-blocks: cpu-4's 5-bit grid), 9/3 heads and tied embeddings
+WIDE_SMOKE = dict(layers=2, hidden=256, ffn=512, experts=8, top_k=2, heads=4, kv_heads=2, vocab=512)
+DEMO_SMOKE = dict(layers=2, hidden=576, ffn=512, experts=8, top_k=2, heads=9, kv_heads=3, vocab=512,
+                  tie_word_embeddings=True, rope_theta=100000.0)
 
 
 def wide_checkpoint() -> Path:
@@ -49,6 +57,40 @@ def wide_checkpoint() -> Path:
         spm.SentencePieceTrainer.train(sentence_iterator=iter(lines * 4), model_prefix=str(path / "tokenizer"),
                                        vocab_size=WIDE["vocab"], model_type="bpe", unk_id=0, bos_id=1, eos_id=2,
                                        pad_id=-1, minloglevel=2)
+    return path
+
+
+def smoke_checkpoint(name: str, shape: dict) -> Path:
+    """A toy Mixtral checkpoint under .bench/, written once (into a folder of its own, renamed when whole) by
+    benchmarks/hybrid_width.py from the engine's own list of tensors, with a byte-level BPE tokenizer."""
+    import shutil
+    import tempfile
+
+    path = CACHE / name
+    if not (path / "config.json").exists():
+        from transformers import MixtralConfig
+
+        from benchmarks.hybrid_width import write
+        from engine.sources.tiny_model import write_tokenizer
+
+        s = dict(shape)
+        cfg = MixtralConfig(vocab_size=s.pop("vocab"), hidden_size=s.pop("hidden"), intermediate_size=s.pop("ffn"),
+                            num_hidden_layers=s.pop("layers"), num_attention_heads=s.pop("heads"),
+                            num_key_value_heads=s.pop("kv_heads"), num_local_experts=s.pop("experts"),
+                            num_experts_per_tok=s.pop("top_k"), max_position_embeddings=4096, bos_token_id=1,
+                            eos_token_id=2, architectures=["MixtralForCausalLM"], **s)
+        print(f"writing {path} (once) ...", flush=True)
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=name + ".part-", dir=CACHE))
+        try:
+            write(tmp, cfg.to_dict())
+            write_tokenizer(tmp, cfg.vocab_size)
+            tmp.rename(path)
+        except OSError:
+            if not (path / "config.json").exists():  # not written meanwhile by another run
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 
@@ -213,7 +255,10 @@ def main() -> None:
     ap.add_argument("--only", choices=["demo", "wide"])
     ap.add_argument("--no-16", action="store_true", help="leave out engine cpu-16 and llama.cpp F16 (RAM: the "
                     "wide model's 16-bit copies take 12 GB)")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     a = ap.parse_args()
+    if a.smoke:
+        a.new_tokens, a.repeats = 4, 1
     lines: list[str] = []
 
     def out(s: str) -> None:
@@ -222,13 +267,21 @@ def main() -> None:
 
     res = {}
     if a.only != "demo":
-        res["wide"] = one_model("mixtral-width", wide_checkpoint(), WIDE["vocab"], a.new_tokens, a.repeats, True, out,
-                                not a.no_16)
+        if a.smoke:  # its own names: the GGUF files cached under .bench/ are named after them
+            res["wide"] = one_model("mixtral-width-smoke", smoke_checkpoint("mixtral-width-2l-smoke", WIDE_SMOKE),
+                                    WIDE_SMOKE["vocab"], a.new_tokens, a.repeats, True, out, not a.no_16)
+        else:
+            res["wide"] = one_model("mixtral-width", wide_checkpoint(), WIDE["vocab"], a.new_tokens, a.repeats,
+                                    True, out, not a.no_16)
     if a.only != "wide":
-        path = demo_dir()
-        if not (path / "config.json").exists():
-            sys.exit("build the demo first: mixdesk demo-model")
-        res["demo"] = one_model("demo", path, 49152, a.new_tokens, a.repeats, True, out, not a.no_16)
+        if a.smoke:
+            res["demo"] = one_model("demo-smoke", smoke_checkpoint("demo-shaped-smoke", DEMO_SMOKE),
+                                    DEMO_SMOKE["vocab"], a.new_tokens, a.repeats, True, out, not a.no_16)
+        else:
+            path = demo_dir()
+            if not (path / "config.json").exists():
+                sys.exit("build the demo first: mixdesk demo-model")
+            res["demo"] = one_model("demo", path, 49152, a.new_tokens, a.repeats, True, out, not a.no_16)
     out(f"\n{a.new_tokens} new tokens after a 32-token prompt, greedy, {native.threads()} threads on both sides, "
         f"best of {a.repeats}; targets: Q4_K_M GGUF decode >= 1.0 (goal 1.2) and prefill of 256 >= 1.2, "
         f"cpu-4/Q4_0 >= 1.0 and cpu-16/F16 >= 1.0 on both models")

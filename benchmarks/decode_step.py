@@ -13,6 +13,9 @@ Three variants, each in its own process (the library is chosen at load):
 - "native step": every layer of a decode step in one native call (the default).
 Greedy decode of 64 tokens after a 32-token prompt, median step time; read bandwidth measured in the
 same process right before.
+
+--smoke: the cpu-16 tier only, 8 tokens timed (after the 8 not counted), on a tiny random Mixtral (smoke_model(),
+written once under .bench/) unless --model names one; recorded as the full run is (a test runs it).
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import record  # noqa: E402
+from benchmarks.common import record, smoke_model  # noqa: E402
 
 CHILD = r"""
 import json, sys, time, statistics, torch
@@ -35,7 +38,7 @@ from engine.native.dense_linear import auto_dtype
 from engine.model.forward import MoEModel
 from engine.placement import Placement, Tier
 from engine.sources.demo import demo_dir
-tier, variant, folder = sys.argv[1], sys.argv[2], sys.argv[3] or str(demo_dir())
+tier, variant, folder, new = sys.argv[1], sys.argv[2], sys.argv[3] or str(demo_dir()), int(sys.argv[4])
 ck = open_checkpoint(folder); d = ck.dims
 m = MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier(tier)), torch.device("cpu"), auto_dtype(torch.device("cpu")))
 if variant == "native experts":
@@ -44,7 +47,7 @@ bw = read_bandwidth()
 cache = m.new_cache(160)
 tok = int(m.forward(torch.arange(100, 132), cache, 0)[-1].argmax())
 steps = []
-for i in range(72):
+for i in range(8 + new):
     t0 = time.perf_counter()
     tok = int(m.forward(torch.tensor([tok]), cache, 32 + i)[-1].argmax())
     steps.append(time.perf_counter() - t0)
@@ -59,15 +62,16 @@ print(json.dumps({"step_s": step, "bytes": nbytes, "bandwidth": bw, "kernel": na
 """
 
 
-def run(tier: str, variant: str, model: str) -> dict:
+def run(tier: str, variant: str, model: str, new: int = 64, timeout: int = 900) -> dict:
     env = dict(os.environ)
     if variant == "torch":
         env["MIXDESK_NATIVE"] = "0"
-    r = subprocess.run([sys.executable, "-c", CHILD, tier, variant, model], capture_output=True, text=True, env=env,
-                       cwd=Path(__file__).resolve().parents[1], timeout=900)
+    r = subprocess.run([sys.executable, "-c", CHILD, tier, variant, model, str(new)], capture_output=True, text=True,
+                       env=env, cwd=Path(__file__).resolve().parents[1], timeout=timeout)
     if r.returncode:
         raise SystemExit(r.stderr[-2000:])
     return json.loads(r.stdout.strip().splitlines()[-1])
+
 
 
 def main() -> None:
@@ -76,13 +80,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="", help="a model folder (default: the demo)")
     ap.add_argument("--tiers", default="cpu-4,cpu-16")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     args = ap.parse_args()
+    if args.smoke:
+        args.tiers = "cpu-16"
+        args.model = args.model or str(smoke_model())
     rows = ["| tier | variant | kernel | step ms | tok/s | bytes/step MiB | bound ms | of bound | overhead per layer us |",
             "|---|---|---|---|---|---|---|---|---|"]
     res = {}
     for tier in args.tiers.split(","):
         for variant in ("torch", "native experts", "native step"):
-            r = run(tier, variant, args.model)
+            r = run(tier, variant, args.model, *((8, 100) if args.smoke else (64, 900)))
             if variant == "native step" and not r["native_step"]:
                 raise SystemExit(f"the native step does not take this model ({r['family']})")
             bound = r["bytes"] / r["bandwidth"]

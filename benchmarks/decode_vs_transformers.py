@@ -8,6 +8,9 @@ faster on this CPU (see engine/native/dense_linear.py), with its native kernels 
 `MixtralForCausalLM.generate` with each of its expert implementations; the ratio is taken against
 the faster one. Read bandwidth is measured in the same run, and the engine's decode speed is
 reported as a fraction of the bandwidth bound: bytes a decode step must read / bandwidth.
+
+--smoke: a tiny random Mixtral (benchmarks/common.py: smoke_model(), written once under .bench/) unless
+--model names one, an 8-token prompt, 8 new tokens, one repeat; recorded as the full run is (a test runs it).
 """
 from __future__ import annotations
 
@@ -72,7 +75,13 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     a = ap.parse_args()
+    if a.smoke:
+        from benchmarks.common import smoke_model
+
+        a.model = a.model or smoke_model()
+        a.new_tokens, a.prompt_tokens, a.repeats = 8, 8, 1
     path = a.model or demo_shaped_model()
     torch.manual_seed(0)
     from engine.files.checkpoint import Checkpoint

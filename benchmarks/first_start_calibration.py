@@ -9,7 +9,8 @@ with the 4-bit tiers given (default: those the engine measures on this machine, 
 to its end or for N steps. Printed: seconds and the process's own memory (RssAnon) at each layer's
 end, the peaks of RssAnon and RssFile (sampled every 0.1 s by a thread), the steps that built or
 measured nothing (a layer whose experts are 4-bit in the file), and the read bandwidth of this machine
-measured in the same run (the calibration's speed drifts with it).
+measured in the same run (the calibration's speed drifts with it). --smoke: a tiny random Mixtral (2 layers
+of 4 experts, written once under MIXDESK_BENCH_CACHE), 128 tokens, to the end; bandwidth over 256 MiB.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import CACHE  # noqa: E402
+from benchmarks.common import CACHE, smoke_model  # noqa: E402
+
 
 
 def read_bandwidth_gbs(mib: int = 1024) -> float:
@@ -45,9 +47,13 @@ def main() -> None:
     ap.add_argument("model", nargs="?", default=str(CACHE / "qwen3-30b-a3b-q4_k_m.gguf"))
     ap.add_argument("--tiers", default="", help="comma-separated 4-bit tiers (default: this machine's)")
     ap.add_argument("--steps", type=int, default=0, help="stop after N steps (0: to the end)")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     a = ap.parse_args()
+    mib = 1024
+    if a.smoke:
+        a.model, mib = str(smoke_model()), 256
 
-    print(f"read bandwidth {read_bandwidth_gbs():.1f} GB/s", flush=True)
+    print(f"read bandwidth {read_bandwidth_gbs(mib):.1f} GB/s", flush=True)
     t_load = time.perf_counter()
     ld = load(a.model, placement="cpu", device="cpu", dtype="bf16")
     print(f"loaded in {time.perf_counter() - t_load:.1f} s: RssAnon {rss_parts()[0] / 2**30:.2f} GiB", flush=True)
@@ -63,7 +69,7 @@ def main() -> None:
             stop.wait(0.1)
 
     threading.Thread(target=sample, daemon=True).start()
-    ids = P.calibration_ids(ld.tokenizer)
+    ids = P.calibration_ids(ld.tokenizer, 128 if a.smoke else 1024)
     per_layer = ld.ckpt.dims.experts + 1
     gen = P.calibrate_steps(ld.model, ids, tiers)
     t0, k, mp = time.perf_counter(), 0, None
@@ -88,7 +94,7 @@ def main() -> None:
           f"{ld.ckpt.dims.layers} {same}", flush=True)
     if mp is not None:
         print(f"layer KL {[round(v, 5) for v in mp.layer_kl]}")
-    print(f"read bandwidth {read_bandwidth_gbs():.1f} GB/s", flush=True)
+    print(f"read bandwidth {read_bandwidth_gbs(mib):.1f} GB/s", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_check.py --out "$OUT"            # on the device (scripts/device_check.sh)
     python benchmarks/gpu_check.py --out /tmp/g --small    # the CPU rehearsal of every stage (tests/test_gpu_check.py)
+    python benchmarks/gpu_check.py --smoke                 # the same rehearsal, its report in MIXDESK_BENCH_RESULTS
 
 Stages, most telling first, each in benchmarks/gpu_check_<concept>.py:
   machine       the CPU (model, AVX-512/AMX), the native kernels' path, the GPU, the hardware profile
@@ -247,8 +248,10 @@ def header(a) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default=None, help="the report's folder (required; with --smoke the default is "
+                    "benchmarks/common.py RESULTS: MIXDESK_BENCH_RESULTS)")
     ap.add_argument("--small", action="store_true", help="rehearse every stage on tiny shapes (any machine)")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     ap.add_argument("--budget-s", type=float, default=None, help="the whole run's time (default 510 s; 300 with --small)")
     ap.add_argument("--only", default="", help="comma-separated stages to run (default: all)")
     ap.add_argument("--skip-tests", action="store_true", help="leave out the gpu_tests stage")
@@ -264,6 +267,14 @@ def main(argv=None) -> None:
     ap.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--run-stages", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.smoke:
+        a.small = True
+        if a.out is None:
+            from benchmarks.common import RESULTS
+
+            a.out = str(RESULTS)
+    if a.out is None:
+        ap.error("the following arguments are required: --out")
     if a.child:
         return child(a)
     a.budget_s = a.budget_s or (300.0 if a.small else 510.0)

@@ -1,7 +1,7 @@
 """Qwen3.5-MoE's hybrid layers at real width, every expert on the CPU: the engine against llama.cpp
 on the very same Q4_K_M GGUF, in one interleaved run.
 
-    python benchmarks/hybrid_vs_llama_cpp.py [--new-tokens 48] [--repeats 3] [--no-peer]
+    python benchmarks/hybrid_vs_llama_cpp.py [--new-tokens 48] [--repeats 3] [--no-peer] [--smoke]
 
 The model: Qwen3.5-35B-A3B's widths (hidden 2048; 16 key / 32 value DeltaNet heads of 128; 16/2
 attention heads of 256; 256 experts of 512, top-8, a shared expert of 512) and 4 layers, 3 Gated
@@ -13,6 +13,8 @@ Contenders, all loaded at once and measured in interleaved rounds (best of each)
 its own read-bandwidth reading: engine on the Q4_K_M GGUF (its blocks, mapped), llama.cpp on it,
 and the engine's cpu-4 and cpu-16 tiers of the safetensors folder. Decode: greedy, 32-token prompt.
 Also: the share of a decode step spent in the DeltaNet mixers (timed around them in one extra decode).
+`--smoke`: the same 4 layers at toy widths (QWEN35_SMOKE, 30 MB, its files under .bench/qwen35-width-smoke*),
+2 new tokens, one round, a 64-token prefill; the peer whenever llama_cpp imports (its quantiser is all it needs).
 """
 from __future__ import annotations
 
@@ -30,29 +32,36 @@ from benchmarks.cpu_vs_llama_cpp import Engine, Peer  # noqa: E402  (each: decod
 from benchmarks.hybrid_width import QWEN35_WIDTH, write  # noqa: E402
 
 VOCAB = QWEN35_WIDTH["vocab_size"]
+# --smoke's model: the same layer kinds (3 Gated DeltaNet + 1 gated attention, a shared expert) at toy widths
+QWEN35_SMOKE = {**QWEN35_WIDTH, "hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 1,
+                "head_dim": 128, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "num_experts": 16,
+                "num_experts_per_tok": 4, "moe_intermediate_size": 256, "shared_expert_intermediate_size": 256,
+                "vocab_size": 512}
 
 
-def width_model() -> Path:
-    path = CACHE / "qwen35-width-4l"
+def width_model(config: dict = QWEN35_WIDTH, stem: str = "qwen35-width-4l") -> Path:
+    path = CACHE / stem
     if not (path / "model.safetensors.index.json").exists():
-        print(f"writing {path} (6.7 GB, once) ...", flush=True)
-        write(path, QWEN35_WIDTH)
+        print(f"writing {path} ({'6.7 GB, ' if config is QWEN35_WIDTH else ''}once) ...", flush=True)
+        write(path, config)
     if not (path / "tokenizer.json").exists():  # the GGUF writer carries a tokenizer; token ids are given directly
         from engine.sources.tiny_model import write_tokenizer
 
-        write_tokenizer(path, VOCAB)
+        write_tokenizer(path, config["vocab_size"])
     return path
 
 
-def q4_k_m(path: Path) -> Path | None:
-    out = CACHE / "qwen35-width-4l-q4_k_m.gguf"
+def q4_k_m(path: Path, stem: str = "qwen35-width-4l", peer_ok: bool | None = None) -> Path | None:
+    """The Q4_K_M file (written F16 by the engine, quantised by llama.cpp) when there or llama.cpp is
+    there to make it (`peer_ok`, default llama_peer.available())."""
+    out = CACHE / f"{stem}-q4_k_m.gguf"
     if out.exists():
         return out
-    if not llama_peer.available():
+    if not (llama_peer.available() if peer_ok is None else peer_ok):
         return None
     from engine.files.gguf.writer import write_gguf
 
-    f16 = CACHE / "qwen35-width-4l-f16.gguf"
+    f16 = CACHE / f"{stem}-f16.gguf"
     if not f16.exists():
         write_gguf(path, f16, "f16")
     return llama_peer.quantize(f16, out, "Q4_K_M")
@@ -73,7 +82,7 @@ def deltanet_share(engine: Engine, prompt: list[int], new: int) -> dict:
             spent[0] += time.perf_counter() - t
     GatedDeltaNet.__call__ = timed
     try:
-        m = engine.model.forward
+        m = engine.model
         cache = m.new_cache(len(prompt) + new + 8)
         tok = int(m.forward(torch.tensor(prompt), cache, 0)[-1].argmax())
         spent[0] = 0.0
@@ -95,15 +104,26 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--no-16", action="store_true", help="leave out the engine's cpu-16 tier (6.7 GB more RAM)")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     a = ap.parse_args()
+    config, stem, prefill_n = QWEN35_WIDTH, "qwen35-width-4l", 512
+    if a.smoke:
+        a.new_tokens, a.repeats = 2, 1
+        config, stem, prefill_n = QWEN35_SMOKE, "qwen35-width-smoke", 64
+    vocab = config["vocab_size"]
     lines: list[str] = []
 
     def out(s: str) -> None:
         print(s, flush=True)
         lines.append(s)
 
-    path = width_model()
-    gguf = None if a.no_peer else q4_k_m(path)
+    path = width_model(config, stem)
+    peer_ok = None
+    if a.smoke:
+        import importlib.util
+
+        peer_ok = importlib.util.find_spec("llama_cpp") is not None
+    gguf = None if a.no_peer else q4_k_m(path, stem, peer_ok)
     runs = {}
     if gguf is not None:
         runs["engine Q4_K_M GGUF"] = Engine(gguf, "cpu-16")
@@ -112,9 +132,9 @@ def main() -> None:
     if not a.no_16:
         runs["engine cpu-16"] = Engine(path, "cpu-16")
     g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(3, VOCAB, (32,), generator=g).tolist()
+    prompt = torch.randint(3, vocab, (32,), generator=g).tolist()
     best = {k: {"decode_tok_s": 0.0, "bw_at_best": 0.0, "rounds": [], "prefill_tok_s": 0.0} for k in runs}
-    long = torch.randint(3, VOCAB, (512,), generator=g).tolist()
+    long = torch.randint(3, vocab, (prefill_n,), generator=g).tolist()
     bws = []
     for _ in range(a.repeats):
         for k, c in runs.items():
@@ -126,13 +146,14 @@ def main() -> None:
             if tps > best[k]["decode_tok_s"]:
                 best[k].update(decode_tok_s=tps, bw_at_best=bw)
     shares = {k: deltanet_share(c, prompt, a.new_tokens) for k, c in runs.items() if isinstance(c, Engine)}
-    out(f"### Qwen3.5-35B-A3B width, 4 layers (3 Gated DeltaNet + 1 attention), every expert on the CPU")
+    out(f"### Qwen3.5-35B-A3B {'layer kinds at toy widths' if a.smoke else 'width'}, 4 layers (3 Gated DeltaNet + "
+        f"1 attention), every expert on the CPU")
     out("")
     out(f"engine kernel: {native.status()}; read bandwidth {min(bws) / 1e9:.1f}-{max(bws) / 1e9:.1f} GB/s across "
         f"the rounds")
     out("")
     out("| run | MiB a token reads | decode tok/s, best (median) | of bandwidth bound | DeltaNet share of a step | "
-        "prefill tok/s (512) |")
+        f"prefill tok/s ({prefill_n}) |")
     out("|---|---|---|---|---|---|")
     res = {}
     for k, c in runs.items():
@@ -152,7 +173,7 @@ def main() -> None:
         res["ratio"], res["ratio_median"] = ratio, mid
         rounds = [f"{x / y:.2f}" for x, y in zip(e["rounds"], p["rounds"])]
         out(f"\n- engine / llama.cpp on the same Q4_K_M file, decode: **{ratio:.2f}x** best of each, {mid:.2f}x "
-            f"medians, per round {', '.join(rounds)} (target >= 1.0); prefill of 512 tokens: "
+            f"medians, per round {', '.join(rounds)} (target >= 1.0); prefill of {prefill_n} tokens: "
             f"**{e['prefill_tok_s'] / p['prefill_tok_s']:.2f}x**")
     else:
         out("\n- no llama.cpp peer (llama-cpp-python not installed, or --no-peer)")

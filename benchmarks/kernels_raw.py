@@ -2,7 +2,10 @@
 from a read-only mapping of the file) against the same weights repacked into the kernels' tiles
 (kquant.c / qblock.c: a copy in anonymous memory), timed interleaved in one run.
 
-    python benchmarks/kernels_raw.py [--rounds 7] [--threads 2] [--quick] [--other-formats] [--in-cache]
+    python benchmarks/kernels_raw.py [--rounds 7] [--threads 2] [--quick] [--other-formats] [--in-cache] [--smoke]
+
+--smoke: one copy of each Qwen3 matrix (no Mixtral ones) and one round, recorded as the full run is (a test
+runs it; --quick, 8 and 2 copies of all and 2 rounds, is not recorded).
 
 Shapes: Qwen3-30B-A3B's experts (gate+up [1536, 2048] Q4_K as the engine holds it, gate's 768 rows and
 up's 768 in two places; down [2048, 768] in Q6_K and in Q4_K), 64 experts' matrices of each, so that a
@@ -82,11 +85,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer copies and rounds (a smoke run, not recorded)")
     ap.add_argument("--other-formats", action="store_true", help="Q5_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (not recorded)")
     ap.add_argument("--in-cache", action="store_true", help="one copy of each Qwen3 matrix (not recorded)")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     a = ap.parse_args()
     native._threads = a.threads
     L = native.lib()
     rng = np.random.default_rng(0)
-    many, few = (8, 1) if a.quick else (1, 1) if a.in_cache else (64, 2)
+    many, few = (1, 1) if a.smoke else (8, 1) if a.quick else (1, 1) if a.in_cache else (64, 2)
     configs = [  # (name, qtype, n, k, copies, two parts)
         ("qwen3 gate+up", GT.Q4_K, 1536, 2048, many, True),
         ("qwen3 down", GT.Q6_K, 2048, 768, many, False),
@@ -94,13 +98,13 @@ def main() -> None:
         ("mixtral gate+up", GT.Q4_K, 28672, 4096, few, True),
         ("mixtral down", GT.Q6_K, 4096, 14336, few, False),
     ]
-    if a.in_cache:
+    if a.in_cache or a.smoke:
         configs = configs[:3]
     if a.other_formats:
         configs = [("qwen3 down", qt, 2048, 768, many, False) for qt in (GT.Q5_K, GT.Q8_0, GT.Q4_0, GT.Q4_1, GT.Q5_0, GT.Q5_1)]
     print(f"CPU: {cpu_model()}\n{native.status()}, {a.threads} threads; building weights ...", flush=True)
     mats = {c: build(rng, c[1], c[2], c[3], c[4], c[5]) for c in configs}
-    rounds = 2 if a.quick else a.rounds
+    rounds = 1 if a.smoke else 2 if a.quick else a.rounds
     Ts = (1, 4)
     times = {(c, T, lay): [] for c in configs for T in Ts for lay in ("raw", "tiled")}  # per round: s / matrix
     bws = []

@@ -13,7 +13,9 @@ downstream. The two runs share one file mapping (two MoEModels, bf16, every expe
 chunk of the text is read by both, the logits of both compared chunk by chunk, so neither run's
 [positions, vocab] logits are ever held whole. The text: this repository's README, design sketch and
 engine sources, in a fixed order, tokenised by the model's own tokenizer, cut to --positions + 1.
-Writes benchmarks/results/kv8-quality-<model>-<date>.md (and .json).
+Writes benchmarks/results/kv8-quality-<model>-<date>.md (and .json; MIXDESK_BENCH_RESULTS moves the folder).
+--smoke: a tiny random Mixtral (heads of 32, written once under MIXDESK_BENCH_CACHE) unless --model, 64
+positions in chunks of 32, decode timed (4 steps each way) after 32 and 64, the last 16 positions as the tail.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import torch  # noqa: E402
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
+
 
 
 def text_ids(tokenizer, n: int) -> list[int]:
@@ -88,7 +91,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16, help="decode steps timed each way at each length")
     ap.add_argument("--marks", default="4096,16384", help="positions after which decode is timed")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     a = ap.parse_args()
+    tail = 1024  # the last positions' span
+    if a.smoke:
+        from benchmarks.common import smoke_model
+
+        a.model = a.model or str(smoke_model("tiny-mixtral-smoke-kv8", heads=2, kv_heads=2))
+        a.positions, a.chunk, a.steps, a.marks, tail = 64, 32, 4, "32,64", 16
 
     from engine.machine.devices import detect
     from engine.runtime.load import open_checkpoint, parse_placement
@@ -149,7 +159,7 @@ def main() -> None:
                 "kl_max": max(kl[lo:hi]), "logit_change": statistics.fmean(rel[lo:hi]),
                 "ppl_16": math.exp(statistics.fmean(nll[16][lo:hi])), "ppl_8": math.exp(statistics.fmean(nll[8][lo:hi]))}
 
-    spans = [span(0, m) for m in marks] + ([span(max(0, n - 1024), n)] if n > 1024 else [])
+    spans = [span(0, m) for m in marks] + ([span(max(0, n - tail), n)] if n > tail else [])
     d = ck.dims
     bytes_token = {bits: c.token_bytes for bits, c in caches.items()}
     res = {"date": datetime.date.today().isoformat(), "machine": machine(), "model": Path(a.model).name,
@@ -158,7 +168,9 @@ def main() -> None:
            "bytes_per_token": bytes_token, "cache_bytes_at_positions": {b: v * n for b, v in bytes_token.items()},
            "read_s": t_read, "spans": spans, "decode": decode, "rounding": rounding_error(caches[16], n)}
     stem = Path(a.model).name.removesuffix(".gguf")
-    out = Path(a.out) if a.out else HERE / "results" / f"kv8-quality-{stem}-{res['date']}.md"
+    from benchmarks.common import RESULTS
+
+    out = Path(a.out) if a.out else RESULTS / f"kv8-quality-{stem}-{res['date']}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=1))
     lines = [f"# 8-bit keys and values against 16-bit: {res['model']}", "",

@@ -11,12 +11,17 @@ makes it without one; the i-quants below 4 bits need one, so they are not here).
 through benchmarks/real_scale.py (each contender in its own process, memory sampled, the best warm round
 of each, the read bandwidth measured before each child), which records it; this script records one
 table of them all.
+
+--smoke: Q3_K_M of real_scale_files.py's toy-sized Qwen3 (SMOKE, a few MB; both written once under .bench/)
+through real_scale.py with one round of one warm request (16 prompt, 4 new tokens, a 120 s timeout a child),
+recorded as the full run is (a test runs it); it exits non-zero when a file's row failed.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
 import json
+import os
 import re
 import subprocess
 import sys
@@ -27,7 +32,8 @@ HERE = Path(__file__).resolve()
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-SOURCES = {"tiny": "qwen3-30b-a3b-tiny-q4_k_m.gguf", "full": "qwen3-30b-a3b-q4_k_m.gguf"}
+SOURCES = {"tiny": "qwen3-30b-a3b-tiny-q4_k_m.gguf", "full": "qwen3-30b-a3b-q4_k_m.gguf",
+           "smoke": "qwen3-smoke-q4_k_m.gguf"}  # smoke: real_scale_files.SMOKE, --smoke's
 
 
 def requantised(size: str, recipe: str) -> Path:
@@ -37,6 +43,10 @@ def requantised(size: str, recipe: str) -> Path:
     from benchmarks.common import CACHE
 
     src = CACHE / SOURCES[size]
+    if size == "smoke":
+        from benchmarks import real_scale_files
+
+        src = real_scale_files.write(real_scale_files.SMOKE, src)  # a few MB, once
     if not src.exists():
         subprocess.run([sys.executable, str(ROOT / "benchmarks/real_scale_files.py"),
                         "qwen3-tiny" if size == "tiny" else "qwen3"], check=True)
@@ -66,7 +76,14 @@ def main() -> None:
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--drop-full", action="store_true",
                     help="delete each full-size file once measured (the three take 42 GB of disk together)")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     a = ap.parse_args()
+    env = None
+    if a.smoke:
+        from benchmarks.common import RESULTS
+
+        a.sizes, a.recipes, a.rounds, a.new_tokens = "smoke", "Q3_K_M", 1, 4
+        env = {**os.environ, "MIXDESK_BENCH_RESULTS": str(RESULTS)}  # the children record where this run does
     rows = []
     for size in a.sizes.split(","):
         for recipe in a.recipes.split(","):
@@ -75,8 +92,10 @@ def main() -> None:
                    "--llama", "repack,norepack", "--rounds", str(a.rounds), "--new-tokens", str(a.new_tokens)]
             if a.no_record:
                 cmd.append("--no-record")
+            if a.smoke:  # real_scale.py's own --smoke takes its toy file, not this one: its settings, spelled out
+                cmd += ["--decode-rounds", "2", "--prompt-tokens", "16", "--ctx", "256", "--timeout", "120"]
             print("$", " ".join(cmd[1:]), flush=True)
-            r = subprocess.run(cmd, capture_output=True, text=True)
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env)
             print(r.stdout[-3000:], r.stderr[-2000:] if r.returncode else "", flush=True)
             if a.drop_full and size == "full":
                 path.unlink()
@@ -123,6 +142,8 @@ def main() -> None:
     if not a.no_record:
         print("recorded", record(f"low_bit_decode-{a.sizes.replace(',', '-')}-{cpu_tag()}", {"rows": [
             {"size": s, "recipe": r, "file": str(p), "result": res} for s, r, p, res in rows]}, "\n".join(lines)))
+    if a.smoke and not a.no_record and any(res is None for *_, res in rows):
+        raise SystemExit("a file's run failed (above)")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """A 16-bit safetensors checkpoint's cpu-16 experts served from its mapping, against today's copies.
 
-    python benchmarks/mapped_16bit.py [--rounds 2]
+    python benchmarks/mapped_16bit.py [--rounds 2] [--smoke]
+
+--smoke: one round on a tiny checkpoint of the same layout (SMOKE_SHAPE, written once under .bench/),
+recorded as the full run is (a test runs it).
 
 The 2-layer Mixtral-width bf16 checkpoint of benchmarks/memory_real_width.py (written once under
 .bench/, ~6.3 GB). Each run is a fresh process: the model built with every expert at cpu-16, a
@@ -24,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import CACHE, read_bandwidth, record  # noqa: E402
 from benchmarks.memory_real_width import SHAPE, write_checkpoint  # noqa: E402
+
+SMOKE_SHAPE = dict(layers=2, hidden=256, ffn=512, experts=4, top_k=2, heads=4, kv_heads=2, vocab=320)
 
 CHILD = r"""
 import json, sys, time, torch
@@ -62,12 +67,16 @@ def run(path: Path, mapped: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     a = ap.parse_args()
-    path = CACHE / "mixtral-width-2layer"
+    shape = SMOKE_SHAPE if a.smoke else SHAPE
+    if a.smoke:
+        a.rounds = 1
+    path = CACHE / ("mapped_16bit-smoke" if a.smoke else "mixtral-width-2layer")
     if not (path / "config.json").exists():
         t0 = time.perf_counter()
-        print(f"writing the real-width checkpoint to {path} ...", flush=True)
-        write_checkpoint(path)
+        print(f"writing the {'tiny' if a.smoke else 'real-width'} checkpoint to {path} ...", flush=True)
+        write_checkpoint(path, shape)
         print(f"  {time.perf_counter() - t0:.0f} s", flush=True)
     rows = ["| round | experts | read bandwidth GB/s | decode tok/s | peak RssAnon GiB (- before load) | "
             "anon / expert bytes | peak RssFile GiB |", "|---|---|---|---|---|---|---|"]
@@ -84,8 +93,9 @@ def main() -> None:
                         f"{m['share']:.3f} | {m['peak_file'] / 2**30:.2f} |")
             print(rows[-1], flush=True)
     best = {k: max(r["decode_tok_s"] for r in runs if r["mapped"] == k) for k in (True, False)}
-    rows.append(f"\nExperts: {runs[0]['experts'] / 2**30:.2f} GiB (bf16, {SHAPE['layers']} layers x "
-                f"{SHAPE['experts']} of Mixtral-8x7B's width). Decode, best of each: mapped {best[True]:.2f} vs "
+    width = "a tiny model" if a.smoke else "Mixtral-8x7B"
+    rows.append(f"\nExperts: {runs[0]['experts'] / 2**30:.2f} GiB (bf16, {shape['layers']} layers x "
+                f"{shape['experts']} of {width}'s width). Decode, best of each: mapped {best[True]:.2f} vs "
                 f"copied {best[False]:.2f} tok/s ({best[True] / best[False]:.2f}x). Target: anonymous memory "
                 f"<= 10% of the experts' bytes (the column 'anon / expert bytes', the process's own growth).")
     table = "\n".join(rows)

@@ -3,6 +3,7 @@ it opens the file, builds every expert and dense matrix in the file's own blocks
 the bytes the model keeps resident (experts + dense + KV cache).
 
     python benchmarks/memory_gguf.py [FILE.gguf ...]     (default: the cpu_vs_llama_cpp Q4_K_M files)
+    python benchmarks/memory_gguf.py --smoke    (benchmarks/real_scale_files.py's toy-sized Qwen3, ~10 MB)
 
 Each file runs in a fresh child process: RSS before the model is built (Python, torch, the engine
 imported) is the baseline, and the figure is (peak RSS - baseline) / resident bytes. The file is
@@ -10,6 +11,7 @@ read with positional reads into buffers the engine owns, so the page cache does 
 """
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -47,7 +49,15 @@ print(json.dumps({"file": sys.argv[1], "label": ck.format_label(), "file_bytes":
 
 
 def main() -> None:
-    files = [Path(p) for p in sys.argv[1:]] or [CACHE / "demo-q4_k_m.gguf", CACHE / "mixtral-width-q4_k_m.gguf"]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="*", type=Path, help="GGUF files (default: the cpu_vs_llama_cpp Q4_K_M files)")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
+    a = ap.parse_args()
+    if a.smoke:
+        from benchmarks import real_scale_files
+
+        a.files = [real_scale_files.write(real_scale_files.SMOKE, log=lambda m: print(m, flush=True))]
+    files = a.files or [CACHE / "demo-q4_k_m.gguf", CACHE / "mixtral-width-q4_k_m.gguf"]
     rows = ["| file | what it holds | resident (experts + dense + KV used) | peak RSS - baseline | ratio |",
             "|---|---|---|---|---|"]
     res = []

@@ -1,6 +1,9 @@
 """Peak RSS follows the placement, at Mixtral's real widths.
 
-    python benchmarks/memory_real_width.py
+    python benchmarks/memory_real_width.py [--smoke]
+
+`--smoke`: the same two placements on a toy 2-layer checkpoint (hidden 256, ffn 512, 8 experts, vocab 1024;
+~14 MB, written once under .bench/mixtral-width-2layer-smoke), to check the harness in seconds.
 
 Writes (once, under .bench/) a 2-layer checkpoint with random bf16 weights at Mixtral-8x7B's
 widths: hidden 4096, ffn 14336, 8 experts, vocab 32000 (~6.3 GB, one shard per layer plus an index).
@@ -13,6 +16,7 @@ experts count as host-resident too; on a GPU machine they would live in VRAM ins
 """
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -23,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import CACHE, record  # noqa: E402
 
 SHAPE = dict(layers=2, hidden=4096, ffn=14336, experts=8, top_k=2, heads=32, kv_heads=8, vocab=32000)
+SMOKE_SHAPE = dict(layers=2, hidden=256, ffn=512, experts=8, top_k=2, heads=4, kv_heads=2, vocab=1024)
 
 
 def write_checkpoint(path: Path, shape: dict | None = None) -> None:
@@ -93,14 +98,18 @@ print(json.dumps({"base_rss": base, "peak_rss": lifetime_peak_rss(), "experts_ho
 def main() -> None:
     from engine.placement import Placement, Tier
 
-    path = CACHE / "mixtral-width-2layer"
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
+    a = ap.parse_args()
+    shape = SMOKE_SHAPE if a.smoke else SHAPE
+    path = CACHE / ("mixtral-width-2layer-smoke" if a.smoke else "mixtral-width-2layer")
     if not (path / "config.json").exists():
         t0 = time.perf_counter()
-        print(f"writing the real-width checkpoint to {path} ...", flush=True)
-        write_checkpoint(path)
+        print(f"writing the {'toy' if a.smoke else 'real'}-width checkpoint to {path} ...", flush=True)
+        write_checkpoint(path, shape)
         print(f"  {time.perf_counter() - t0:.0f} s")
     size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-    L, E = SHAPE["layers"], SHAPE["experts"]
+    L, E = shape["layers"], shape["experts"]
     placements = {
         "all cpu-16": Placement.uniform(L, E, Tier.CPU16),
         "half gpu-16 (seam) / half cpu-16": Placement.random(L, E, [Tier.GPU16, Tier.CPU16], seed=0),

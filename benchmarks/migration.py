@@ -1,6 +1,6 @@
 """Migration while generating, across a full slider sweep (CPU).
 
-    python benchmarks/migration.py [--model PATH] [--tokens 600] [--quick]
+    python benchmarks/migration.py [--model PATH] [--tokens 600] [--smoke]
 
 A long greedy generation runs on the engine thread while the slider sweeps 1 -> 0 -> 1 in steps.
 Printed: the longest single decode-step stall, the bytes moved (new forms built) and the tiers they
@@ -11,7 +11,8 @@ the longest gap of the same generation with no slider move (on this shared 2-cor
 alone jitter 1.5-1.8x). --model: a GGUF file or model folder (default: the demo); a Q4_K_M file's
 fast end moves experts to cpu-3 / cpu-2. The model's first start (measuring the machine,
 calibrating) is waited for first: before it the slider trades nothing, and a sweep moved no expert.
---quick: a short smoke run (fewer tokens and steps), not recorded.
+--smoke (or --quick): the smallest run through every stage (a test runs it): 120 tokens, 4 slider steps,
+recorded where MIXDESK_BENCH_RESULTS says (the test's temporary folder).
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None, help="a GGUF file or model folder (default: the demo)")
     ap.add_argument("--tokens", type=int, default=600)
-    ap.add_argument("--quick", action="store_true", help="a short smoke run, not recorded")
+    ap.add_argument("--smoke", "--quick", dest="quick", action="store_true",
+                    help="the smallest run through every stage (a test runs it)")
     a = ap.parse_args()
     n_new = 120 if a.quick else a.tokens
 
@@ -147,8 +149,8 @@ def main() -> None:
     figures = {"stall_s": stall, "median_step_s": statistics.median(steps), "quiet_stall_s": q_stall,
                "quiet_median_step_s": statistics.median(q_steps), "bytes": built, "busy_s": busy, "wall_s": wall,
                "ref_bytes_per_s": ref, "moves_into": into, "model": name}
-    if not a.quick:
-        print(f"recorded {record('migration' if not a.model else f'migration-{Path(a.model).stem}', figures, table)}")
+    # a smoke run's record goes to a temporary folder (benchmarks/common.py: RESULTS)
+    print(f"recorded {record('migration' if not a.model else f'migration-{Path(a.model).stem}', figures, table)}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 rope key] rows, values from the latents) against expanded (transformers' way: every cached latent
 through kv_b into each head's keys and values, then ordinary attention), at several context lengths.
 
-    python benchmarks/mla_absorbed.py [--contexts 256 2048 8192] [--repeats 20]
+    python benchmarks/mla_absorbed.py [--contexts 256 2048 8192] [--repeats 20] [--smoke]
+
+--smoke: one context (256) and one repeat, recorded as the full run is (a test runs it).
 
 Both from the same random weights and cache; the outputs agree (checked each run). Torch on the
 CPU, 2 threads, the engine's attention dtype (fp32); the projections before and after (q_a/q_b,
@@ -45,7 +47,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", type=int, nargs="+", default=[256, 2048, 8192])
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     a = ap.parse_args()
+    if a.smoke:
+        a.contexts, a.repeats = [256], 1
     torch.set_num_threads(2)
     g = torch.Generator().manual_seed(0)
     w_k, w_v = torch.randn(H, N, R, generator=g) * R ** -0.5, torch.randn(H, V, R, generator=g) * R ** -0.5

@@ -12,7 +12,9 @@ The CPU-only profile (cpu-16, cpu-4, and cpu-3 / cpu-2 where they hold fewer byt
 cpu-4 reproduces the source GGUF's Q4_1 grid, so its quality cost is ~0 and perplexity differences
 between placements are noise. (Offering NF4 on the CPU device instead was tried: it is slower than
 cpu-16 there, so the planner never picks it.) --model: a GGUF file's "16-bit" reference is its own
-blocks (cpu-16), and its fast end takes experts to cpu-3 / cpu-2 (issue 46).
+blocks (cpu-16), and its fast end takes experts to cpu-3 / cpu-2 (issue 46). --smoke: a tiny random
+Mixtral (written once under MIXDESK_BENCH_CACHE) unless --model, 3 settings, 64 tokens, 1 round of 8 new
+tokens, a 32-token prefill, the cached hardware profile (measured only if none), bandwidth over 256 MiB.
 """
 from __future__ import annotations
 
@@ -24,10 +26,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import read_bandwidth, record  # noqa: E402
+from benchmarks.common import read_bandwidth, record, smoke_model  # noqa: E402
 
 ROUNDS = 4
 PREFILL = 256
+
 
 
 def native_status() -> str:
@@ -125,7 +128,7 @@ def main() -> None:
     from engine.runtime.generate import SamplingParams
     from engine.runtime.load import load
     from engine.placement import Placement, Tier
-    from engine.planning.planner import Budgets, choose, frontier, prefill_s
+    from engine.planning.planner import choose, frontier, prefill_s
     from engine.measures.profile import calibrated_tiers
     from engine.sources.demo import demo_dir
     from engine.experts.tier_bytes import mapped_bytes
@@ -134,7 +137,12 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="a GGUF file or model folder (default: the demo)")
     ap.add_argument("--settings", type=int, default=9)
     ap.add_argument("--tokens", type=int, default=768)
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     a = ap.parse_args()
+    rounds, new_tokens, prefill, mib = ROUNDS, 64, PREFILL, 1024
+    if a.smoke:
+        a.model = a.model or str(smoke_model())
+        a.settings, a.tokens, rounds, new_tokens, prefill, mib = 3, 64, 1, 8, 32, 256
     loaded = load(a.model or str(demo_dir()), "cpu", device="cpu", ctx=2048)
     m, d = loaded.model, loaded.ckpt.dims
     ids = corpus_ids(loaded.tokenizer, None, a.tokens)
@@ -152,7 +160,7 @@ def main() -> None:
 
     from engine.measures.inputs import with_file_costs
 
-    hw = load_or_measure(torch.device("cpu"), remeasure=True)
+    hw = load_or_measure(torch.device("cpu"), remeasure=not a.smoke)
     mp = load_or_calibrate(m, loaded.tokenizer, tiers=calibrated_tiers(True, loaded.ckpt))  # cached: the app's
     inp = from_profiles(mp, hw, d.top_k, m.dense_bytes(), measure_dense_s(m, hw),
                         dense_prefill_s=measure_dense_prefill_s(m, hw))
@@ -163,29 +171,29 @@ def main() -> None:
     pts = frontier(inp, budgets)
     gen = loaded.generator
     gen.eos_ids.clear()
-    prompt = torch.randint(100, 40000, (16,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = torch.randint(100, min(40000, d.vocab), (16,), generator=torch.Generator().manual_seed(0)).tolist()
 
     def rate_of(pl) -> float:
         m.apply(pl)
-        return list(gen.stream(prompt, SamplingParams(max_new_tokens=64)))[-1].decode_tok_s
+        return list(gen.stream(prompt, SamplingParams(max_new_tokens=new_tokens)))[-1].decode_tok_s
 
-    bw = read_bandwidth()
+    bw = read_bandwidth(mib)
     rate_of(Placement.uniform(d.layers, d.experts, Tier.CPU4))  # warm up (the first run is slow)
     plans = [choose(pts, k / (a.settings - 1), inp) for k in range(a.settings)]
     # speed: the settings in turn, ROUNDS times over, best of each -- interleaved, so that a slow
     # spell of this shared machine hits one run of every setting rather than all runs of one
     meas = [0.0] * len(plans)
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         for k, p in enumerate(plans):
             meas[k] = max(meas[k], rate_of(p.placement))
     rows = ["| slider | tiers | predicted tok/s | measured tok/s | error | of bandwidth bound | "
-            f"prefill {PREFILL} tok, s: predicted / measured | predicted loss | perplexity | KL |",
+            f"prefill {prefill} tok, s: predicted / measured | predicted loss | perplexity | KL |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     pred, loss, ppl, kl, pre_p, pre_m = [], [], [], [], [], []
-    pre_ids = torch.tensor(ids[:PREFILL])
+    pre_ids = torch.tensor(ids[:prefill])
 
     def prefill_time() -> float:
-        return min(_timed(lambda: m.forward(pre_ids, m.new_cache(PREFILL), 0)) for _ in range(3))
+        return min(_timed(lambda: m.forward(pre_ids, m.new_cache(prefill), 0)) for _ in range(3))
 
     def bytes_per_token(pl) -> float:  # the dense part (counted whole) + the expected expert reads
         return inp.dense_bytes + sum(inp.share[l][e] * inp.top_k * inp.expert_bytes[t.value]
@@ -196,7 +204,7 @@ def main() -> None:
         m.apply(p.placement)
         q = compare(ref, logprobs(m, ids), ids)
         pred.append(p.tok_s), loss.append(p.loss), ppl.append(q["ppl"]), kl.append(q["kl"])
-        pre_p.append(prefill_s(inp, p.placement, PREFILL)), pre_m.append(prefill_time())
+        pre_p.append(prefill_s(inp, p.placement, prefill)), pre_m.append(prefill_time())
         tiers = ", ".join(f"{n} {t}" for t, n in sorted(p.counts().items()))
         bound = bw / bytes_per_token(p.placement)
         rows.append(f"| {s:.3f} | {tiers} | {p.tok_s:.1f} | {rate:.1f} | {rate / p.tok_s - 1:+.0%} | "
@@ -206,10 +214,10 @@ def main() -> None:
     rho_speed = spearman(pred, meas)
     rho_ppl, rho_kl = spearman(loss, ppl), spearman(loss, kl)
     rows += ["", f"- all 16-bit perplexity {q['ref_ppl']:.3f}; {len(ids)} tokens of pydoc topics",
-             f"- measured tok/s: best of {ROUNDS} interleaved rounds of 64 new tokens; read bandwidth "
-             f"{bw / 1e9:.1f} GB/s (torch sum over 2 GiB), bound = bandwidth / bytes read per token",
+             f"- measured tok/s: best of {rounds} interleaved rounds of {new_tokens} new tokens; read bandwidth "
+             f"{bw / 1e9:.1f} GB/s (torch sum over {mib / 1024:g} GiB), bound = bandwidth / bytes read per token",
              f"- Spearman(predicted, measured tok/s) = **{rho_speed:.2f}**; worst error {worst:.0%}",
-             f"- prefill of {PREFILL} tokens (best of 3): Spearman(predicted, measured) = "
+             f"- prefill of {prefill} tokens (best of 3): Spearman(predicted, measured) = "
              f"**{spearman(pre_p, pre_m):.2f}**; worst error "
              f"{max(abs(b / a - 1) for a, b in zip(pre_p, pre_m)):.0%}",
              f"- Spearman(predicted loss, perplexity) = {rho_ppl:.2f}; with KL: {rho_kl:.2f} (cpu-4 reproduces the "

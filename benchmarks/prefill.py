@@ -4,7 +4,10 @@ same token ids: prefill tok/s at each prompt length, its GFLOP/s and fraction of
 
     python benchmarks/prefill.py [--tiny | --model qwen3|PATH.gguf] [--lengths 512,4096,16384]
         [--decode-after 128] [--llama repack,norepack] [--rounds 1] [--new-tokens 16] [--threads 2]
-        [--ballast-gb 0] [--no-record]
+        [--ballast-gb 0] [--no-record] [--smoke]
+
+`--smoke`: benchmarks/real_scale_files.py's toy-sized Qwen3 (~10 MB), prompts of 32 and 64 tokens, decode
+after 48, 2 new tokens, a 120 s timeout: every stage in seconds.
 
 Each contender runs in its own subprocess (benchmarks/real_scale.py's run_child: memory sampled every
 0.2 s), loads the file once, then for each length reads a fresh prompt of that many tokens (the
@@ -180,7 +183,9 @@ def parent_main(a) -> None:
         print(s, flush=True)
         lines.append(s)
 
-    if a.tiny or a.model in files.SHAPES:
+    if a.smoke:
+        a.model_path = files.write(files.SMOKE, log=lambda m: print(m, flush=True))
+    elif a.tiny or a.model in files.SHAPES:
         a.model_path = files.ensure("qwen3-tiny" if a.tiny else a.model, log=lambda m: print(m, flush=True))
     else:
         a.model_path = Path(a.model).expanduser().resolve()
@@ -287,11 +292,14 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=7200)
     ap.add_argument("--ctx", type=int, default=0)
     ap.add_argument("--no-record", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     ap.add_argument("--record-dir", help=argparse.SUPPRESS)
     ap.add_argument("--child", choices=["llama", "mixdesk"], help=argparse.SUPPRESS)
     ap.add_argument("--placement", default="cpu", help=argparse.SUPPRESS)
     ap.add_argument("--ids-file", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.smoke and not a.child:
+        a.lengths, a.decode_after, a.new_tokens, a.rounds, a.timeout = "32,64", "48", 2, 1, 120
     a.lengths = [int(x) for x in a.lengths.split(",") if x]
     a.decode_after = [int(x) for x in a.decode_after.split(",") if x]
     if a.child:

@@ -2,7 +2,9 @@
 file, engine/native/kraw.c) against the same Q4_K weights repacked into the kernels' tiles (kquant.c),
 and what the repacking costs: is repacking a matrix for a long prompt worth it?
 
-    python benchmarks/prefill_raw_vs_tiles.py [--rounds 3]
+    python benchmarks/prefill_raw_vs_tiles.py [--rounds 3] [--smoke]
+
+--smoke: the expert's gate+up shape only, 16 tokens, one round, recorded as the full run is (a test runs it).
 
 Shapes: Qwen3.5-35B-A3B's DeltaNet in_proj_qkv [8192, 2048], a [2048, 4096] output projection, and an
 expert's gate+up [1024, 2048]; T = 16, 128, 512 and 2048 prompt tokens; Q4_K, random weights, 2 threads.
@@ -42,16 +44,20 @@ def best(f, rounds: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     a = ap.parse_args()
+    shapes, tokens = (SHAPES[-1:], TOKENS[:1]) if a.smoke else (SHAPES, TOKENS)
+    if a.smoke:
+        a.rounds = 1
     torch.manual_seed(0)
     bw = read_bandwidth() / 1e9  # GB/s
     rows, out = [], []
-    for n, k in SHAPES:
+    for n, k in shapes:
         raw = quantize_raw(torch.randn(n, k) * 0.02, GT.Q4_K)
         file_rows = BlockQuant.from_file(GT.Q4_K, [raw.reshape(-1)], (n, k))
         pack = best(lambda: BlockQuant.from_raw(GT.Q4_K, raw, (n, k)), a.rounds)
         tiles = BlockQuant.from_raw(GT.Q4_K, raw, (n, k))
-        for t in TOKENS:
+        for t in tokens:
             x = torch.randn(t, k)
             r = best(lambda: file_rows.matmul(x), a.rounds)
             p = best(lambda: tiles.matmul(x), a.rounds)

@@ -1,6 +1,8 @@
 """Which 4-bit grid should the cpu-4 tier re-quantise 16-bit experts to? Quality per byte, measured.
 
-    python benchmarks/q4_grid_quality.py [--rows 1024] [--cols 14336] [--tokens 64] [--threads 2]
+    python benchmarks/q4_grid_quality.py [--rows 1024] [--cols 14336] [--tokens 64] [--threads 2] [--smoke]
+
+--smoke: W [32, 256] and 4 activations, every kind and grid, recorded as the full run is (a test runs it).
 
 For each weight kind (Gaussian; heavy-tailed: Student-t with 3 degrees of freedom; row-offset:
 Gaussian plus a per-row mean of 0.5 sigma * N(0, 1)) one matrix W [rows, cols] (by default a
@@ -62,7 +64,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="Gaussian activations in the batch")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     args = ap.parse_args()
+    if args.smoke:
+        args.rows, args.cols, args.tokens = 32, 256, 4
     g = torch.Generator().manual_seed(args.seed)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")  # the timings depend on it
     res: dict[str, dict] = {"shape": [args.rows, args.cols], "tokens": args.tokens, "threads": args.threads,

@@ -7,6 +7,8 @@
 
 The files are benchmarks/real_scale_files.py's (random blocks, the real shapes and Q4_K_M types;
 written once under .bench/). `--tiny`: its 4-layer, 16-expert Qwen3 (0.66 GB), to rehearse.
+`--smoke`: its toy-sized Qwen3 (real_scale_files.SMOKE, ~10 MB), one round of two requests of 16 prompt
+and 4 new tokens, a 120 s timeout.
 
 Each contender runs in a subprocess of its own, so each one's memory is its own: load (open to
 ready), then a first request (time to first token and prefill of the prompt, cold: the file's pages
@@ -356,7 +358,9 @@ def parent_main(a) -> None:
         print(s, flush=True)
         lines.append(s)
 
-    if a.model in files.SHAPES or a.tiny:
+    if a.smoke:
+        a.model_path = files.write(files.SMOKE, log=lambda m: print(m, flush=True))
+    elif a.model in files.SHAPES or a.tiny:
         a.model_path = files.ensure("qwen3-tiny" if a.tiny else a.model, log=lambda m: print(m, flush=True))
     else:
         a.model_path = Path(a.model).expanduser().resolve()
@@ -484,9 +488,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--no-record", action="store_true", help="print the table only (no results file)")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     ap.add_argument("--child", choices=["llama", "mixdesk"], help=argparse.SUPPRESS)
     ap.add_argument("--prompt-ids", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.smoke and not a.child:
+        a.rounds, a.decode_rounds, a.prompt_tokens, a.new_tokens, a.ctx, a.timeout = 1, 2, 16, 4, 256, 120
     if a.child:
         child_main(a)
     else:

@@ -1,6 +1,8 @@
 """Full-size GGUF files of real models' shapes, random blocks, for the real-scale benchmarks.
 
-    python benchmarks/real_scale_files.py [qwen3|mixtral|qwen3-tiny|all] [--plan]
+    python benchmarks/real_scale_files.py [qwen3|mixtral|qwen3-tiny|all] [--plan] [--smoke]
+
+`--smoke`: describes and writes only the toy-sized SMOKE file (~10 MB), into a temporary folder (then removed).
 
 - `qwen3-30b-a3b-q4_k_m.gguf` (~18.6 GB): Qwen3-30B-A3B's shape (resources/qwen3-30b-a3b-config.json),
   arch `qwen3moe`: 48 layers, hidden 2048, 128 experts of width 768, top-8, 32/4 heads of 128,
@@ -115,6 +117,10 @@ MIXTRAL = _mixtral()
 # 4 layers of 16 experts (top-8), the full vocabulary and widths: ~0.6 GB
 QWEN3_TINY = replace(QWEN3, name="qwen3-30b-a3b-tiny-q4_k_m", layers=4, experts=16)
 SHAPES = {"qwen3": QWEN3, "mixtral": MIXTRAL, "qwen3-tiny": QWEN3_TINY}
+# the benchmarks' --smoke file: the Qwen3 file's kinds of tensors and types at toy sizes (2 layers of 16
+# experts, hidden 512, vocab 2,048: ~10 MB), written in well under a second; not one of SHAPES (`all`)
+SMOKE = replace(QWEN3, name="qwen3-smoke-q4_k_m", layers=2, hidden=512, experts=16, expert_ffn=256, top_k=4,
+                heads=4, kv_heads=2, vocab=2048)
 
 
 # --- the tensor plan --------------------------------------------------------------------------------
@@ -418,7 +424,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("which", nargs="?", default="qwen3", choices=[*SHAPES, "all"])
     ap.add_argument("--plan", action="store_true", help="print the plan (types, sizes) and write nothing")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     a = ap.parse_args()
+    if a.smoke:  # the whole writer (header, every tensor type, the rename), fresh each time, nothing kept
+        import tempfile
+
+        print(describe(SMOKE), flush=True)
+        if not a.plan:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = write(SMOKE, Path(tmp) / SMOKE.path.name, log=lambda m: print(m, flush=True))
+                if out.stat().st_size != expected_size(SMOKE):
+                    raise SystemExit(f"{out}: {out.stat().st_size} bytes, planned {expected_size(SMOKE)}")
+                print(out)
+        return
     for name in (SHAPES if a.which == "all" else [a.which]):
         print(describe(SHAPES[name]), flush=True)
         if not a.plan:

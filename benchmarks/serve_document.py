@@ -5,7 +5,10 @@ bytes of its keys and values), the request's prompt tokens, time and reading rat
 the server's peak anonymous (RssAnon) and file-backed (RssFile) memory, sampled every 0.2 s.
 
     python benchmarks/serve_document.py [--model .bench/qwen3-30b-a3b-q4_k_m.gguf] [--ballast-gb 5]
-        [--tokens 16384] [--max-tokens 16] [--no-record]
+        [--tokens 16384] [--max-tokens 16] [--no-record] [--smoke]
+
+`--smoke`: benchmarks/real_scale_files.py's toy-sized Qwen3 (~10 MB), a 0.05 GB ballast, a 256-token document,
+2 reply tokens, a 120 s timeout.
 
 The document is English prose (resources/corpus/eval.txt, paragraphs repeated in a shuffled order
 so no two stretches are alike), cut to the token count with the file's own tokenizer.
@@ -58,7 +61,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--no-record", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     a = ap.parse_args()
+    if a.smoke:
+        from benchmarks import real_scale_files as files
+
+        a.model = str(files.write(files.SMOKE, log=lambda m: print(m, flush=True)))
+        a.ballast_gb, a.tokens, a.max_tokens, a.timeout = 0.05, 256, 2, 120
     model = Path(a.model).resolve()
     text, counted = document(model, a.tokens)
     lines: list[str] = []

@@ -1,17 +1,19 @@
 """Which ASGI stack serves Mixdesk's API: Starlette alone against FastAPI (both on uvicorn), in one run.
 
     pip install fastapi   # only for this comparison
-    python benchmarks/server_stack.py
+    python benchmarks/server_stack.py [--smoke]
 
 Each stack serves the two shapes the API has, with no model behind them, so only the stack is
 timed: a small JSON answer (GET /v1/models-like) and a server-sent-event stream of 256 chunks
 (a streamed reply of 256 tokens). A client on loopback (the standard library's, one connection at a
 time) makes 400 JSON requests and 40 streams; printed are the median times and the peak RSS each
 server process adds. One token of the demo model takes ~10 ms on this machine, so the stack's
-cost per chunk is what matters against that.
+cost per chunk is what matters against that. `--smoke`: 20 JSON requests and 3 streams a stack, on free
+ports.
 """
 from __future__ import annotations
 
+import argparse
 import http.client
 import json
 import os
@@ -51,7 +53,15 @@ uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 """
 
 
-def bench(kind: str, port: int) -> dict:
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def bench(kind: str, port: int, requests: int = 400, streams: int = 40) -> dict:
     import psutil
 
     proc = subprocess.Popen([sys.executable, "-c", SERVER, kind, str(port)])
@@ -66,13 +76,13 @@ def bench(kind: str, port: int) -> dict:
                 time.sleep(0.05)
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         js = []
-        for _ in range(400):
+        for _ in range(requests):
             t = time.perf_counter()
             c.request("GET", "/v1/models")
             json.loads(c.getresponse().read())
             js.append(time.perf_counter() - t)
         ss = []
-        for _ in range(40):
+        for _ in range(streams):
             t = time.perf_counter()
             c.request("POST", "/v1/stream", body=b"{}")
             r = c.getresponse()
@@ -88,6 +98,9 @@ def bench(kind: str, port: int) -> dict:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
+    a = ap.parse_args()
     kinds = ["starlette"]
     try:
         import fastapi  # noqa: F401
@@ -95,7 +108,10 @@ def main() -> None:
         kinds.append("fastapi")
     except ImportError:
         print("fastapi is not installed: timing Starlette alone (pip install fastapi to compare)")
-    res = {k: bench(k, 18700 + i) for i, k in enumerate(kinds)}
+    if a.smoke:
+        res = {k: bench(k, free_port(), 20, 3) for k in kinds}
+    else:
+        res = {k: bench(k, 18700 + i) for i, k in enumerate(kinds)}
     rows = ["| stack | JSON request, median ms | 256-chunk stream, median ms | per chunk, us | server RSS MiB |",
             "|---|---|---|---|---|"]
     for k, r in res.items():

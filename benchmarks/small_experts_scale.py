@@ -11,7 +11,8 @@ The weights are seeded random tensors (engine/sources/synthetic.py). Printed, ea
   Python of engine/ itself (self time);
 - migration: every expert cpu-16 -> cpu-4 through Model.apply (read, quantise, install), against
   the same work done bare in a loop (read + Q4 quantise) on a sample of experts, in the same run.
-No baseline: no peer calibrates or re-places experts live.
+No baseline: no peer calibrates or re-places experts live. --smoke: 2 layers of 8 experts, 64 tokens of
+calibration, every stage as above.
 """
 from __future__ import annotations
 
@@ -50,7 +51,10 @@ def split(stats: pstats.Stats) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     args = ap.parse_args()
+    if args.smoke:
+        args.layers = 2
     import torch
 
     from engine import native
@@ -65,6 +69,9 @@ def main() -> None:
     raw.update(num_hidden_layers=args.layers, hidden_size=256, moe_intermediate_size=64, intermediate_size=256,
                num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=4096, bos_token_id=1,
                eos_token_id=2)
+    if args.smoke:
+        raw.update(num_experts=8)
+    tokens = 64 if args.smoke else 1024
     tmp = Path(tempfile.mkdtemp())
     (tmp / "config.json").write_text(json.dumps(raw))
     ck = SyntheticCheckpoint(write_synthetic(tmp / "model", tmp / "config.json"))
@@ -74,7 +81,7 @@ def main() -> None:
     t = time.perf_counter()
     model = MoEModel(ck, Placement.uniform(d.layers, d.experts, Tier.CPU16), cpu, torch.bfloat16)
     load_s = time.perf_counter() - t
-    ids = ck.load_tokenizer()(P.calibration_text())["input_ids"][:1024]
+    ids = ck.load_tokenizer()(P.calibration_text())["input_ids"][:tokens]
     import bitsandbytes  # noqa: F401  (its first import, ~3 s, is not calibration's)
 
     forward_s = 0.0
@@ -129,7 +136,7 @@ def main() -> None:
         f"model: {d.layers} x {d.experts} experts (top-{d.top_k}), hidden {d.hidden}, expert ffn {d.ffn} "
         f"({3 * d.hidden * d.ffn / 1e3:.0f} K weights an expert); CPU kernel: {native.status()}",
         f"load (all cpu-16): {load_s:.1f} s",
-        f"calibration, 1,024 tokens, cpu-4 + gpu-4: {cal_plain_s:.1f} s; of it the model's forwards (capture, "
+        f"calibration, {len(ids):,} tokens, cpu-4 + gpu-4: {cal_plain_s:.1f} s; of it the model's forwards (capture, "
         f"per-layer KL) {cal_forward_s:.1f} s; the rest {per_expert_cal:.2f} ms an expert",
         f"  under cProfile ({cal_s:.1f} s), self time: " + ", ".join(f"{k} {v:.1f} s" for k, v in cal_split.items()),
         f"migration, all {n:,} experts cpu-16 -> cpu-4 (Model.apply): {mig_s:.1f} s = {mig_s / n * 1e3:.2f} ms an "

@@ -9,6 +9,10 @@ as its own process in each tree, in the order base, this, this, base, ... (so a 
 machine's bandwidth over the minutes weighs on both alike); each figure's median over the rounds
 is compared. Both runs read the same model files (MIXDESK_BENCH_CACHE); the read bandwidth each
 benchmark measures itself is printed beside. Results: results/versus_parent-<benchmarks>-<date>.md/.json.
+
+--smoke: one round of frontier_from_config (resources/mixtral-8x7b-config.json, arguments both trees' versions
+take) against --base HEAD unless given; the base's native library is copied from this tree when their
+native sources are the same, else not built (the build takes minutes; the planner benchmark runs without it).
 """
 from __future__ import annotations
 
@@ -42,6 +46,11 @@ def figures(bench: str, d: dict) -> dict[str, tuple[float, bool]]:
             out[f"{n} streams aggregate tok/s"] = (r["aggregate_tok_s"], True)
             out[f"{n} streams per-stream gap ms"] = (r["per_stream_gap_ms"], False)
         out["bandwidth GB/s"] = (d["bandwidth"] / 1e9, True)
+    elif bench in ("frontier_from_config", "mixtral_frontier"):
+        out["frontier ms (median)"] = (d["ms"], False)
+        if "first_ms" in d:
+            out["frontier first call ms"] = (d["first_ms"], False)
+        out["frontier points"] = (d["points"], True)
     elif bench == "migration":
         out["longest gap / median step"] = (d["stall_s"] / d["median_step_s"], False)
         out["no-move longest gap / median step"] = (d["quiet_stall_s"] / d["quiet_median_step_s"], False)
@@ -51,11 +60,23 @@ def figures(bench: str, d: dict) -> dict[str, tuple[float, bool]]:
     return out
 
 
-def worktree(ref: str) -> Path:
+def worktree(ref: str, smoke: bool = False) -> Path:
     sha = subprocess.run(["git", "rev-parse", ref], cwd=HEAD, capture_output=True, text=True, check=True).stdout.strip()
     path = Path(tempfile.gettempdir()) / f"mixdesk-base-{sha[:10]}"
     if not (path / ".git").exists():
         subprocess.run(["git", "worktree", "add", "--detach", str(path), sha], cwd=HEAD, check=True)
+    if smoke and not list((path / "engine" / "native").glob("_mdk*.so")):
+        import shutil
+
+        same = subprocess.run(["git", "diff", "--quiet", sha, "--", "engine/native", "setup.py"], cwd=HEAD).returncode == 0
+        built = list((HEAD / "engine" / "native").glob("_mdk*.so"))
+        if same and built:
+            print(f"the native sources of {sha[:10]} are this tree's: its library copied", flush=True)
+            for so in built:
+                shutil.copy2(so, path / "engine" / "native" / so.name)
+        else:
+            print(f"smoke: the native library of {sha[:10]} not built (its engine runs the torch kernels)", flush=True)
+        return path
     if not list((path / "engine" / "native").glob("_mdk*.so")):
         print(f"building the native library of {sha[:10]} ...", flush=True)
         subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=path, check=True,
@@ -68,19 +89,32 @@ def run_once(tree: Path, bench: str, args: list[str]) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "MIXDESK_BENCH_CACHE": str(CACHE), "MIXDESK_BENCH_RESULTS": str(out)}
     subprocess.run([sys.executable, f"benchmarks/{bench}.py", *args], cwd=tree, env=env, check=True,
                    stdout=subprocess.DEVNULL)
-    found = sorted(out.glob(f"{bench}*.json")) or sorted((tree / "benchmarks" / "results").glob(f"{bench}-*.json"),
-                                                       key=lambda p: p.stat().st_mtime)
+    # a record named otherwise (frontier_from_config writes frontier_<model_type>) is still the only one in `out`
+    found = (sorted(out.glob(f"{bench}*.json")) or sorted(out.glob("*.json"))
+             or sorted((tree / "benchmarks" / "results").glob(f"{bench}-*.json"), key=lambda p: p.stat().st_mtime))
     return json.loads(found[-1].read_text())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("benchmarks", nargs="+")
-    ap.add_argument("--base", required=True, help="the earlier commit (e.g. the parent of the change)")
+    ap.add_argument("benchmarks", nargs="*")
+    ap.add_argument("--base", default=None, help="the earlier commit (e.g. the parent of the change); required but "
+                    "with --smoke (HEAD)")
     ap.add_argument("--rounds", type=int, default=2, help="runs of each tree per benchmark")
-    ap.add_argument("--args", default="", help="arguments passed to every benchmark")
+    ap.add_argument("--args", default=None, help="arguments passed to every benchmark")
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     a = ap.parse_args()
-    base = worktree(a.base)
+    if a.smoke:
+        a.benchmarks = a.benchmarks or ["frontier_from_config"]
+        a.base = a.base or "HEAD"
+        a.rounds = 1
+        if a.args is None:
+            a.args = "resources/mixtral-8x7b-config.json" if a.benchmarks == ["frontier_from_config"] else ""
+    missing = [n for n, v in (("benchmarks", a.benchmarks), ("--base", a.base)) if not v]
+    if missing:
+        ap.error(f"the following arguments are required: {', '.join(missing)}")
+    a.args = a.args or ""
+    base = worktree(a.base, a.smoke)
     trees = {"base": base, "this": HEAD}
     order = [("base", "this"), ("this", "base")]
     payload, lines = {"base": a.base, "rounds": a.rounds}, []

@@ -2,8 +2,12 @@
 tier present, time per token at batch 1/4/16/128 and the fraction of read bandwidth at batch 1,
 in several consecutive runs, all reported.
 
-    python benchmarks/kernels.py [--runs 3]
-    python benchmarks/kernels.py --formats [--threads 2]   # GGUF K-quants against MDK_Q4, not recorded
+    python benchmarks/expert_kernels.py [--runs 3]
+    python benchmarks/expert_kernels.py --formats [--threads 2]   # GGUF K-quants against MDK_Q4, not recorded
+    python benchmarks/expert_kernels.py --smoke   # a test runs it: tiny shapes, one round, both parts
+
+--smoke: one run on an expert of hidden 256 and ffn 512, one batch-1 round, one repeat, recorded as the full
+run is, after --formats on one [256, 256] copy of each format, one round (with --formats: that part only).
 
 --formats: one 14336 x 4096 matrix in MDK_Q4 and in Q4_K / Q5_K / Q6_K (random valid blocks), three
 copies of each so that a pass reads ~100 MB or more from RAM (one Q4 copy, 37 MB, is near the 32 MB L3
@@ -66,10 +70,18 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--formats", action="store_true", help="GGUF K-quants against MDK_Q4 (GB/s), not recorded")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true", help="the smallest run through every stage (a test runs it)")
     a = ap.parse_args()
-    if a.formats:
+    if a.smoke:
+        formats(a.threads, rounds=1, copies=1, n=256, k=256)
+        if a.formats:
+            return
+        a.runs = 1
+        bench_kernels.ROUNDS = 1  # batch 1's rounds, each beside its own read-bandwidth reading
+    elif a.formats:
         formats(a.threads)
         return
+    size = dict(hidden=256, ffn=512, reps=1) if a.smoke else {}
     lines: list[str] = []
 
     def out(s: str) -> None:
@@ -79,7 +91,7 @@ def main() -> None:
     runs = []
     for i in range(a.runs):
         out(f"run {i + 1} of {a.runs}")
-        runs.append(bench_kernels.run(out=out))
+        runs.append(bench_kernels.run(out=out, **size))
     summary = ["", "| tier | " + " | ".join(f"run {i + 1}" for i in range(a.runs)) + " |",
                "|---|" + "---|" * a.runs]
     for tier in runs[0]["tiers"]:
