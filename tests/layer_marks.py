@@ -1,7 +1,8 @@
 """The tests' layers (pyproject's markers), given by tests/conftest.py to every test not marked by hand:
 `pytest -m unit` (no model, no Qt, no subprocess of the engine: under a minute), `-m engine` (a model, tiny
 ones the tests write, or the engine run as a program), `-m window` (a real Qt window or widget, offscreen).
-A test is told by its fixtures (qtbot: window) and by what its module makes (a model, a file of one, a run)."""
+A test is told by its fixtures (qtbot: window) and by what its module makes (a model, a file of one, a run)
+or checks a layer against (transformers' model code)."""
 import itertools
 import re
 
@@ -10,7 +11,9 @@ ENGINE_FIXTURES = {"tiny", "tiny_sharded", "reference", "cache_seed", "window_ca
                    "pinned_machine", "folders"}
 ENGINE_WORDS = ("write_tiny", "tiny_model", "Session(", "Client(", "write_gguf", "hf_to_gguf", "gguf_files",
                 "engine.tools.cli", "MoEModel", "open_checkpoint", "llama_cpp", "save_pretrained", "write_synthetic",
-                "subprocess", "Popen", "from_pretrained")
+                "subprocess", "Popen", "from_pretrained",
+                # parity with transformers' model code: a layer against the reference (importing it takes ~6 s)
+                "from transformers.models")
 _MODULE_MAKES_MODELS: dict = {}
 
 
