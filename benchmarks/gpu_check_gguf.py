@@ -6,7 +6,8 @@ safetensors folder, one shard per layer, and engine/files/gguf/writer.py convert
 llama.cpp's converter and llama-quantize would (Q4_K gate/up, Q6_K or Q4_K down per layer, Q6_K
 output). Then it is loaded with every GGUF tier at random over its experts (engine/experts/gguf_tiers.py):
 gpu-16 the exact dequantisation on the GPU, gpu-4 NF4 of it, cpu-16 the file's own blocks in the
-native kernel, cpu-4 its 4-bit blocks as they are and the rest re-quantised, and decodes.
+native kernel, cpu-4 its 4-bit blocks as they are and the rest re-quantised, cpu-3 and cpu-2 likewise at 3
+and 2 bits, and decodes.
 
 Checked: the reply's length and finite logits, and one expert built both as gpu-16 and as cpu-16
 from the same blocks (the largest difference of their outputs over the largest output).

@@ -82,7 +82,7 @@ def run(ctx) -> dict:
     t0 = time.perf_counter()
     fin = list(gen.stream(ids[:16].tolist(), SamplingParams(max_new_tokens=16)))[-1]
     logits = model.forward(ids[:16], model.new_cache(32), 0, all_logits=True)
-    out["bf16_four_tiers"] = {"tiers": {t.value: n for t, n in model.placement.counts().items()},
+    out["bf16_four_tiers"] = {"tiers": {t.value: n for t, n in model.placement.counts().items() if n},
                               "tokens": len(fin.token_ids), "decode_tok_s": round(fin.decode_tok_s, 1),
                               "finite": bool(torch.isfinite(logits).all()), "seconds": round(time.perf_counter() - t0, 2)}
     del model, gen
