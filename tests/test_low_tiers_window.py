@@ -37,18 +37,19 @@ def test_the_fast_ends_lowest_precision_moves_experts_live_and_is_remembered(qtb
     acts = w.lowest.actions
     assert acts[2].isChecked() and w.lowest.menu.title() == "Lowest precision for experts"
     assert [a.text() for a in acts.values()] == ["4-bit (best quality at the fast end)", "3-bit", "2-bit (fastest)"]
+    # the moves below take 5-15 s alone; a full run's other worker on the same 2 cores once held one past 60 s
     w.slider.set_value(0.0)  # the fast end
-    qtbot.waitUntil(lambda: "cpu-2" in held(w), timeout=60_000)
+    qtbot.waitUntil(lambda: "cpu-2" in held(w), timeout=180_000)
     assert "at 2-bit" in w.panel.tiers.text()
 
     acts[4].trigger()  # the user allows no less than 4 bits: every 2- and 3-bit expert goes back up, live
     assert acts[4].isChecked() and not acts[2].isChecked() and lowest_precision.saved() == 4
-    qtbot.waitUntil(lambda: held(w) and not held(w) & {"cpu-3", "cpu-2"}, timeout=60_000)
+    qtbot.waitUntil(lambda: held(w) and not held(w) & {"cpu-3", "cpu-2"}, timeout=180_000)
     assert w.bridge.session.controller.inputs.lowest_bits == 4
     assert "2-bit" not in w.panel.tiers.text() and "3-bit" not in w.panel.tiers.text()
 
     acts[3].trigger()
-    qtbot.waitUntil(lambda: "cpu-3" in held(w) and "cpu-2" not in held(w), timeout=60_000)
+    qtbot.waitUntil(lambda: "cpu-3" in held(w) and "cpu-2" not in held(w), timeout=180_000)
     assert "at 3-bit" in w.panel.tiers.text()
     w.close()
 
