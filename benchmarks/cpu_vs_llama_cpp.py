@@ -31,11 +31,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import llama_peer  # noqa: E402
-from benchmarks.common import CACHE, read_bandwidth, record  # noqa: E402
+from benchmarks.common import CACHE, read_bandwidth, record, smoke_model  # noqa: E402
 
 WIDE = dict(layers=2, hidden=4096, ffn=14336, experts=8, top_k=2, heads=32, kv_heads=8, vocab=512)
 CPU = torch.device("cpu")
-# --smoke's stand-ins, 2 layers each, random bf16 weights and a small byte-level BPE (smoke_checkpoint):
+# --smoke's stand-ins, 2 layers each, random bf16 weights and a small byte-level BPE (common.smoke_model):
 # "wide" at toy widths (whole 256-blocks, an lm_head of its own); "demo" with the demo's hidden 576 (not whole
 # 256-blocks: cpu-4's 5-bit grid), 9/3 heads and tied embeddings
 WIDE_SMOKE = dict(layers=2, hidden=256, ffn=512, experts=8, top_k=2, heads=4, kv_heads=2, vocab=512)
@@ -57,40 +57,6 @@ def wide_checkpoint() -> Path:
         spm.SentencePieceTrainer.train(sentence_iterator=iter(lines * 4), model_prefix=str(path / "tokenizer"),
                                        vocab_size=WIDE["vocab"], model_type="bpe", unk_id=0, bos_id=1, eos_id=2,
                                        pad_id=-1, minloglevel=2)
-    return path
-
-
-def smoke_checkpoint(name: str, shape: dict) -> Path:
-    """A toy Mixtral checkpoint under .bench/, written once (into a folder of its own, renamed when whole) by
-    benchmarks/hybrid_width.py from the engine's own list of tensors, with a byte-level BPE tokenizer."""
-    import shutil
-    import tempfile
-
-    path = CACHE / name
-    if not (path / "config.json").exists():
-        from transformers import MixtralConfig
-
-        from benchmarks.hybrid_width import write
-        from engine.sources.tiny_model import write_tokenizer
-
-        s = dict(shape)
-        cfg = MixtralConfig(vocab_size=s.pop("vocab"), hidden_size=s.pop("hidden"), intermediate_size=s.pop("ffn"),
-                            num_hidden_layers=s.pop("layers"), num_attention_heads=s.pop("heads"),
-                            num_key_value_heads=s.pop("kv_heads"), num_local_experts=s.pop("experts"),
-                            num_experts_per_tok=s.pop("top_k"), max_position_embeddings=4096, bos_token_id=1,
-                            eos_token_id=2, architectures=["MixtralForCausalLM"], **s)
-        print(f"writing {path} (once) ...", flush=True)
-        CACHE.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=name + ".part-", dir=CACHE))
-        try:
-            write(tmp, cfg.to_dict())
-            write_tokenizer(tmp, cfg.vocab_size)
-            tmp.rename(path)
-        except OSError:
-            if not (path / "config.json").exists():  # not written meanwhile by another run
-                raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 
@@ -268,14 +234,14 @@ def main() -> None:
     res = {}
     if a.only != "demo":
         if a.smoke:  # its own names: the GGUF files cached under .bench/ are named after them
-            res["wide"] = one_model("mixtral-width-smoke", smoke_checkpoint("mixtral-width-2l-smoke", WIDE_SMOKE),
+            res["wide"] = one_model("mixtral-width-smoke", smoke_model("mixtral-width-2l-smoke", **WIDE_SMOKE),
                                     WIDE_SMOKE["vocab"], a.new_tokens, a.repeats, True, out, not a.no_16)
         else:
             res["wide"] = one_model("mixtral-width", wide_checkpoint(), WIDE["vocab"], a.new_tokens, a.repeats,
                                     True, out, not a.no_16)
     if a.only != "wide":
         if a.smoke:
-            res["demo"] = one_model("demo-smoke", smoke_checkpoint("demo-shaped-smoke", DEMO_SMOKE),
+            res["demo"] = one_model("demo-smoke", smoke_model("demo-shaped-smoke", **DEMO_SMOKE),
                                     DEMO_SMOKE["vocab"], a.new_tokens, a.repeats, True, out, not a.no_16)
         else:
             path = demo_dir()
