@@ -268,7 +268,7 @@ def pytest_ignore_collect(collection_path, config):
     if not hasattr(config, "_mixdesk_no_model"):
         config._mixdesk_no_model = layer_marks.selects_no_model(config.option.markexpr or "")
     if collection_path.name.startswith("test_") and collection_path.suffix == ".py" \
-            and config._mixdesk_no_model and layer_marks.makes_models(collection_path):
+            and config._mixdesk_no_model and layer_marks.holds_no_unit_test(collection_path):
         return True
     return None
 

@@ -14,20 +14,28 @@ ENGINE_WORDS = ("write_tiny", "tiny_model", "Session(", "Client(", "write_gguf",
                 "subprocess", "Popen", "from_pretrained",
                 # parity with transformers' model code: a layer against the reference (importing it takes ~6 s)
                 "from transformers.models")
-_MODULE_MAKES_MODELS: dict = {}
+_SOURCES: dict = {}
+
+
+def source(path) -> str:
+    path = str(path)
+    if path not in _SOURCES:
+        try:
+            _SOURCES[path] = open(path, encoding="utf-8").read()
+        except OSError:
+            _SOURCES[path] = ""
+    return _SOURCES[path]
 
 
 def makes_models(path) -> bool:
-    """Whether a test module makes a model or runs the engine: its tests are then all engine or window
-    (none marked unit by hand)."""
-    path = str(path)
-    if path not in _MODULE_MAKES_MODELS:
-        try:
-            src = open(path, encoding="utf-8").read()
-        except OSError:
-            src = ""
-        _MODULE_MAKES_MODELS[path] = any(w in src for w in ENGINE_WORDS) and "mark.unit" not in src
-    return _MODULE_MAKES_MODELS[path]
+    """Whether a test module makes a model or runs the engine: its tests not marked by hand are then engine
+    or window."""
+    return any(w in source(path) for w in ENGINE_WORDS)
+
+
+def holds_no_unit_test(path) -> bool:
+    """A module a unit run need not import: it makes models and marks no test unit by hand."""
+    return makes_models(path) and "mark.unit" not in source(path)
 
 
 def layer(item) -> str:
